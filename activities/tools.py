@@ -1,0 +1,59 @@
+"""The tool activity: one tool execution per activity, result capped inside it.
+
+Expected failures (`ToolFailure`) become envelopes; `TransientToolError` is retried by
+Temporal; anything else is logged by type and fingerprint only and raised without its
+message or cause (`from None`), so no exception text reaches history, the model or
+the RunResult (SPEC §5).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from temporalio import activity
+from temporalio.exceptions import ApplicationError
+
+from boundloop.contracts import TOOL_ACTIVITY, ToolRequest
+from boundloop.core.envelope import cap_envelope, result_too_large, success
+from boundloop.core.fingerprint import fingerprint
+from boundloop.core.loop import ToolOutcome
+from boundloop.tools.registry import ToolContext, ToolFailure, ToolRegistry, TransientToolError
+
+
+class ToolActivities:
+    def __init__(self, registry: ToolRegistry, data_dir: Path) -> None:
+        self._registry = registry
+        self._data_dir = data_dir
+
+    @activity.defn(name=TOOL_ACTIVITY)
+    async def tool_execute(self, req: ToolRequest) -> ToolOutcome:
+        spec = self._registry.get(req.tool)
+        fp = fingerprint(req.tool, req.arguments)
+        log = {"tool": req.tool, "step": req.step, "fingerprint": fp,
+               "attempt": activity.info().attempt}
+        args = spec.args_model.model_validate(req.arguments, strict=True)
+        ctx = ToolContext(idempotency_key=req.idempotency_key, workflow_id=req.workflow_id,
+                          call_id=req.call_id, step=req.step, data_dir=self._data_dir,
+                          max_result_bytes=req.max_result_bytes)
+        try:
+            data = await asyncio.to_thread(spec.fn, args, ctx)
+            envelope = success(data, terminal=spec.terminal)
+        except ToolFailure as failure:
+            envelope = failure.envelope
+        except TransientToolError:
+            activity.logger.warning("tool transient failure", extra=log)
+            raise ApplicationError(f"{req.tool}: transient failure",
+                                   type="TransientToolError") from None
+        except Exception as exc:
+            activity.logger.error("tool raised unexpectedly",
+                                  extra={**log, "error": type(exc).__name__})
+            raise ApplicationError(f"{req.tool} raised {type(exc).__name__}",
+                                   type="UnexpectedToolError") from None
+        # If even RESULT_TOO_LARGE is over the cap, the workflow stops with result_limit.
+        capped = cap_envelope(envelope, req.max_result_bytes) or result_too_large(
+            envelope.output_bytes(), req.max_result_bytes)
+        if capped is not envelope:
+            activity.logger.info("tool result over cap", extra=log)
+        activity.logger.info("tool executed", extra={**log, "status": capped.status.value})
+        return ToolOutcome(envelope=capped)

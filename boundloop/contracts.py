@@ -1,0 +1,129 @@
+"""Data that crosses Temporal boundaries (workflow input/output, activities, messages).
+
+All are pydantic models carried by `pydantic_data_converter` (SPEC §2).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from boundloop.core.conversation import ConversationMeta, Item
+from boundloop.core.limits import RunSettings
+from boundloop.core.loop import Approval, Event, LoopState, ToolChoice
+from boundloop.core.reasons import StopReason
+
+WORKFLOW_NAME = "BoundLoop"
+MODEL_ACTIVITY = "model_request"
+TOOL_ACTIVITY = "tool_execute"
+
+
+class ConversationRef(BaseModel):
+    """The conversation of an earlier run of the same workflow (continue-as-new)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    workflow_id: str
+    run_id: str
+    meta: ConversationMeta
+
+
+class Carried(BaseModel):
+    """What continue-as-new hands to the next run (docs/history.md)."""
+
+    state: LoopState
+    base: ConversationRef
+    unsent: list[Item] = Field(default_factory=list)
+    processing_seconds: float = 0.0
+    waited_seconds: float = 0.0
+
+
+class RunInput(BaseModel):
+    """Workflow input. `tools` is the allowed subset of the registry."""
+
+    question: str = Field(min_length=1)
+    instructions: str | None = None
+    settings: RunSettings
+    tools: list[str]
+    search_attributes: bool = True
+    carried: Carried | None = None
+
+
+class ModelRequest(BaseModel):
+    """Model activity input: a reference to the conversation, not the conversation.
+
+    The activity rebuilds `prior` (cache, else this run's event history) and appends
+    `new_items`, which are written to history here exactly once (docs/history.md).
+    """
+
+    workflow_id: str
+    run_id: str
+    step: int
+    model: str
+    api: Literal["responses", "chat"]
+    tools: list[str]
+    tool_choice: ToolChoice
+    instructions: str | None = None
+    prior: ConversationMeta
+    new_items: list[Item]
+    base: ConversationRef | None = None
+    max_output_tokens: int | None = None
+
+
+class ToolRequest(BaseModel):
+    """Tool activity input: validated arguments and the call's idempotency key."""
+
+    workflow_id: str
+    tool: str
+    call_id: str
+    step: int
+    arguments: dict[str, Any]
+    idempotency_key: str
+    max_result_bytes: int
+
+
+class Decision(BaseModel):
+    """An approval decision (signal `approve`/`reject`, update `decide`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    call_id: str = Field(min_length=1)
+    approve: bool
+    approver: str = Field(default="operator", min_length=1, max_length=100)
+    reason: str | None = Field(default=None, max_length=1000)
+    arguments: dict[str, Any] | None = None  # edited arguments (approval only)
+
+
+class RunResult(BaseModel):
+    """SPEC §3 output. `events` hold no raw arguments, outputs or text."""
+
+    reason: StopReason
+    text: str
+    steps: int
+    tool_executions: int
+    input_tokens: int
+    output_tokens: int
+    total_tokens: int
+    usage_unknown: bool
+    usage_estimated: bool
+    cost_usd: float | None
+    cost_units: int
+    events: list[Event]
+    workflow_id: str = ""
+    run_id: str = ""
+
+
+class RunStatus(BaseModel):
+    """The `status` query: counters, pending approvals and the event log."""
+
+    status: Literal["running", "waiting_approval", "completed", "stopped"]
+    reason: StopReason | None
+    steps: int
+    tool_executions: int
+    total_tokens: int
+    cost_usd: float | None
+    pending: list[Approval]
+    events: list[Event]
+    question: str
+    model: str

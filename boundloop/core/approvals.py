@@ -1,0 +1,115 @@
+"""Approval decisions (SPEC §6): pure checks and state changes.
+
+A call to an approval-required tool is validated first (arguments, limits, identical
+calls) and then recorded here as pending. Decisions come by signal or update; both go
+through `check`, so an update is refused - and a signal ignored - for the same reasons.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any, Protocol
+
+from pydantic import ValidationError
+
+from boundloop.core import envelope as env
+from boundloop.core.canonical import preview
+from boundloop.core.envelope import Envelope
+from boundloop.core.fingerprint import fingerprint
+from boundloop.core.loop import Approval, Execute, LoopState, ToolRule
+
+
+class DecisionLike(Protocol):
+    call_id: str
+    approve: bool
+    approver: str
+    reason: str | None
+    arguments: dict[str, Any] | None
+
+
+def request(state: LoopState, plan: Execute, step: int, now: datetime) -> Approval:
+    approval = Approval(
+        call_id=plan.call.call_id, tool=plan.call.name, arguments=plan.arguments,
+        fingerprint=plan.fingerprint, idempotency_key=plan.idempotency_key, step=step,
+        requested_at=now.isoformat())
+    state.approvals.append(approval)
+    state.log("approval_requested", tool=plan.call.name, call_id=plan.call.call_id,
+              fp=plan.fingerprint)
+    return approval
+
+
+def find(state: LoopState, call_id: str) -> Approval | None:
+    for approval in state.approvals:
+        if approval.call_id == call_id:
+            return approval
+    return None
+
+
+def pending_count(state: LoopState) -> int:
+    return sum(1 for a in state.approvals if a.status == "pending")
+
+
+def time_left(approval: Approval, now: datetime, limit: timedelta) -> timedelta:
+    """Time until the approval times out, counted from when it was requested."""
+    requested = datetime.fromisoformat(approval.requested_at)
+    return max(timedelta(0), requested + limit - now)
+
+
+def check(state: LoopState, decision: DecisionLike, rules: dict[str, ToolRule]) -> str | None:
+    """Why the decision must be refused, or None. Never changes state.
+
+    Refused: unknown call ids, calls already decided (a repeat is harmless: refused and
+    nothing changes), approvers outside the tool's allow-list, edited arguments that
+    fail the tool's schema, edited arguments on a rejection.
+    """
+    approval = find(state, decision.call_id)
+    if approval is None:
+        return f"unknown call id {preview(decision.call_id, 60)!r}: no approval waits for it"
+    if approval.status != "pending":
+        return (f"call {approval.call_id} is already {approval.status}"
+                + (f" by {approval.approver}" if approval.approver else ""))
+    allowed = state.policy.approvers.get(approval.tool)
+    if allowed and decision.approver not in allowed:
+        return (f"approver {preview(decision.approver, 60)!r} may not decide "
+                f"{approval.tool} calls")
+    if decision.arguments is not None:
+        if not decision.approve:
+            return "edited arguments are only accepted with an approval"
+        try:
+            rules[approval.tool].args_model.model_validate(decision.arguments, strict=True)
+        except ValidationError as exc:
+            problems = "; ".join(
+                f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}"
+                for e in exc.errors(include_url=False, include_input=False)[:5])
+            return f"edited arguments do not match the {approval.tool} schema: {problems}"
+    return None
+
+
+def apply(state: LoopState, decision: DecisionLike, now: datetime) -> None:
+    """Record a decision that `check` accepted."""
+    approval = find(state, decision.call_id)
+    assert approval is not None and approval.status == "pending"
+    approval.status = "approved" if decision.approve else "rejected"
+    approval.approver = decision.approver
+    approval.reason = decision.reason
+    approval.decided_at = now.isoformat()
+    if decision.arguments is not None:
+        approval.arguments = decision.arguments
+    state.log(f"approval_{approval.status}", tool=approval.tool, call_id=approval.call_id,
+              fp=approval.fingerprint)
+
+
+def rejection(state: LoopState, approval: Approval) -> Envelope:
+    """The model-facing result of a rejection; identical calls are refused from now on."""
+    if approval.fingerprint not in state.rejected_fingerprints:
+        state.rejected_fingerprints.append(approval.fingerprint)
+    return env.rejected(approval.reason)
+
+
+def approved_plan(plan: Execute, approval: Approval) -> Execute:
+    """The call to execute: with the approver's edited arguments, if any."""
+    if approval.arguments == plan.arguments:
+        return plan
+    return plan.model_copy(update={
+        "arguments": approval.arguments,
+        "fingerprint": fingerprint(plan.call.name, approval.arguments)})

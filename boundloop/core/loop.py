@@ -1,0 +1,384 @@
+"""The loop's decisions: pure, deterministic, no Temporal, no I/O (SPEC §2-§6).
+
+The workflow feeds events in (a step starts, a response arrives, a tool returns, a
+human decides) and carries `LoopState` between them; every rule that decides whether
+to call the model, execute a tool, ask a human or stop lives here.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from boundloop.core import envelope as env
+from boundloop.core.canonical import preview
+from boundloop.core.conversation import ConversationMeta, Item, function_call_output
+from boundloop.core.envelope import Envelope, ToolStatus
+from boundloop.core.fingerprint import fingerprint
+from boundloop.core.limits import Limits, Policy, RunSettings
+from boundloop.core.reasons import StopReason
+from boundloop.core.turn import FunctionCall, Turn, Usage
+
+ToolChoice = Literal["auto", "none"]
+
+
+@dataclass(frozen=True)
+class ToolRule:
+    """What the core needs to know of a tool (the registry's pure part)."""
+
+    name: str
+    args_model: type[BaseModel]
+    side_effects: bool = False
+    needs_approval: bool = False
+    cost_units: int = 0
+    max_calls: int | None = None
+
+
+class Event(BaseModel):
+    """One line of the run's event log: no raw arguments, outputs or text."""
+
+    model_config = ConfigDict(frozen=True)
+
+    step: int
+    event: str
+    tool: str | None = None
+    call_id: str | None = None
+    fingerprint: str | None = None
+
+
+class UsageTotals(BaseModel):
+    input_tokens: int = 0
+    output_tokens: int = 0
+    total_tokens: int = 0
+    unknown_steps: int = 0  # responses with no usable usage (estimated or stopped)
+    estimated: bool = False
+
+
+class Approval(BaseModel):
+    """A call waiting for (or decided by) a human (SPEC §6)."""
+
+    call_id: str
+    tool: str
+    arguments: dict[str, Any]
+    fingerprint: str
+    idempotency_key: str
+    step: int
+    requested_at: str  # ISO 8601 UTC, from workflow time
+    status: Literal["pending", "approved", "rejected", "timed_out"] = "pending"
+    approver: str | None = None
+    reason: str | None = None
+    decided_at: str | None = None
+
+
+class LoopState(BaseModel):
+    """Everything the loop carries between events (and across continue-as-new)."""
+
+    settings: RunSettings
+    allowed_tools: list[str]
+    steps: int = 0
+    tool_executions: int = 0
+    cost_units: int = 0
+    cost_usd: float = 0.0
+    usage: UsageTotals = Field(default_factory=UsageTotals)
+    per_tool_calls: dict[str, int] = Field(default_factory=dict)
+    identical_calls: dict[str, int] = Field(default_factory=dict)
+    rejected_fingerprints: list[str] = Field(default_factory=list)
+    call_ids: list[str] = Field(default_factory=list)
+    force_final: bool = False
+    pending_limit: StopReason | None = None
+    conversation: ConversationMeta = Field(default_factory=ConversationMeta)
+    events: list[Event] = Field(default_factory=list)
+    approvals: list[Approval] = Field(default_factory=list)
+    text: str = ""
+    reason: StopReason | None = None
+
+    @property
+    def limits(self) -> Limits:
+        return self.settings.limits
+
+    @property
+    def policy(self) -> Policy:
+        return self.settings.policy
+
+    def log(self, event: str, *, tool: str | None = None, call_id: str | None = None,
+            fp: str | None = None) -> None:
+        self.events.append(Event(step=self.steps, event=event, tool=tool, call_id=call_id,
+                                 fingerprint=fp))
+
+    def stop(self, reason: StopReason, text: str | None = None) -> StopReason:
+        self.reason = reason
+        if text is not None:
+            self.text = text
+        self.log(f"stopped:{reason.value}")
+        return reason
+
+
+# --- a step begins -----------------------------------------------------------------
+
+
+class StepPlan(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    step: int
+    tool_choice: ToolChoice
+    last: bool
+
+
+def begin_step(state: LoopState, processing_seconds: float) -> StepPlan | StopReason:
+    """SPEC §3.1: deadline, history bytes, remaining steps - in that order."""
+    lim = state.limits
+    if processing_seconds >= lim.deadline_seconds:
+        return state.stop(StopReason.DEADLINE)
+    if state.conversation.bytes > lim.max_history_bytes:
+        return state.stop(StopReason.HISTORY_LIMIT)
+    if state.steps >= lim.max_steps:
+        return state.stop(state.pending_limit or StopReason.MAX_STEPS)
+    state.steps += 1
+    last = state.steps == lim.max_steps
+    choice: ToolChoice = "none" if last or state.force_final else "auto"
+    state.log("model_requested")
+    return StepPlan(step=state.steps, tool_choice=choice, last=last)
+
+
+# --- usage --------------------------------------------------------------------------
+
+
+def estimate_usage(input_bytes: int, output_bytes: int) -> Usage:
+    """Rough tokens from UTF-8 bytes (4 bytes a token), used only when policy says so."""
+    inp, out = max(1, input_bytes // 4), max(1, output_bytes // 4)
+    return Usage(input_tokens=inp, output_tokens=out, total_tokens=inp + out)
+
+
+def account_usage(state: LoopState, turn: Turn, input_bytes: int) -> StopReason | None:
+    """SPEC §3.3: add usage, then check the token threshold and the USD budget."""
+    usage = turn.usage
+    if usage is None:
+        state.usage.unknown_steps += 1
+        if state.policy.missing_usage == "stop":
+            return state.stop(StopReason.USAGE_UNKNOWN, turn.text)
+        usage = estimate_usage(input_bytes, turn.output_bytes)
+        state.usage.estimated = True
+    state.usage.input_tokens += usage.input_tokens
+    state.usage.output_tokens += usage.output_tokens
+    state.usage.total_tokens += usage.total_tokens
+    price = state.policy.prices.get(state.settings.model)
+    if price is not None:
+        state.cost_usd += (usage.input_tokens * price.input_usd_per_mtok
+                           + usage.output_tokens * price.output_usd_per_mtok) / 1_000_000
+    if state.usage.total_tokens >= state.limits.token_threshold:
+        return state.stop(StopReason.USAGE_LIMIT, turn.text)
+    budget = state.limits.usd_budget
+    if budget is not None and state.cost_usd >= budget:
+        return state.stop(StopReason.BUDGET_LIMIT, turn.text)
+    return None
+
+
+# --- a response arrives -------------------------------------------------------------
+
+
+class Execute(BaseModel):
+    """Run the tool now (or after approval)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    call: FunctionCall
+    arguments: dict[str, Any]
+    fingerprint: str
+    idempotency_key: str
+    needs_approval: bool = False
+
+
+class Reply(BaseModel):
+    """Answer the call without executing it."""
+
+    model_config = ConfigDict(frozen=True)
+
+    call: FunctionCall
+    envelope: Envelope
+    fingerprint: str | None = None
+
+
+CallPlan = Execute | Reply
+
+
+def idempotency_key(workflow_id: str, step: int, index: int) -> str:
+    """SPEC §7: the workflow id and the call's position in the run; nothing else."""
+    return f"{workflow_id}/step-{step}/call-{index}"
+
+
+def _validate_arguments(call: FunctionCall, rule: ToolRule) -> dict[str, Any] | Envelope:
+    if call.truncated:
+        return env.invalid_input(
+            "ARGUMENTS_TRUNCATED",
+            "The response was cut off (finish_reason length) while writing these arguments; "
+            "the call was not executed. Send the complete call again, shorter if possible.")
+    try:
+        parsed = json.loads(call.arguments) if call.arguments.strip() else None
+    except (json.JSONDecodeError, RecursionError):
+        return env.invalid_input(
+            "INVALID_JSON",
+            f"arguments are not valid JSON (got {preview(call.arguments)!r}); "
+            f"expected an object matching the {rule.name} schema.")
+    if not isinstance(parsed, dict):
+        return env.invalid_input(
+            "INVALID_ARGUMENTS",
+            f"arguments must be a JSON object, got {preview(call.arguments)!r}.")
+    try:
+        model = rule.args_model.model_validate(parsed, strict=True)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or '(root)'}: {e['msg']}"
+            for e in exc.errors(include_url=False, include_input=False)[:5])
+        return env.invalid_input("INVALID_ARGUMENTS", preview(
+            f"arguments do not match the {rule.name} schema: {problems}", 600))
+    return model.model_dump(mode="json")
+
+
+def plan_calls(state: LoopState, turn: Turn, plan: StepPlan, rules: dict[str, ToolRule],
+               workflow_id: str) -> list[CallPlan] | StopReason:
+    """SPEC §3.4-§3.6 up to execution: validate the response, check the batch, then
+    decide each call in order. Returns the per-call plans, or the stop reason.
+
+    Text that merely looks like a tool call is an answer (never parsed for calls).
+    """
+    if turn.fault is not None:
+        state.log("protocol_fault")
+        return state.stop(StopReason.PROTOCOL_ERROR, turn.text)
+    if turn.status != "completed":
+        return state.stop(StopReason.INCOMPLETE, turn.text)
+    if not turn.calls:
+        if not turn.text.strip():
+            return state.stop(StopReason.EMPTY_OUTPUT)
+        state.log("answered")
+        return state.stop(state.pending_limit or StopReason.COMPLETED, turn.text)
+    for call in turn.calls:
+        if call.call_id in state.call_ids:
+            state.log("duplicate_call_id", call_id=call.call_id)
+            return state.stop(StopReason.PROTOCOL_ERROR, turn.text)
+    if plan.last or state.force_final:
+        # tool_choice "none" was sent; providers may ignore it: never execute (SPEC §3.2).
+        state.log("tool_calls_ignored")
+        if state.pending_limit is not None:
+            return state.stop(state.pending_limit, turn.text)
+        return state.stop(StopReason.MAX_STEPS if plan.last else StopReason.PROTOCOL_ERROR,
+                          turn.text)
+    allowed = set(state.allowed_tools)
+    named = [c for c in turn.calls if c.name and c.name in allowed]
+    unknown = [c for c in turn.calls if c.name and c.name not in allowed]
+    if unknown and state.policy.unknown_tool == "stop":
+        state.log("forbidden_tool", call_id=unknown[0].call_id)
+        return state.stop(StopReason.FORBIDDEN_TOOL, turn.text)
+    if state.tool_executions + len(named) > state.limits.max_tool_executions:
+        return state.stop(StopReason.MAX_TOOLS, turn.text)
+    budget = state.limits.tool_cost_budget
+    if budget is not None and state.cost_units + sum(
+            rules[c.name].cost_units for c in named) > budget:
+        return state.stop(StopReason.BUDGET_LIMIT, turn.text)
+    state.call_ids.extend(c.call_id for c in turn.calls)
+    plans: list[CallPlan] = []
+    for index, call in enumerate(turn.calls):
+        plans.append(_plan_one(state, call, rules, idempotency_key(
+            workflow_id, plan.step, index)))
+    return plans
+
+
+def _plan_one(state: LoopState, call: FunctionCall, rules: dict[str, ToolRule],
+              key: str) -> CallPlan:
+    if not call.name:
+        state.log("invalid_input", call_id=call.call_id)
+        return Reply(call=call, envelope=env.invalid_input(
+            "MISSING_TOOL_NAME", "The call has no function name; it was not executed."))
+    if call.name not in state.allowed_tools:
+        state.log("unknown_tool", call_id=call.call_id)
+        return Reply(call=call, envelope=env.unknown_tool(preview(call.name, 60)))
+    rule = rules[call.name]
+    args = _validate_arguments(call, rule)
+    if isinstance(args, Envelope):
+        state.log("invalid_input", tool=call.name, call_id=call.call_id)
+        return Reply(call=call, envelope=args)
+    fp = fingerprint(call.name, args)
+    if fp in state.rejected_fingerprints:
+        state.log("refused_rejected_again", tool=call.name, call_id=call.call_id, fp=fp)
+        state.force_final = True
+        return Reply(call=call, envelope=env.rejected("an identical call was rejected earlier"),
+                     fingerprint=fp)
+    if state.identical_calls.get(fp, 0) >= state.limits.max_identical_calls:
+        state.log("blocked_identical", tool=call.name, call_id=call.call_id, fp=fp)
+        state.force_final = True
+        state.pending_limit = state.pending_limit or StopReason.MAX_IDENTICAL_CALLS
+        return Reply(call=call, fingerprint=fp, envelope=env.blocked(
+            "IDENTICAL_CALL_LIMIT",
+            "This exact call already ran; its result is above. Do not call it again: "
+            "answer the user with the results you have."))
+    max_calls = state.limits.per_tool_max_calls.get(call.name, rule.max_calls)
+    if max_calls is not None and state.per_tool_calls.get(call.name, 0) >= max_calls:
+        state.log("blocked_tool_limit", tool=call.name, call_id=call.call_id, fp=fp)
+        state.force_final = True
+        state.pending_limit = state.pending_limit or StopReason.MAX_TOOLS
+        return Reply(call=call, fingerprint=fp, envelope=env.blocked(
+            "TOOL_CALL_LIMIT",
+            f"{call.name} may run at most {max_calls} times per run. "
+            "Answer the user with the results you have."))
+    state.identical_calls[fp] = state.identical_calls.get(fp, 0) + 1
+    state.per_tool_calls[call.name] = state.per_tool_calls.get(call.name, 0) + 1
+    approval = state.policy.approval
+    needs = approval != "never" and (
+        rule.needs_approval or (approval == "always" and rule.side_effects))
+    return Execute(call=call, arguments=args, fingerprint=fp, idempotency_key=key,
+                   needs_approval=needs)
+
+
+# --- a tool returns -----------------------------------------------------------------
+
+
+class ToolOutcome(BaseModel):
+    """What a tool activity (or its failure) amounts to for the loop.
+
+    - envelope: the model-facing result, already capped by the activity.
+    - executed: the tool body ran (counts as a tool execution).
+    - fatal: an unexpected exception after retries (-> `tool_error`).
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    envelope: Envelope
+    executed: bool = True
+    fatal: bool = False
+
+
+def record_outcome(state: LoopState, plan: Execute, outcome: ToolOutcome,
+                   rules: dict[str, ToolRule]) -> Envelope | StopReason:
+    """Count the execution and cap the result; a fatal outcome stops the run."""
+    tool = plan.call.name
+    if outcome.executed:
+        state.tool_executions += 1
+        state.cost_units += rules[tool].cost_units
+    if outcome.fatal:
+        state.log("tool_failed", tool=tool, call_id=plan.call.call_id, fp=plan.fingerprint)
+        return state.stop(StopReason.TOOL_ERROR)
+    capped = env.cap_envelope(outcome.envelope, state.limits.max_result_bytes)
+    if capped is None:
+        return state.stop(StopReason.RESULT_LIMIT)
+    if capped.error_code == "RESULT_TOO_LARGE" and outcome.envelope.error_code != capped.error_code:
+        state.log("result_too_large", tool=tool, call_id=plan.call.call_id, fp=plan.fingerprint)
+    state.log(f"tool_{capped.status.value}", tool=tool, call_id=plan.call.call_id,
+              fp=plan.fingerprint)
+    if capped.terminal and capped.status == ToolStatus.SUCCESS:
+        state.force_final = True
+    return capped
+
+
+def reply_output(state: LoopState, reply: Reply) -> Envelope | StopReason:
+    """Cap an envelope the workflow made itself (invalid input, blocked, rejected)."""
+    capped = env.cap_envelope(reply.envelope, state.limits.max_result_bytes)
+    if capped is None:
+        return state.stop(StopReason.RESULT_LIMIT)
+    return capped
+
+
+def outputs_items(pairs: list[tuple[FunctionCall, Envelope]]) -> list[Item]:
+    """`function_call_output` items, one per call, in call order (SPEC §3.6)."""
+    return [function_call_output(call.call_id, envelope.to_output()) for call, envelope in pairs]

@@ -1,0 +1,51 @@
+"""The closed set of stop reasons (SPEC §3): exactly one per run."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class StopReason(StrEnum):
+    """Why a run ended. `completed` only when no limit or fault cut the run short."""
+
+    COMPLETED = "completed"
+    MAX_STEPS = "max_steps"
+    MAX_TOOLS = "max_tools"
+    MAX_IDENTICAL_CALLS = "max_identical_calls"
+    USAGE_LIMIT = "usage_limit"
+    USAGE_UNKNOWN = "usage_unknown"
+    BUDGET_LIMIT = "budget_limit"
+    DEADLINE = "deadline"
+    MODEL_ERROR = "model_error"
+    INCOMPLETE = "incomplete"
+    EMPTY_OUTPUT = "empty_output"
+    HISTORY_LIMIT = "history_limit"
+    RESULT_LIMIT = "result_limit"
+    PROTOCOL_ERROR = "protocol_error"
+    FORBIDDEN_TOOL = "forbidden_tool"
+    TOOL_ERROR = "tool_error"
+    APPROVAL_TIMEOUT = "approval_timeout"
+    CANCELLED = "cancelled"
+
+
+#: What an operator checks first for each reason (README table and `boundloop status`).
+NEXT_CHECK: dict[StopReason, str] = {
+    StopReason.COMPLETED: "nothing: the model answered within every limit",
+    StopReason.MAX_STEPS: "is the model repeating a search? narrow the question or the tools",
+    StopReason.MAX_TOOLS: "the batch or a per-tool limit would be passed; raise it or narrow tools",
+    StopReason.MAX_IDENTICAL_CALLS: "the model repeated an identical call; check tool results",
+    StopReason.USAGE_LIMIT: "known tokens reached the threshold; do not rerun blindly",
+    StopReason.USAGE_UNKNOWN: "a response had no usable usage; check provider billing",
+    StopReason.BUDGET_LIMIT: "the USD or tool cost budget was reached",
+    StopReason.DEADLINE: "processing time ran out (approval waits excluded)",
+    StopReason.MODEL_ERROR: "network, credentials, model name, or provider status",
+    StopReason.INCOMPLETE: "response status was not completed (max_output_tokens, filter)",
+    StopReason.EMPTY_OUTPUT: "the model returned neither text nor tool calls",
+    StopReason.HISTORY_LIMIT: "the conversation outgrew max_history_bytes",
+    StopReason.RESULT_LIMIT: "even the error envelope exceeds max_result_bytes",
+    StopReason.PROTOCOL_ERROR: "malformed model output: unknown item, bad or duplicate call id",
+    StopReason.FORBIDDEN_TOOL: "the model called a tool outside the allowed set",
+    StopReason.TOOL_ERROR: "a tool raised unexpectedly; see worker logs by fingerprint",
+    StopReason.APPROVAL_TIMEOUT: "nobody decided a pending approval in time",
+    StopReason.CANCELLED: "an operator cancelled the run",
+}

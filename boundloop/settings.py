@@ -1,0 +1,39 @@
+"""Process settings from the environment (pydantic-settings).
+
+Secrets (the API key) live here, in the worker's environment, and never enter
+workflow input, history or logs.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    """- TEMPORAL_ADDRESS / TEMPORAL_NAMESPACE: the Temporal frontend.
+    - BOUNDLOOP_TASK_QUEUE: task queue of workflows and activities.
+    - BOUNDLOOP_DATA_DIR: the dev server database and the demo tools' SQLite store.
+    - OPENAI_API_KEY / OPENAI_BASE_URL: the model endpoint (any OpenAI-compatible server).
+    - BOUNDLOOP_MODEL / BOUNDLOOP_API: default model name and API flavour for new runs.
+    - BOUNDLOOP_UI_URL: the Web UI base, for links.
+    """
+
+    model_config = SettingsConfigDict(env_prefix="", extra="ignore", populate_by_name=True)
+
+    temporal_address: str = Field("127.0.0.1:7233", alias="TEMPORAL_ADDRESS")
+    temporal_namespace: str = Field("default", alias="TEMPORAL_NAMESPACE")
+    task_queue: str = Field("boundloop", alias="BOUNDLOOP_TASK_QUEUE")
+    data_dir: Path = Field(Path(".boundloop"), alias="BOUNDLOOP_DATA_DIR")
+    openai_api_key: SecretStr | None = Field(None, alias="OPENAI_API_KEY")
+    openai_base_url: str | None = Field(None, alias="OPENAI_BASE_URL")
+    model: str = Field("gpt-5-mini", alias="BOUNDLOOP_MODEL")
+    api: Literal["responses", "chat"] = Field("responses", alias="BOUNDLOOP_API")
+    ui_url: str = Field("http://127.0.0.1:8233", alias="BOUNDLOOP_UI_URL")
+
+    @property
+    def model_configured(self) -> bool:
+        return self.openai_api_key is not None or self.openai_base_url is not None

@@ -1,0 +1,1 @@
+"""Tools: the registry (declarations) and the demo tools over SQLite."""

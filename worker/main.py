@@ -1,0 +1,57 @@
+"""The boundloop worker: the workflow, the model activity and the tool activity.
+
+Run with `boundloop worker` (or `python -m worker.main`). Settings come from the
+environment (boundloop/settings.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from temporalio.client import Client
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.worker import Worker
+
+from activities.conversation import ConversationCache
+from activities.model import ModelActivities
+from activities.tools import ToolActivities
+from boundloop.settings import Settings
+from boundloop.tools.catalog import registry
+from workflows.loop import BoundLoopWorkflow
+
+
+async def connect(settings: Settings) -> Client:
+    """A client with the pydantic data converter (SPEC §2)."""
+    return await Client.connect(settings.temporal_address, namespace=settings.temporal_namespace,
+                                data_converter=pydantic_data_converter)
+
+
+def build_worker(client: Client, settings: Settings, *,
+                 cache: ConversationCache | None = None) -> Worker:
+    reg = registry()
+    model = ModelActivities(settings, reg, cache)
+    tools = ToolActivities(reg, settings.data_dir)
+    return Worker(
+        client, task_queue=settings.task_queue, workflows=[BoundLoopWorkflow],
+        activities=[model.model_request, tools.tool_execute],
+        max_concurrent_activities=64,
+    )
+
+
+async def run_worker(settings: Settings | None = None) -> None:
+    settings = settings or Settings()
+    client = await connect(settings)
+    worker = build_worker(client, settings)
+    logging.getLogger(__name__).info("worker started", extra={"task_queue": settings.task_queue})
+    await worker.run()
+
+
+def main() -> None:
+    logging.basicConfig(level=logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    asyncio.run(run_worker())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,338 @@
+"""The BoundLoop workflow: a thin Temporal shell around `boundloop.core.loop`.
+
+Each model request and each tool execution is one activity; the counters, the
+identical-call table and pending approvals live in workflow state (SPEC §2). The
+conversation itself is written to history once and rebuilt by the model activity
+from references (docs/history.md).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import builtins
+from datetime import timedelta
+
+from temporalio import workflow
+from temporalio.common import RetryPolicy
+from temporalio.exceptions import ActivityError, ApplicationError, TimeoutError
+
+with workflow.unsafe.imports_passed_through():
+    from boundloop import search_attributes as sa
+    from boundloop.contracts import (
+        MODEL_ACTIVITY,
+        TOOL_ACTIVITY,
+        WORKFLOW_NAME,
+        Carried,
+        ConversationRef,
+        Decision,
+        ModelRequest,
+        RunInput,
+        RunResult,
+        RunStatus,
+        ToolRequest,
+    )
+    from boundloop.core import approvals
+    from boundloop.core import loop as core
+    from boundloop.core.canonical import preview
+    from boundloop.core.conversation import ConversationMeta, Item, user_message
+    from boundloop.core.envelope import Envelope, temporary_error_exhausted
+    from boundloop.core.reasons import StopReason
+    from boundloop.core.turn import FunctionCall, Turn
+    from boundloop.tools.catalog import registry
+
+#: Model requests: Temporal is the only retry layer (SDK clients use max_retries=0).
+MODEL_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), backoff_coefficient=2.0,
+                          maximum_interval=timedelta(seconds=30), maximum_attempts=4,
+                          non_retryable_error_types=["ModelRequestRejected", "PayloadTooLarge"])
+
+
+@workflow.defn(name=WORKFLOW_NAME)
+class BoundLoopWorkflow:
+    @workflow.init
+    def __init__(self, inp: RunInput) -> None:
+        self._inp = inp
+        self._rules = registry().rules(inp.tools)
+        carried = inp.carried
+        if carried is not None:
+            self._state = carried.state
+            self._unsent: list[Item] = list(carried.unsent)
+            self._base: ConversationRef | None = carried.base
+            self._sent = carried.base.meta
+            self._processing_before = carried.processing_seconds
+            self._waited = carried.waited_seconds
+        else:
+            self._state = core.LoopState(settings=inp.settings, allowed_tools=list(inp.tools))
+            self._unsent = []
+            self._base = None
+            self._sent = ConversationMeta()
+            self._processing_before = 0.0
+            self._waited = 0.0
+        self._started = workflow.now()
+        self._lock = asyncio.Lock()
+        self._waiting = False
+
+    # --- run -----------------------------------------------------------------------
+
+    @workflow.run
+    async def run(self, inp: RunInput) -> RunResult:
+        if inp.carried is None:
+            first = [user_message(inp.question)]
+            self._unsent = first
+            self._state.conversation = self._state.conversation.extend(first)
+            self._state.log("run_started")
+        try:
+            reason = await self._loop()
+        except asyncio.CancelledError:
+            reason = self._state.stop(StopReason.CANCELLED)
+        if reason is None:  # continue-as-new was requested
+            await workflow.wait_condition(workflow.all_handlers_finished)
+            workflow.continue_as_new(self._carry())
+        self._publish()
+        await workflow.wait_condition(workflow.all_handlers_finished)
+        return self._result()
+
+    async def _loop(self) -> StopReason | None:
+        state = self._state
+        while True:
+            if state.steps and workflow.info().is_continue_as_new_suggested():
+                return None
+            plan = core.begin_step(state, self._processing_seconds())
+            if isinstance(plan, StopReason):
+                return plan
+            self._publish()
+            turn = await self._request_model(plan)
+            if isinstance(turn, StopReason):
+                return turn
+            state.conversation = state.conversation.extend(turn.items)
+            self._sent = state.conversation
+            stop = core.account_usage(state, turn, state.conversation.bytes)
+            if stop is not None:
+                return stop
+            if self._processing_seconds() >= state.limits.deadline_seconds:
+                return state.stop(StopReason.DEADLINE, turn.text)
+            plans = core.plan_calls(state, turn, plan, self._rules, workflow.info().workflow_id)
+            if isinstance(plans, StopReason):
+                return plans
+            outputs = await self._run_calls(plan.step, plans)
+            if isinstance(outputs, StopReason):
+                return outputs
+            items = core.outputs_items(outputs)
+            self._unsent = items
+            state.conversation = state.conversation.extend(items)
+
+    # --- model ---------------------------------------------------------------------
+
+    async def _request_model(self, plan: core.StepPlan) -> Turn | StopReason:
+        state, info = self._state, workflow.info()
+        new_items = self._unsent
+        req = ModelRequest(
+            workflow_id=info.workflow_id, run_id=info.run_id, step=plan.step,
+            model=state.settings.model, api=state.settings.api, tools=list(state.allowed_tools),
+            tool_choice=plan.tool_choice, instructions=self._inp.instructions,
+            prior=self._sent, new_items=new_items, base=self._base)
+        remaining = state.limits.deadline_seconds - self._processing_seconds()
+        try:
+            turn: Turn = await workflow.execute_activity(
+                MODEL_ACTIVITY, req, result_type=Turn,
+                start_to_close_timeout=timedelta(seconds=state.limits.model_timeout_seconds),
+                schedule_to_close_timeout=timedelta(seconds=max(remaining, 1.0)),
+                retry_policy=MODEL_RETRY,
+                summary=f"model step {plan.step} · {state.settings.model}")
+        except ActivityError as err:
+            if self._processing_seconds() >= state.limits.deadline_seconds:
+                return state.stop(StopReason.DEADLINE)
+            kind = err.cause.type if isinstance(err.cause, ApplicationError) else "timeout"
+            workflow.logger.warning("model request failed", extra={
+                "step": plan.step, "failure": kind})
+            state.log("model_failed")
+            return state.stop(StopReason.MODEL_ERROR)
+        self._unsent = []
+        state.log("model_returned")
+        return turn
+
+    # --- tools ---------------------------------------------------------------------
+
+    async def _run_calls(
+        self, step: int, plans: list[core.CallPlan]
+    ) -> list[tuple[FunctionCall, Envelope]] | StopReason:
+        state = self._state
+        results: dict[str, Envelope] = {}
+        waiting: list[core.Execute] = []
+        for p in plans:
+            if isinstance(p, core.Execute) and p.needs_approval:
+                approvals.request(state, p, step, workflow.now())
+                waiting.append(p)
+        if waiting:
+            self._publish()
+        for p in plans:
+            if isinstance(p, core.Reply):
+                out = core.reply_output(state, p)
+            elif not p.needs_approval:
+                out = await self._execute(step, p)
+            else:
+                continue
+            if isinstance(out, StopReason):
+                return out
+            results[p.call.call_id] = out
+        for p in waiting:
+            out = await self._await_approval(step, p)
+            if isinstance(out, StopReason):
+                return out
+            results[p.call.call_id] = out
+        return [(p.call, results[p.call.call_id]) for p in plans]
+
+    async def _await_approval(self, step: int, p: core.Execute) -> Envelope | StopReason:
+        state = self._state
+        approval = approvals.find(state, p.call.call_id)
+        assert approval is not None
+        limit = timedelta(seconds=state.limits.approval_timeout_seconds)
+        left = approvals.time_left(approval, workflow.now(), limit)
+        began = workflow.now()
+        self._waiting = True
+        self._publish()
+        try:
+            await workflow.wait_condition(lambda: approval.status != "pending", timeout=left)
+        except builtins.TimeoutError:
+            approval.status = "timed_out"
+            state.log("approval_timed_out", tool=p.call.name, call_id=p.call.call_id,
+                      fp=p.fingerprint)
+            return state.stop(StopReason.APPROVAL_TIMEOUT)
+        finally:
+            self._waited += (workflow.now() - began).total_seconds()
+            self._waiting = approvals.pending_count(state) > 0
+        if approval.status == "rejected":
+            refusal = approvals.rejection(state, approval)
+            return core.reply_output(state, core.Reply(
+                call=p.call, fingerprint=p.fingerprint, envelope=refusal))
+        execute = approvals.approved_plan(p, approval)
+        self._publish()
+        return await self._execute(step, execute)
+
+    async def _execute(self, step: int, p: core.Execute) -> Envelope | StopReason:
+        state = self._state
+        spec = registry().get(p.call.name)
+        timeout = state.limits.tool_timeout_seconds
+        req = ToolRequest(workflow_id=workflow.info().workflow_id, tool=p.call.name,
+                          call_id=p.call.call_id, step=step, arguments=p.arguments,
+                          idempotency_key=p.idempotency_key,
+                          max_result_bytes=state.limits.max_result_bytes)
+        workflow.logger.info("tool execution", extra={
+            "step": step, "tool": p.call.name, "fingerprint": p.fingerprint})
+        try:
+            outcome: core.ToolOutcome = await workflow.execute_activity(
+                TOOL_ACTIVITY, req, result_type=core.ToolOutcome,
+                start_to_close_timeout=timedelta(seconds=timeout) if timeout else spec.timeout,
+                retry_policy=RetryPolicy(
+                    initial_interval=timedelta(seconds=spec.initial_retry_seconds),
+                    maximum_attempts=spec.max_attempts,
+                    non_retryable_error_types=["PayloadTooLarge"]),
+                summary=f"tool {p.call.name} · call {state.tool_executions + 1}")
+        except ActivityError as err:
+            cause = err.cause
+            transient = isinstance(cause, TimeoutError) or (
+                isinstance(cause, ApplicationError) and cause.type == "TransientToolError")
+            outcome = core.ToolOutcome(envelope=temporary_error_exhausted(), fatal=not transient)
+        result = core.record_outcome(state, p, outcome, self._rules)
+        self._publish()
+        return result
+
+    # --- approvals: signals, update, query -----------------------------------------
+
+    @workflow.signal
+    def approve(self, decision: Decision) -> None:
+        self._signal_decision(decision.model_copy(update={"approve": True}))
+
+    @workflow.signal
+    def reject(self, decision: Decision) -> None:
+        self._signal_decision(decision.model_copy(update={"approve": False}))
+
+    def _signal_decision(self, decision: Decision) -> None:
+        problem = approvals.check(self._state, decision, self._rules)
+        if problem is not None:
+            workflow.logger.warning("approval signal ignored", extra={
+                "call_id": preview(decision.call_id, 60), "problem": problem})
+            return
+        approvals.apply(self._state, decision, workflow.now())
+        self._publish()
+
+    @workflow.update
+    def decide(self, decision: Decision) -> str:
+        approvals.apply(self._state, decision, workflow.now())
+        self._publish()
+        return "approved" if decision.approve else "rejected"
+
+    @decide.validator
+    def _validate_decide(self, decision: Decision) -> None:
+        problem = approvals.check(self._state, decision, self._rules)
+        if problem is not None:
+            raise ApplicationError(problem, type="InvalidDecision", non_retryable=True)
+
+    @workflow.query
+    def status(self) -> RunStatus:
+        return RunStatus(
+            status=self._status(), reason=self._state.reason, steps=self._state.steps,
+            tool_executions=self._state.tool_executions,
+            total_tokens=self._state.usage.total_tokens, cost_usd=self._cost(),
+            pending=[a for a in self._state.approvals if a.status == "pending"],
+            events=list(self._state.events), question=self._inp.question,
+            model=self._state.settings.model)
+
+    # --- helpers -------------------------------------------------------------------
+
+    def _processing_seconds(self) -> float:
+        elapsed = (workflow.now() - self._started).total_seconds()
+        return self._processing_before + elapsed - self._waited
+
+    def _status(self) -> str:
+        s = self._state
+        if s.reason is None:
+            return "waiting_approval" if approvals.pending_count(s) else "running"
+        return "completed" if s.reason == StopReason.COMPLETED else "stopped"
+
+    def _cost(self) -> float | None:
+        known = self._state.settings.model in self._state.policy.prices
+        return round(self._state.cost_usd, 8) if known else None
+
+    def _publish(self) -> None:
+        """Search attributes and current details for the Web UI (SPEC §8)."""
+        s = self._state
+        pending = approvals.pending_count(s)
+        status = self._status()
+        if self._inp.search_attributes:
+            workflow.upsert_search_attributes([
+                sa.STATUS.value_set(status),
+                sa.STOP_REASON.value_set(s.reason.value if s.reason else ""),
+                sa.STEPS.value_set(s.steps),
+                sa.TOOL_EXECUTIONS.value_set(s.tool_executions),
+                sa.PENDING_APPROVALS.value_set(pending),
+            ])
+        cost = self._cost()
+        lines = [f"**{status}**" + (f" · {s.reason.value}" if s.reason else ""),
+                 f"steps {s.steps}/{s.limits.max_steps} · tool executions "
+                 f"{s.tool_executions}/{s.limits.max_tool_executions}",
+                 f"tokens {s.usage.total_tokens}/{s.limits.token_threshold}"
+                 + (f" · cost ${cost:.6f}" if cost is not None else "")]
+        for a in s.approvals:
+            if a.status == "pending":
+                lines.append(f"waiting for approval: {a.tool} `{a.call_id}` since "
+                             f"{a.requested_at}")
+        workflow.set_current_details("\n\n".join(lines))
+
+    def _carry(self) -> RunInput:
+        info = workflow.info()
+        base = ConversationRef(workflow_id=info.workflow_id, run_id=info.run_id,
+                               meta=self._sent)
+        carried = Carried(state=self._state, base=base, unsent=self._unsent,
+                          processing_seconds=self._processing_seconds(),
+                          waited_seconds=0.0)
+        return self._inp.model_copy(update={"carried": carried})
+
+    def _result(self) -> RunResult:
+        s, info = self._state, workflow.info()
+        assert s.reason is not None
+        return RunResult(
+            reason=s.reason, text=s.text, steps=s.steps, tool_executions=s.tool_executions,
+            input_tokens=s.usage.input_tokens, output_tokens=s.usage.output_tokens,
+            total_tokens=s.usage.total_tokens, usage_unknown=s.usage.unknown_steps > 0,
+            usage_estimated=s.usage.estimated, cost_usd=self._cost(), cost_units=s.cost_units,
+            events=list(s.events), workflow_id=info.workflow_id, run_id=info.run_id)
