@@ -1,0 +1,370 @@
+"""`boundloop`: start the dev server and workers, start and follow runs, decide approvals."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import sys
+import time
+import uuid
+from collections.abc import Coroutine
+from pathlib import Path
+from typing import Annotated, Any, TypeVar
+
+import typer
+from pydantic import ValidationError
+from rich.console import Console
+from rich.table import Table
+from temporalio.client import Client, WorkflowExecutionStatus, WorkflowUpdateFailedError
+from temporalio.service import RPCError
+
+from boundloop import client as ops
+from boundloop.contracts import Decision, RunInput, RunResult, RunStatus
+from boundloop.core.limits import Limits, Policy, RunSettings
+from boundloop.core.reasons import NEXT_CHECK, StopReason
+from boundloop.settings import Settings
+
+app = typer.Typer(add_completion=False, no_args_is_help=True,
+                  help="boundloop: a durable, bounded LLM tool-calling loop on Temporal.")
+console = Console()
+err = Console(stderr=True)
+T = TypeVar("T")
+
+
+def _run(coro: Coroutine[Any, Any, T]) -> T:
+    return asyncio.run(coro)
+
+
+def fail(message: str, code: int = 2) -> typer.Exit:
+    err.print(f"[bold red]error:[/] {message}")
+    return typer.Exit(code)
+
+
+def load_settings() -> Settings:
+    try:
+        return Settings()
+    except ValidationError as exc:
+        raise fail(f"invalid settings: {exc}") from None
+
+
+async def connect(settings: Settings) -> Client:
+    from worker.main import connect as worker_connect
+
+    try:
+        return await worker_connect(settings)
+    except RuntimeError as exc:
+        raise fail(f"cannot reach Temporal at {settings.temporal_address}: {exc}. "
+                   "Start it with `boundloop server`.") from None
+
+
+# --- settings from flags ---------------------------------------------------------
+
+
+def build_input(question: str, *, settings: Settings, model: str | None, api: str | None,
+                tools: str | None, instructions: str | None, limits_json: str | None,
+                policy_json: str | None, limit_flags: dict[str, Any]) -> RunInput:
+    """Validate everything before anything starts (SPEC §4)."""
+    from boundloop.tools.catalog import registry
+
+    try:
+        limits_raw: dict[str, Any] = json.loads(limits_json) if limits_json else {}
+        policy_raw: dict[str, Any] = json.loads(policy_json) if policy_json else {}
+    except json.JSONDecodeError as exc:
+        raise fail(f"--limits/--policy is not valid JSON: {exc}") from None
+    limits_raw.update({k: v for k, v in limit_flags.items() if v is not None})
+    names = [t.strip() for t in tools.split(",")] if tools else registry().names()
+    unknown = registry().unknown(names)
+    if unknown:
+        raise fail(f"unknown tools {unknown}; available: {registry().names()}")
+    try:
+        run_settings = RunSettings(model=model or settings.model, api=api or settings.api,
+                                   limits=Limits.model_validate(limits_raw),
+                                   policy=Policy.model_validate(policy_raw))
+        return RunInput(question=question, instructions=instructions, settings=run_settings,
+                        tools=names)
+    except ValidationError as exc:
+        lines = [f"  {'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()]
+        raise fail("invalid run settings:\n" + "\n".join(lines)) from None
+
+
+# --- printing --------------------------------------------------------------------
+
+
+def print_event(ev: Any) -> None:
+    parts = [f"step {ev.step}", ev.event]
+    if ev.tool:
+        parts.append(ev.tool)
+    if ev.call_id:
+        parts.append(f"call_id={ev.call_id}")
+    if ev.fingerprint:
+        parts.append(f"fp={ev.fingerprint.split(':')[-1][:8]}")
+    console.print("  " + " · ".join(parts), highlight=False)
+
+
+def print_result(result: RunResult, settings: Settings) -> None:
+    colour = "green" if result.reason == StopReason.COMPLETED else "yellow"
+    console.print(f"[bold {colour}]reason: {result.reason.value}[/] — "
+                  f"{NEXT_CHECK[result.reason]}")
+    console.print(f"steps {result.steps} · tool executions {result.tool_executions} · "
+                  f"tokens {result.total_tokens} (in {result.input_tokens}, out "
+                  f"{result.output_tokens}{', estimated' if result.usage_estimated else ''}"
+                  f"{', some unknown' if result.usage_unknown else ''})"
+                  + (f" · cost ${result.cost_usd:.6f}" if result.cost_usd is not None else ""))
+    if result.text:
+        console.print(f"[bold]answer:[/] {result.text}")
+    console.print(f"Web UI: {ops.ui_link(settings, result.workflow_id, result.run_id)}")
+
+
+def print_pending_table(rows: list[tuple[str, RunStatus]]) -> None:
+    table = Table("run", "call id", "tool", "arguments", "waiting since")
+    for wf_id, status in rows:
+        for a in status.pending:
+            table.add_row(wf_id, a.call_id, a.tool, ops.argument_summary(a), a.requested_at)
+    console.print(table)
+
+
+# --- commands --------------------------------------------------------------------
+
+
+@app.command()
+def server(
+    data_dir: Annotated[Path | None, typer.Option(help="Where temporal.db lives")] = None,
+    port: int = 7233, ui_port: int = 8233,
+) -> None:
+    """Start the Temporal dev server (SQLite file, Web UI, search attributes, fast settings)."""
+    from boundloop.devserver import DevServer
+
+    settings = load_settings()
+    srv = DevServer(data_dir or settings.data_dir, port=port, ui_port=ui_port)
+    try:
+        srv.start()
+    except RuntimeError as exc:
+        raise fail(str(exc)) from None
+    console.print(f"Temporal dev server on {srv.address}, Web UI http://127.0.0.1:{ui_port} "
+                  f"(database {srv.data_dir / 'temporal.db'}). Ctrl-C stops it.")
+    signal.signal(signal.SIGTERM, lambda *_: srv.stop())
+    try:
+        while srv.process is not None and srv.process.poll() is None:
+            time.sleep(0.5)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        srv.stop()
+
+
+@app.command()
+def worker(
+    model_script: Annotated[Path | None, typer.Option(
+        help="Serve the model from this script (docs/scripted-server.md)")] = None,
+) -> None:
+    """Run a worker: the workflow, the model activity and the tool activity."""
+    from worker.main import main as worker_main
+
+    if model_script is not None:
+        from boundloop.scripted.server import ScriptedModelServer
+
+        scripted = ScriptedModelServer(model_script)
+        os.environ["OPENAI_BASE_URL"] = scripted.start()
+        console.print(f"scripted model server at {os.environ['OPENAI_BASE_URL']}")
+    worker_main()
+
+
+@app.command()
+def run(
+    question: Annotated[str, typer.Argument(help="The user message")],
+    wait: Annotated[bool, typer.Option("--wait", help="Wait for the RunResult")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object")] = False,
+    model: Annotated[str | None, typer.Option(help="Model name")] = None,
+    api: Annotated[str | None, typer.Option(help="responses | chat")] = None,
+    tools: Annotated[str | None, typer.Option(help="Allowed tools, comma-separated")] = None,
+    instructions: Annotated[str | None, typer.Option(help="Instructions")] = None,
+    model_script: Annotated[Path | None, typer.Option(
+        help="Use the scripted model server with this script (runs its own worker)")] = None,
+    workflow_id: Annotated[str | None, typer.Option("--id", help="Workflow id")] = None,
+    max_steps: Annotated[int | None, typer.Option()] = None,
+    max_tool_executions: Annotated[int | None, typer.Option()] = None,
+    token_threshold: Annotated[int | None, typer.Option()] = None,
+    max_result_bytes: Annotated[int | None, typer.Option()] = None,
+    max_history_bytes: Annotated[int | None, typer.Option()] = None,
+    max_identical_calls: Annotated[int | None, typer.Option()] = None,
+    deadline_seconds: Annotated[float | None, typer.Option()] = None,
+    approval_timeout_seconds: Annotated[float | None, typer.Option()] = None,
+    limits: Annotated[str | None, typer.Option("--limits", help="Limits as JSON")] = None,
+    policy: Annotated[str | None, typer.Option("--policy", help="Policy as JSON")] = None,
+) -> None:
+    """Start a run. With --model-script the run uses a scripted model and its own worker."""
+    settings = load_settings()
+    flags = {"max_steps": max_steps, "max_tool_executions": max_tool_executions,
+             "token_threshold": token_threshold, "max_result_bytes": max_result_bytes,
+             "max_history_bytes": max_history_bytes, "max_identical_calls": max_identical_calls,
+             "deadline_seconds": deadline_seconds,
+             "approval_timeout_seconds": approval_timeout_seconds}
+    inp = build_input(question, settings=settings, model=model, api=api, tools=tools,
+                      instructions=instructions, limits_json=limits, policy_json=policy,
+                      limit_flags=flags)
+    if model_script is not None and not model_script.exists():
+        raise fail(f"model script {model_script} does not exist")
+    code = _run(_run_async(settings, inp, wait or model_script is not None, as_json,
+                           model_script, workflow_id))
+    raise typer.Exit(code)
+
+
+async def _run_async(settings: Settings, inp: RunInput, wait: bool, as_json: bool,
+                     model_script: Path | None, workflow_id: str | None) -> int:
+    client = await connect(settings)
+    if model_script is None:
+        handle = await ops.start_run(client, settings, inp, workflow_id)
+        if not as_json:
+            console.print(f"started {handle.id}: {ops.ui_link(settings, handle.id)}")
+        if not wait:
+            if as_json:
+                console.print_json(json.dumps({"workflow_id": handle.id}))
+            return 0
+        return await _follow(handle, settings, as_json)
+    from boundloop.scripted.server import ScriptedModelServer
+    from worker.main import build_worker
+
+    scripted = ScriptedModelServer(model_script)
+    local = settings.model_copy(update={
+        "openai_base_url": scripted.start(), "task_queue": f"script-{uuid.uuid4().hex[:8]}"})
+    try:
+        async with build_worker(client, local):
+            handle = await ops.start_run(client, local, inp, workflow_id, local.task_queue)
+            if not as_json:
+                console.print(f"started {handle.id} against the scripted model "
+                              f"({model_script})")
+            return await _follow(handle, settings, as_json)
+    finally:
+        scripted.stop()
+
+
+async def _follow(handle: Any, settings: Settings, as_json: bool) -> int:
+    async for _status, events in ops.follow(handle):
+        if not as_json:
+            for ev in events:
+                print_event(ev)
+    result: RunResult = await handle.result()
+    if as_json:
+        print(result.model_dump_json())
+    else:
+        print_result(result, settings)
+    return 0
+
+
+@app.command()
+def status(run_id: Annotated[str, typer.Argument(help="Workflow id")],
+           as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
+    """Show a run: counters, pending approvals, events; the RunResult once it ended."""
+    settings = load_settings()
+
+    async def go() -> None:
+        client = await connect(settings)
+        handle = client.get_workflow_handle(run_id, result_type=RunResult)
+        try:
+            desc = await handle.describe()
+        except RPCError as exc:
+            raise fail(f"no run {run_id!r}: {exc.message}") from None
+        if desc.status == WorkflowExecutionStatus.COMPLETED:
+            result = await handle.result()
+            if as_json:
+                print(result.model_dump_json())
+            else:
+                for ev in result.events:
+                    print_event(ev)
+                print_result(result, settings)
+            return
+        st = await ops.query_status(handle)
+        if as_json:
+            print(st.model_dump_json())
+            return
+        console.print(f"{run_id}: [bold]{st.status}[/] · steps {st.steps} · tool executions "
+                      f"{st.tool_executions} · tokens {st.total_tokens}")
+        for ev in st.events:
+            print_event(ev)
+        if st.pending:
+            print_pending_table([(run_id, st)])
+
+    _run(go())
+
+
+@app.command()
+def pending(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
+    """List calls waiting for approval across runs."""
+    settings = load_settings()
+
+    async def go() -> None:
+        rows = await ops.pending_runs(await connect(settings))
+        if as_json:
+            print(json.dumps([{"workflow_id": wf, "call_id": a.call_id, "tool": a.tool,
+                               "arguments": a.arguments, "requested_at": a.requested_at}
+                              for wf, st in rows for a in st.pending], ensure_ascii=False))
+        elif not rows:
+            console.print("no calls are waiting for approval")
+        else:
+            print_pending_table(rows)
+
+    _run(go())
+
+
+def _decide(run_id: str, decision: Decision) -> None:
+    settings = load_settings()
+
+    async def go() -> None:
+        client = await connect(settings)
+        try:
+            outcome = await ops.decide(client.get_workflow_handle(run_id), decision)
+        except WorkflowUpdateFailedError as exc:
+            cause = exc.cause
+            raise fail(getattr(cause, "message", str(cause)), 1) from None
+        except RPCError as exc:
+            raise fail(f"run {run_id}: {exc.message}", 1) from None
+        console.print(f"{decision.call_id}: {outcome}")
+
+    _run(go())
+
+
+@app.command()
+def approve(run_id: str, call_id: str,
+            approver: Annotated[str, typer.Option("--as", help="Approver name")] = "operator",
+            args: Annotated[str | None, typer.Option("--args", help="Edited arguments (JSON)")]
+            = None) -> None:
+    """Approve a pending call (optionally with edited arguments)."""
+    try:
+        edited = json.loads(args) if args else None
+    except json.JSONDecodeError as exc:
+        raise fail(f"--args is not valid JSON: {exc}") from None
+    _decide(run_id, Decision(call_id=call_id, approve=True, approver=approver,
+                             arguments=edited))
+
+
+@app.command()
+def reject(run_id: str, call_id: str,
+           reason: Annotated[str, typer.Option("--reason", help="Why (shown to the model)")],
+           approver: Annotated[str, typer.Option("--as", help="Approver name")] = "operator",
+           ) -> None:
+    """Reject a pending call; the model is told not to retry it."""
+    _decide(run_id, Decision(call_id=call_id, approve=False, approver=approver, reason=reason))
+
+
+@app.command()
+def demo(interactive: Annotated[bool, typer.Option(
+        "--interactive", help="Wait for a person to approve the ticket")] = False) -> None:
+    """The main job, end to end on the embedded dev server."""
+    from boundloop.demo import run_demo
+
+    code = _run(run_demo(load_settings(), interactive=interactive))
+    raise typer.Exit(code)
+
+
+def main() -> None:
+    try:
+        app()
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)  # sdk-python #300: avoid an abort at interpreter exit
+    sys.stdout.flush()
+    os._exit(0)

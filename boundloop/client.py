@@ -1,0 +1,106 @@
+"""Client-side operations shared by the CLI, the demo and tests."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+from temporalio.api.operatorservice.v1 import ListSearchAttributesRequest
+from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
+from temporalio.service import RPCError
+
+from boundloop import search_attributes as sa
+from boundloop.contracts import WORKFLOW_NAME, Decision, RunInput, RunResult, RunStatus
+from boundloop.core.canonical import compact_json, preview
+from boundloop.core.loop import Approval, Event
+from boundloop.settings import Settings
+
+
+async def search_attributes_registered(client: Client) -> bool:
+    """True when the server knows boundloop's search attributes (else runs skip them)."""
+    try:
+        resp = await client.operator_service.list_search_attributes(
+            ListSearchAttributesRequest(namespace=client.namespace))
+    except RPCError:
+        return False
+    return all(key.name in resp.custom_attributes for key in sa.ALL)
+
+
+def ui_link(settings: Settings, workflow_id: str, run_id: str | None = None) -> str:
+    base = f"{settings.ui_url}/namespaces/{settings.temporal_namespace}/workflows/{workflow_id}"
+    return f"{base}/{run_id}/history" if run_id else base
+
+
+async def start_run(client: Client, settings: Settings, inp: RunInput,
+                    workflow_id: str | None = None,
+                    task_queue: str | None = None) -> WorkflowHandle[Any, RunResult]:
+    inp = inp.model_copy(update={"search_attributes": await search_attributes_registered(client)})
+    wf_id = workflow_id or f"boundloop-{uuid.uuid4().hex[:12]}"
+    limits = compact_json(inp.settings.limits.model_dump(mode="json"))
+    details = (f"model `{inp.settings.model}` ({inp.settings.api})\n\n"
+               f"tools: {', '.join(inp.tools)}\n\nlimits: `{limits}`")
+    return await client.start_workflow(
+        WORKFLOW_NAME, inp, id=wf_id, task_queue=task_queue or settings.task_queue,
+        result_type=RunResult, static_summary=preview(inp.question, 120),
+        static_details=details)
+
+
+async def query_status(handle: WorkflowHandle[Any, Any]) -> RunStatus:
+    status: RunStatus = await handle.query("status", result_type=RunStatus)
+    return status
+
+
+async def follow(handle: WorkflowHandle[Any, Any], interval: float = 0.2
+                 ) -> AsyncIterator[tuple[RunStatus, list[Event]]]:
+    """Yield (status, new events) until the run closes."""
+    seen = 0
+    while True:
+        desc = await handle.describe()
+        try:
+            status = await query_status(handle)
+        except RPCError:
+            status = None
+        if status is not None:
+            new = status.events[seen:]
+            seen = len(status.events)
+            yield status, new
+        if desc.status != WorkflowExecutionStatus.RUNNING:
+            return
+        await asyncio.sleep(interval)
+
+
+async def decide(handle: WorkflowHandle[Any, Any], decision: Decision) -> str:
+    """Send a decision through the validated `decide` update (errors raise)."""
+    result: str = await handle.execute_update("decide", decision, result_type=str)
+    return result
+
+
+async def pending_runs(client: Client) -> list[tuple[str, RunStatus]]:
+    """Runs waiting for approval, found by search attribute, with their pending calls."""
+    out: list[tuple[str, RunStatus]] = []
+    query = f"{sa.STATUS.name} = 'waiting_approval' AND ExecutionStatus = 'Running'"
+    async for wf in client.list_workflows(query):
+        try:
+            status = await query_status(client.get_workflow_handle(wf.id))
+        except RPCError:
+            continue
+        if status.pending:
+            out.append((wf.id, status))
+    return out
+
+
+def argument_summary(approval: Approval, width: int = 60) -> str:
+    """A short, bounded view of validated arguments for the operator (not for logs)."""
+    return preview(compact_json(approval.arguments), width)
+
+
+async def wait_until(predicate: Callable[[], Awaitable[bool]], timeout: float = 30.0,
+                     interval: float = 0.1) -> None:
+    loop = asyncio.get_running_loop()
+    end = loop.time() + timeout
+    while not await predicate():
+        if loop.time() > end:
+            raise TimeoutError("condition not reached")
+        await asyncio.sleep(interval)

