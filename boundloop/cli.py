@@ -28,7 +28,7 @@ from boundloop.settings import Settings
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="boundloop: a durable, bounded LLM tool-calling loop on Temporal.")
-console = Console()
+console = Console(soft_wrap=True)
 err = Console(stderr=True)
 T = TypeVar("T")
 

@@ -29,12 +29,12 @@ def message(text: str) -> dict[str, Any]:
 
 
 def resp(*items: dict[str, Any], usage: Any = USAGE, status: str = "completed",
-         rid: str = "resp_1") -> dict[str, Any]:
+         rid: str = "resp_1", **turn: Any) -> dict[str, Any]:
     b: dict[str, Any] = {"id": rid, "object": "response", "status": status,
                          "output": list(items)}
     if usage is not None:
         b["usage"] = usage
-    return body(b)
+    return body(b, **turn)
 
 
 def answer(text: str, **kw: Any) -> dict[str, Any]:

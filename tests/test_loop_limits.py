@@ -8,6 +8,7 @@ from typing import Any
 from temporalio.client import WorkflowHandle
 
 from activities.conversation import ConversationCache
+from boundloop.client import query_status
 from boundloop.core.limits import Limits, Policy, Price
 from tests.conftest import RunScript
 from tests.scripts import answer, call, chat, chat_call, outputs, resp, tool_messages
@@ -124,7 +125,7 @@ async def test_approval_timeout(run_script: RunScript) -> None:
 async def test_cancel_gives_cancelled(run_script: RunScript) -> None:
     async def cancel_when_waiting(handle: WorkflowHandle[Any, Any]) -> None:
         for _ in range(200):
-            status = await handle.query("status")
+            status = await query_status(handle)
             if status.pending:
                 break
             await asyncio.sleep(0.05)

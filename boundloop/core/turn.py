@@ -121,8 +121,30 @@ def fallback_call_id(step: int, index: int) -> str:
     return f"call_bl_{step}_{index}"
 
 
+def _with_fault_usage(turn: Turn, body: Any, in_key: str, out_key: str) -> Turn:
+    """A faulty turn still reports the usage the provider billed (usage comes first)."""
+    if turn.fault is None or not isinstance(body, dict):
+        return turn
+    return turn.model_copy(update={"usage": _usage(body.get("usage"), in_key, out_key, True)})
+
+
 def parse_responses(body: Any) -> Turn:
     """Normalise a Responses API response body (`response.output` items)."""
+    return _with_fault_usage(_parse_responses(body), body, "input_tokens", "output_tokens")
+
+
+def parse_chat(body: Any, step: int) -> Turn:
+    """Normalise a Chat Completions response body (`choices[0].message`).
+
+    Quirks handled (docs/quirks.md): `arguments` as an object, a missing or empty tool
+    call id (replaced by `fallback_call_id`), `finish_reason` disagreeing with the
+    presence of `tool_calls`, `finish_reason: "length"` cutting arguments.
+    """
+    return _with_fault_usage(_parse_chat(body, step), body, "prompt_tokens",
+                             "completion_tokens")
+
+
+def _parse_responses(body: Any) -> Turn:
     if not isinstance(body, dict) or not isinstance(body.get("output"), list):
         return Turn(fault="response body has no output list")
     status: Literal["completed", "incomplete"] = (
@@ -157,13 +179,7 @@ def parse_responses(body: Any) -> Turn:
     return Turn(status=status, items=items, text=text, usage=usage, output_bytes=out_bytes)
 
 
-def parse_chat(body: Any, step: int) -> Turn:
-    """Normalise a Chat Completions response body (`choices[0].message`).
-
-    Quirks handled (docs/quirks.md): `arguments` as an object, a missing or empty tool
-    call id (replaced by `fallback_call_id`), `finish_reason` disagreeing with the
-    presence of `tool_calls`, `finish_reason: "length"` cutting arguments.
-    """
+def _parse_chat(body: Any, step: int) -> Turn:
     if not isinstance(body, dict):
         return Turn(fault="response body is not an object")
     choices = body.get("choices")
