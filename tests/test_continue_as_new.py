@@ -1,0 +1,96 @@
+"""Continue-as-new with a low suggestion threshold: no change visible to the model or
+the operator, and the conversation is rebuilt across runs from history alone."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytest_asyncio
+from temporalio.client import Client
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.testing import WorkflowEnvironment
+
+from activities.conversation import ConversationCache
+from boundloop import search_attributes as sa
+from boundloop.contracts import WORKFLOW_NAME, RunInput, RunResult
+from boundloop.core.limits import Limits, RunSettings
+from boundloop.devserver import FAST_FLAGS, temporal_binary
+from boundloop.scripted.server import ScriptedModelServer
+from boundloop.settings import Settings
+from tests.scripts import answer, call, resp
+from worker.main import build_worker
+
+STEPS = 8
+
+
+@pytest_asyncio.fixture(scope="module")
+async def low_threshold(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Client]:
+    db = tmp_path_factory.mktemp("can") / "temporal.db"
+    env = await WorkflowEnvironment.start_local(
+        data_converter=pydantic_data_converter, dev_server_existing_path=temporal_binary(),
+        dev_server_database_filename=str(db), search_attributes=sa.ALL,
+        dev_server_extra_args=[
+            *FAST_FLAGS,
+            "--dynamic-config-value", "limit.historyCount.suggestContinueAsNew=12",
+            # The server otherwise waits 1 s before each new run of the same workflow id.
+            "--dynamic-config-value", 'history.workflowIdReuseMinimalInterval="0s"'])
+    try:
+        yield env.client
+    finally:
+        await env.shutdown()
+
+
+def script() -> list[dict[str, Any]]:
+    turns = [resp(call("lookup_stock", {"sku": f"A-{i:03d}"}, f"c{i}"), rid=f"r{i}")
+             for i in range(1, STEPS)]
+    return [*turns, answer("done")]
+
+
+async def run(client: Client, tmp_path: Path, cache: ConversationCache) -> tuple[
+        RunResult, list[Any], list[str]]:
+    server = ScriptedModelServer(script())
+    queue = f"can-{uuid.uuid4().hex[:8]}"
+    settings = Settings(OPENAI_BASE_URL=server.start(), BOUNDLOOP_TASK_QUEUE=queue,
+                        BOUNDLOOP_DATA_DIR=tmp_path)
+    limits = Limits(max_steps=STEPS, max_tool_executions=STEPS)
+    inp = RunInput(question="many steps", tools=["lookup_stock"],
+                   settings=RunSettings(model="m", limits=limits))
+    try:
+        async with build_worker(client, settings, cache=cache):
+            handle = await client.start_workflow(WORKFLOW_NAME, inp, id=f"can-{queue}",
+                                                 task_queue=queue, result_type=RunResult)
+            result = await handle.result()
+            query = f"WorkflowId = '{handle.id}'"
+            runs = [wf.run_id async for wf in client.list_workflows(query)]
+    finally:
+        server.stop()
+    assert server.violations == []
+    return result, [r.body["input"] for r in server.requests], runs
+
+
+async def test_continue_as_new_changes_nothing_the_model_or_operator_sees(
+        low_threshold: Client, tmp_path: Path) -> None:
+    result, inputs, runs = await run(low_threshold, tmp_path, ConversationCache())
+    assert len(runs) > 1, "the low threshold should have caused continue-as-new"
+    assert (result.reason, result.steps, result.tool_executions) == ("completed", STEPS,
+                                                                   STEPS - 1)
+    assert [e.step for e in result.events if e.event == "model_requested"] == list(
+        range(1, STEPS + 1))
+    # Each request carries the whole conversation so far, in order, across runs.
+    for i, items in enumerate(inputs):
+        assert len(items) == 1 + 2 * i
+
+
+async def test_conversation_rebuilt_across_runs_from_history_only(
+        low_threshold: Client, tmp_path: Path) -> None:
+    warm, cold = ConversationCache(), ConversationCache(capacity=0)
+    _, cached_inputs, _ = await run(low_threshold, tmp_path / "a", warm)
+    uncached, inputs, runs = await run(low_threshold, tmp_path / "b", cold)
+    assert len(runs) > 1
+    assert (warm.hits, cold.hits, cold.misses) == (STEPS - 1, 0, STEPS)
+    assert uncached.reason == "completed"
+    assert inputs == cached_inputs
