@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+from datetime import timedelta
 
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
@@ -19,6 +21,11 @@ from activities.tools import ToolActivities
 from boundloop.settings import Settings
 from boundloop.tools.catalog import registry
 from workflows.loop import BoundLoopWorkflow
+
+#: How long a workflow task waits on this worker's sticky queue before any worker may
+#: take it (Temporal's default 10 s). Crash tests shorten it: a killed worker's sticky
+#: queue would otherwise delay the next decision by the full timeout.
+STICKY_TIMEOUT_ENV = "BOUNDLOOP_STICKY_TIMEOUT_SECONDS"
 
 
 async def connect(settings: Settings) -> Client:
@@ -32,10 +39,12 @@ def build_worker(client: Client, settings: Settings, *,
     reg = registry()
     model = ModelActivities(settings, reg, cache)
     tools = ToolActivities(reg, settings.data_dir)
+    sticky = float(os.environ.get(STICKY_TIMEOUT_ENV) or 10.0)
     return Worker(
         client, task_queue=settings.task_queue, workflows=[BoundLoopWorkflow],
         activities=[model.model_request, tools.tool_execute],
         max_concurrent_activities=64,
+        sticky_queue_schedule_to_start_timeout=timedelta(seconds=sticky),
     )
 
 
