@@ -241,10 +241,15 @@ async def _run_async(settings: Settings, inp: RunInput, wait: bool, as_json: boo
 
 
 async def _follow(handle: Any, settings: Settings, as_json: bool) -> int:
-    async for _status, events in ops.follow(handle):
-        if not as_json:
-            for ev in events:
-                print_event(ev)
+    if not as_json and sys.stdout.isatty():
+        from boundloop.live import watch as live_watch
+
+        await live_watch(handle)
+    else:
+        async for _status, events in ops.follow(handle):
+            if not as_json:
+                for ev in events:
+                    print_event(ev)
     result: RunResult = await handle.result()
     if as_json:
         print(result.model_dump_json())
@@ -285,6 +290,57 @@ def status(run_id: Annotated[str, typer.Argument(help="Workflow id")],
             print_event(ev)
         if st.pending:
             print_pending_table([(run_id, st)])
+
+    _run(go())
+
+
+@app.command()
+def watch(run_id: Annotated[str, typer.Argument(help="Workflow id")]) -> None:
+    """Follow a run live (steps, tool executions, tokens, cost, approvals) until it ends."""
+    settings = load_settings()
+
+    async def go() -> None:
+        from boundloop.live import watch as live_watch
+
+        client = await connect(settings)
+        handle = client.get_workflow_handle(run_id, result_type=RunResult)
+        try:
+            await handle.describe()
+        except RPCError as exc:
+            raise fail(f"no run {run_id!r}: {exc.message}") from None
+        await live_watch(handle)
+        print_result(await handle.result(), settings)
+
+    _run(go())
+
+
+@app.command("list")
+def list_runs(
+    status_filter: Annotated[str | None, typer.Option(
+        "--status", help="running | waiting_approval | completed | stopped")] = None,
+    reason: Annotated[str | None, typer.Option(help="Stop reason, e.g. max_steps")] = None,
+    limit: Annotated[int, typer.Option(help="At most this many runs")] = 20,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """List runs by search attribute, newest first."""
+    settings = load_settings()
+    statuses = {"running", "waiting_approval", "completed", "stopped"}
+    if status_filter is not None and status_filter not in statuses:
+        raise fail(f"--status must be one of {sorted(statuses)}")
+    if reason is not None and reason not in {r.value for r in StopReason}:
+        raise fail(f"--reason must be one of {[r.value for r in StopReason]}")
+
+    async def go() -> None:
+        rows = await ops.list_runs(await connect(settings), status_filter, reason, limit)
+        if as_json:
+            print(json.dumps(rows, ensure_ascii=False))
+            return
+        table = Table("run", "status", "reason", "steps", "tools", "pending", "started")
+        for r in rows:
+            table.add_row(r["workflow_id"], r["status"], r["reason"] or "", str(r["steps"]),
+                          str(r["tool_executions"]), str(r["pending_approvals"]),
+                          r["start_time"])
+        console.print(table)
 
     _run(go())
 

@@ -91,6 +91,29 @@ async def pending_runs(client: Client) -> list[tuple[str, RunStatus]]:
     return out
 
 
+async def list_runs(client: Client, status: str | None, reason: str | None,
+                    limit: int) -> list[dict[str, Any]]:
+    """Runs newest first, filtered by the BoundloopStatus / BoundloopStopReason attributes."""
+    clauses = [f"WorkflowType = '{WORKFLOW_NAME}'"]
+    if status:
+        clauses.append(f"{sa.STATUS.name} = '{status}'")
+    if reason:
+        clauses.append(f"{sa.STOP_REASON.name} = '{reason}'")
+    rows: list[dict[str, Any]] = []
+    async for wf in client.list_workflows(" AND ".join(clauses), limit=limit):
+        attrs = wf.typed_search_attributes
+        rows.append({
+            "workflow_id": wf.id, "run_id": wf.run_id,
+            "status": attrs.get(sa.STATUS) or (wf.status.name.lower() if wf.status else ""),
+            "reason": attrs.get(sa.STOP_REASON) or None,
+            "steps": attrs.get(sa.STEPS) or 0,
+            "tool_executions": attrs.get(sa.TOOL_EXECUTIONS) or 0,
+            "pending_approvals": attrs.get(sa.PENDING_APPROVALS) or 0,
+            "start_time": wf.start_time.isoformat(timespec="seconds"),
+        })
+    return rows
+
+
 def argument_summary(approval: Approval, width: int = 60) -> str:
     """A short, bounded view of validated arguments for the operator (not for logs)."""
     return preview(compact_json(approval.arguments), width)

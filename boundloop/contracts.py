@@ -10,7 +10,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from boundloop.core.conversation import ConversationMeta, Item
-from boundloop.core.limits import RunSettings
+from boundloop.core.limits import Limits, RunSettings
 from boundloop.core.loop import Approval, Event, LoopState, ToolChoice
 from boundloop.core.reasons import StopReason
 
@@ -127,3 +127,4 @@ class RunStatus(BaseModel):
     events: list[Event]
     question: str
     model: str
+    limits: Limits | None = None

@@ -18,6 +18,7 @@ from temporalio.worker import Worker
 from activities.conversation import ConversationCache
 from activities.model import ModelActivities
 from activities.tools import ToolActivities
+from boundloop.logs import configure
 from boundloop.settings import Settings
 from boundloop.tools.catalog import registry
 from workflows.loop import BoundLoopWorkflow
@@ -57,8 +58,7 @@ async def run_worker(settings: Settings | None = None) -> None:
 
 
 def main() -> None:
-    logging.basicConfig(level=logging.INFO,
-                        format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    configure(os.environ.get("BOUNDLOOP_LOG_FORMAT", "text"))
     asyncio.run(run_worker())
 
 

@@ -88,6 +88,8 @@ class BoundLoopWorkflow:
             await workflow.wait_condition(workflow.all_handlers_finished)
             workflow.continue_as_new(self._carry())
         self._publish()
+        workflow.logger.info("run stopped", extra={"reason": reason.value,
+                                                   "step": self._state.steps})
         await workflow.wait_condition(workflow.all_handlers_finished)
         return self._result()
 
@@ -99,6 +101,7 @@ class BoundLoopWorkflow:
             plan = core.begin_step(state, self._processing_seconds())
             if isinstance(plan, StopReason):
                 return plan
+            workflow.logger.info("step started", extra={"step": plan.step})
             self._publish()
             turn = await self._request_model(plan)
             if isinstance(turn, StopReason):
@@ -275,7 +278,7 @@ class BoundLoopWorkflow:
             total_tokens=self._state.usage.total_tokens, cost_usd=self._cost(),
             pending=[a for a in self._state.approvals if a.status == "pending"],
             events=list(self._state.events), question=self._inp.question,
-            model=self._state.settings.model)
+            model=self._state.settings.model, limits=self._state.limits)
 
     # --- helpers -------------------------------------------------------------------
 

@@ -1,0 +1,48 @@
+"""Live progress of a run for `boundloop watch` and `boundloop run --wait` on a terminal."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Group
+from rich.live import Live
+from rich.panel import Panel
+from rich.table import Table
+from rich.text import Text
+
+from boundloop import client as ops
+from boundloop.contracts import RunStatus
+
+
+def render(workflow_id: str, st: RunStatus) -> Panel:
+    """One frame: counters against their limits, waiting approvals, the latest events."""
+    lim = st.limits
+    table = Table.grid(padding=(0, 2))
+    table.add_column(style="bold")
+    table.add_column()
+    table.add_row("status", st.status + (f" · {st.reason.value}" if st.reason else ""))
+    table.add_row("steps", f"{st.steps}" + (f" / {lim.max_steps}" if lim else ""))
+    table.add_row("tool executions",
+                  f"{st.tool_executions}" + (f" / {lim.max_tool_executions}" if lim else ""))
+    table.add_row("tokens", f"{st.total_tokens}" + (f" / {lim.token_threshold}" if lim else ""))
+    if st.cost_usd is not None:
+        table.add_row("cost", f"${st.cost_usd:.6f}")
+    parts: list[Any] = [table]
+    if st.pending:
+        waiting = Table("waiting for approval", "call id", "arguments", "since")
+        for a in st.pending:
+            waiting.add_row(a.tool, a.call_id, ops.argument_summary(a, 50), a.requested_at)
+        parts.append(waiting)
+    recent = st.events[-5:]
+    if recent:
+        parts.append(Text("\n".join(
+            f"step {e.step} · {e.event}" + (f" · {e.tool}" if e.tool else "") for e in recent),
+            style="dim"))
+    return Panel(Group(*parts), title=f"{workflow_id} — {st.question[:60]}")
+
+
+async def watch(handle: Any, interval: float = 0.3) -> None:
+    """Redraw until the run closes."""
+    with Live(refresh_per_second=8, transient=False) as live:
+        async for status, _new in ops.follow(handle, interval=interval):
+            live.update(render(handle.id, status))

@@ -1,0 +1,62 @@
+"""Structured worker logs: message + workflow id, step, tool, fingerprint (SPEC §8).
+
+Only allow-listed fields are printed, so a raw argument, tool output, prompt or key
+that reached a log record's attributes still never reaches the log line.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+FIELDS = ("step", "tool", "fingerprint", "call_id", "status", "reason", "attempt", "error",
+          "failure", "api", "items", "problem", "task_queue")
+
+
+def fields_of(record: logging.LogRecord) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    wf = getattr(record, "temporal_workflow", None) or {}
+    act = getattr(record, "temporal_activity", None) or {}
+    if isinstance(wf, dict) and wf.get("workflow_id"):
+        out["workflow_id"] = wf["workflow_id"]
+    elif isinstance(act, dict) and act.get("workflow_id"):
+        out["workflow_id"] = act["workflow_id"]
+    if isinstance(act, dict) and act.get("activity_type"):
+        out["activity"] = act["activity_type"]
+    for name in FIELDS:
+        value = getattr(record, name, None)
+        if value is not None:
+            out[name] = value
+    return out
+
+
+class TextFormatter(logging.Formatter):
+    """`time level logger message key=value …`"""
+
+    def format(self, record: logging.LogRecord) -> str:
+        base = f"{self.formatTime(record)} {record.levelname} {record.name} " \
+               f"{record.msg if isinstance(record.msg, str) else ''}"
+        # Temporal's loggers append their info dict to the message; drop it (fields below).
+        base = base.split(" ({'")[0]
+        extra = " ".join(f"{k}={v}" for k, v in fields_of(record).items())
+        return f"{base} {extra}".rstrip()
+
+
+class JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        msg = record.msg if isinstance(record.msg, str) else ""
+        return json.dumps({"time": self.formatTime(record), "level": record.levelname,
+                           "logger": record.name, "message": msg, **fields_of(record)},
+                          ensure_ascii=False, default=str)
+
+
+def configure(fmt: str = "text", level: int = logging.INFO) -> None:
+    handler = logging.StreamHandler()
+    handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level)
+    # openai/httpx print request bodies (prompts, arguments) at DEBUG: keep them quiet.
+    for name in ("openai", "httpx", "httpx2", "httpcore"):
+        logging.getLogger(name).setLevel(logging.WARNING)
