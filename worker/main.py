@@ -21,6 +21,7 @@ from activities.tools import ToolActivities
 from boundloop.logs import configure
 from boundloop.settings import Settings
 from boundloop.tools.catalog import registry
+from boundloop.tracing import client_interceptors
 from workflows.loop import BoundLoopWorkflow
 
 #: How long a workflow task waits on this worker's sticky queue before any worker may
@@ -32,7 +33,8 @@ STICKY_TIMEOUT_ENV = "BOUNDLOOP_STICKY_TIMEOUT_SECONDS"
 async def connect(settings: Settings) -> Client:
     """A client with the pydantic data converter (SPEC §2)."""
     return await Client.connect(settings.temporal_address, namespace=settings.temporal_namespace,
-                                data_converter=pydantic_data_converter)
+                                data_converter=pydantic_data_converter,
+                                interceptors=client_interceptors())
 
 
 def build_worker(client: Client, settings: Settings, *,
