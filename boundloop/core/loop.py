@@ -217,7 +217,10 @@ def _validate_arguments(call: FunctionCall, rule: ToolRule) -> dict[str, Any] | 
             "the call was not executed. Send the complete call again, shorter if possible.")
     try:
         parsed = json.loads(call.arguments) if call.arguments.strip() else None
-    except (json.JSONDecodeError, RecursionError):
+        # Refuse what json.loads accepts but JSON cannot carry: NaN/Infinity and unpaired
+        # surrogate escapes ("\ud800"), which would break fingerprints and payloads.
+        json.dumps(parsed, ensure_ascii=False, allow_nan=False).encode("utf-8")
+    except (ValueError, RecursionError):  # JSONDecodeError, >4300-digit ints, the above
         return env.invalid_input(
             "INVALID_JSON",
             f"arguments are not valid JSON (got {preview(call.arguments)!r}); "

@@ -11,6 +11,8 @@ as Chat Completions messages when that API is used.
 
 from __future__ import annotations
 
+import math
+import re
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -18,6 +20,16 @@ from pydantic import BaseModel, ConfigDict, Field
 from boundloop.core.canonical import compact_json, json_bytes, preview
 
 KNOWN_ITEM_TYPES = frozenset({"message", "reasoning", "function_call"})
+
+#: The name written in history for a call the model sent without a function name: both
+#: APIs refuse an empty name in a replayed call, so the conversation keeps this
+#: placeholder while the loop sees the call as nameless (`Turn.unnamed`) and never
+#: executes it, whatever tool happens to be registered under this name (docs/quirks.md).
+MISSING_NAME = "missing_function_name"
+
+#: A UTF-16 surrogate code point: `json.loads` yields one for an unpaired `\ud800` escape,
+#: and no UTF-8 encoder accepts it.
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 class FunctionCall(BaseModel):
@@ -52,6 +64,8 @@ class Turn(BaseModel):
     - usage: None when missing or unusable (negative, non-integer, all zero with output).
     - fault: a protocol fault (no raw model text), or None.
     - output_bytes: UTF-8 JSON bytes of `items`, for usage estimation.
+    - unnamed: call ids of calls sent without a function name (history shows
+      `MISSING_NAME`; the loop answers them with an error and never executes them).
     """
 
     model_config = ConfigDict(frozen=True)
@@ -63,12 +77,18 @@ class Turn(BaseModel):
     fault: str | None = None
     output_bytes: int = 0
     calls_truncated: bool = False
+    unnamed: list[str] = Field(default_factory=list)
 
     @property
     def calls(self) -> list[FunctionCall]:
-        """The `function_call` items, in order (derived, so history holds them once)."""
-        return [FunctionCall(call_id=i["call_id"], name=i["name"], arguments=i["arguments"],
-                             truncated=self.calls_truncated)
+        """The `function_call` items, in order (derived, so history holds them once).
+
+        A call listed in `unnamed` has the name "" here (never executed), whatever
+        placeholder its history item carries.
+        """
+        return [FunctionCall(call_id=i["call_id"],
+                             name="" if i["call_id"] in self.unnamed else i["name"],
+                             arguments=i["arguments"], truncated=self.calls_truncated)
                 for i in self.items if i.get("type") == "function_call"]
 
 
@@ -94,13 +114,48 @@ def _usage(raw: Any, in_key: str, out_key: str, has_output: bool) -> Usage | Non
     return Usage(input_tokens=inp, output_tokens=out, total_tokens=tot)
 
 
-def _arguments_text(value: Any) -> str:
-    """Arguments as a string: strings verbatim; objects (an Ollama quirk) serialised."""
+def _escape_surrogates(text: str) -> str:
+    """Unpaired surrogates back to their `\\uXXXX` JSON escape (valid UTF-8, same JSON)."""
+    return _SURROGATE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
+
+
+def _scrub(value: Any) -> Any:
+    """The body with every string UTF-8-encodable and every number finite.
+
+    `json.loads` accepts unpaired surrogate escapes (`"\\ud800"`) and `NaN`/`Infinity`;
+    neither survives UTF-8 JSON (byte counts, digests, Temporal payloads, the next
+    request). Surrogates in text become U+FFFD; non-finite numbers become null.
+    `arguments` values are left as they are: `_arguments_text` re-escapes them so the
+    loop's own JSON parse sees (and refuses) exactly what the model wrote.
+    Values without such characters are returned unchanged.
+    """
     if isinstance(value, str):
-        return value
-    if value is None:
+        return _SURROGATE.sub("\ufffd", value) if _SURROGATE.search(value) else value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, list):
+        return [_scrub(v) for v in value]
+    if isinstance(value, dict):
+        return {_scrub(k): (v if k == "arguments" else _scrub(v)) for k, v in value.items()}
+    return value
+
+
+def _arguments_text(value: Any) -> str:
+    """Arguments as a string: strings verbatim; objects (an Ollama quirk) serialised.
+
+    Unpaired surrogates are written back as `\\uXXXX` escapes (the JSON text the model
+    meant), so history stays valid UTF-8 and the argument check refuses them.
+    """
+    if isinstance(value, str):
+        text = value
+    elif value is None:
         return ""
-    return compact_json(value)
+    else:
+        try:
+            text = compact_json(value)
+        except RecursionError:  # nesting json.loads accepted but json.dumps does not
+            return ""
+    return _escape_surrogates(text) if _SURROGATE.search(text) else text
 
 
 def _text_of_content(content: Any) -> str:
@@ -122,25 +177,50 @@ def fallback_call_id(step: int, index: int) -> str:
 
 
 def _with_fault_usage(turn: Turn, body: Any, in_key: str, out_key: str) -> Turn:
-    """A faulty turn still reports the usage the provider billed (usage comes first)."""
-    if turn.fault is None or not isinstance(body, dict):
+    """A faulty turn still reports the usage the provider billed (usage comes first).
+
+    When the faulty body carries no usable usage (a body that is not JSON, say), the
+    turn reports zero tokens rather than None: the fault is the more specific reason,
+    so the run stops with `protocol_error`, not `usage_unknown` (docs/quirks.md).
+    """
+    if turn.fault is None:
         return turn
-    return turn.model_copy(update={"usage": _usage(body.get("usage"), in_key, out_key, True)})
+    usage = _usage(body.get("usage"), in_key, out_key, True) if isinstance(body, dict) else None
+    return turn.model_copy(update={"usage": usage or Usage()})
+
+
+def _scrubbed(body: Any) -> Any | Turn:
+    try:
+        return _scrub(body)
+    except RecursionError:
+        return Turn(fault="response body is nested too deeply")
 
 
 def parse_responses(body: Any) -> Turn:
-    """Normalise a Responses API response body (`response.output` items)."""
-    return _with_fault_usage(_parse_responses(body), body, "input_tokens", "output_tokens")
+    """Normalise a Responses API response body (`response.output` items).
+
+    A `function_call` without a `call_id`, or repeating one, is a fault (the output
+    could not be matched to it); one without a name is kept with the `MISSING_NAME`
+    placeholder and answered with an error, never executed (docs/quirks.md).
+    """
+    clean = _scrubbed(body)
+    if isinstance(clean, Turn):
+        return _with_fault_usage(clean, None, "input_tokens", "output_tokens")
+    return _with_fault_usage(_parse_responses(clean), clean, "input_tokens", "output_tokens")
 
 
 def parse_chat(body: Any, step: int) -> Turn:
     """Normalise a Chat Completions response body (`choices[0].message`).
 
     Quirks handled (docs/quirks.md): `arguments` as an object, a missing or empty tool
-    call id (replaced by `fallback_call_id`), `finish_reason` disagreeing with the
-    presence of `tool_calls`, `finish_reason: "length"` cutting arguments.
+    call id (replaced by `fallback_call_id`), a missing function name (`MISSING_NAME`
+    in history, answered with an error), `finish_reason` disagreeing with the presence
+    of `tool_calls`, `finish_reason: "length"` cutting arguments.
     """
-    return _with_fault_usage(_parse_chat(body, step), body, "prompt_tokens",
+    clean = _scrubbed(body)
+    if isinstance(clean, Turn):
+        return _with_fault_usage(clean, None, "prompt_tokens", "completion_tokens")
+    return _with_fault_usage(_parse_chat(clean, step), clean, "prompt_tokens",
                              "completion_tokens")
 
 
@@ -153,11 +233,12 @@ def _parse_responses(body: Any) -> Turn:
     items: list[dict[str, Any]] = []
     texts: list[str] = []
     seen: set[str] = set()
+    unnamed: list[str] = []
     for raw in body["output"]:
         if not isinstance(raw, dict):
             return Turn(fault="output item is not an object")
         kind = raw.get("type")
-        if kind not in KNOWN_ITEM_TYPES:
+        if not isinstance(kind, str) or kind not in KNOWN_ITEM_TYPES:
             return Turn(fault=f"unknown output item type {preview(str(kind), 40)!r}")
         item = dict(raw)
         if kind == "message":
@@ -169,14 +250,16 @@ def _parse_responses(body: Any) -> Turn:
             if call_id in seen:
                 return Turn(fault="duplicate call_id in one response")
             seen.add(call_id)
-            if not isinstance(name, str):
-                return Turn(fault="function_call without a name")
+            if not isinstance(name, str) or not name:
+                unnamed.append(call_id)
+                item["name"] = MISSING_NAME
             item["arguments"] = _arguments_text(raw.get("arguments"))
         items.append(item)
     text = "".join(texts)
     out_bytes = json_bytes(items)
     usage = _usage(body.get("usage"), "input_tokens", "output_tokens", bool(items))
-    return Turn(status=status, items=items, text=text, usage=usage, output_bytes=out_bytes)
+    return Turn(status=status, items=items, text=text, usage=usage, output_bytes=out_bytes,
+                unnamed=unnamed)
 
 
 def _parse_chat(body: Any, step: int) -> Turn:
@@ -199,9 +282,13 @@ def _parse_chat(body: Any, step: int) -> Turn:
         items.append({"type": "message", "role": "assistant",
                       "content": [{"type": "output_text", "text": text}]})
     seen: set[str] = set()
+    unnamed: list[str] = []
     for index, raw in enumerate(raw_calls):
         if not isinstance(raw, dict):
             return Turn(fault="tool call is not an object")
+        if raw.get("type") not in (None, "function"):
+            # e.g. a `custom` tool call: boundloop declares function tools only.
+            return Turn(fault=f"unknown tool call type {preview(str(raw.get('type')), 40)!r}")
         fn = raw.get("function")
         fn = fn if isinstance(fn, dict) else {}
         call_id = raw.get("id")
@@ -210,7 +297,10 @@ def _parse_chat(body: Any, step: int) -> Turn:
         if call_id in seen:
             return Turn(fault="duplicate tool call id in one response")
         seen.add(call_id)
-        name = fn.get("name") if isinstance(fn.get("name"), str) else ""
+        name = fn.get("name")
+        if not isinstance(name, str) or not name:
+            unnamed.append(call_id)
+            name = MISSING_NAME
         arguments = _arguments_text(fn.get("arguments"))
         items.append({"type": "function_call", "call_id": call_id, "name": name,
                       "arguments": arguments})
@@ -220,4 +310,4 @@ def _parse_chat(body: Any, step: int) -> Turn:
     out_bytes = json_bytes(items)
     usage = _usage(body.get("usage"), "prompt_tokens", "completion_tokens", bool(items))
     return Turn(status=status, items=items, text=text, usage=usage, output_bytes=out_bytes,
-                calls_truncated=cut and has_calls)
+                calls_truncated=cut and has_calls, unnamed=unnamed)
