@@ -69,6 +69,10 @@ _UNPARSEABLE = (
 )  # the real API's wording
 
 
+_POLL_INTERVAL = 0.05
+"""How often the serving loop checks for ``stop()``; bounds how long ``stop()`` takes."""
+
+
 @dataclass(frozen=True)
 class RecordedRequest:
     """One request as the server received it, in arrival order."""
@@ -221,7 +225,10 @@ class ScriptedModelServer:
         host_text = host.decode() if isinstance(host, bytes) else str(host)
         self._base_url = f"http://{host_text}:{port}/v1"
         self._thread = threading.Thread(
-            target=httpd.serve_forever, name=f"scripted-model-server:{port}", daemon=True
+            target=httpd.serve_forever,
+            kwargs={"poll_interval": _POLL_INTERVAL},
+            name=f"scripted-model-server:{port}",
+            daemon=True,
         )
         self._thread.start()
         return self._base_url
