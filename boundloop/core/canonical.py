@@ -42,6 +42,7 @@ def preview(text: str, max_bytes: int = 80) -> str:
     """
     if utf8_len(text) <= max_bytes:
         return text
-    budget = max(0, max_bytes - utf8_len("…"))
+    mark = "…" if max_bytes >= utf8_len("…") else ""
+    budget = max(0, max_bytes - utf8_len(mark))
     cut = text.encode("utf-8")[:budget].decode("utf-8", errors="ignore")
-    return cut + "…"
+    return cut + mark
