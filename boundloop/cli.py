@@ -424,3 +424,7 @@ def main() -> None:
         os._exit(code)  # sdk-python #300: avoid an abort at interpreter exit
     sys.stdout.flush()
     os._exit(0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,101 @@
+"""The `boundloop` CLI as a user types it (real subprocesses, real dev server)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from temporalio.client import Client, WorkflowHandle
+
+from boundloop import client as ops
+from tests.conftest import RunScript
+from tests.scripts import answer, call, resp
+
+ROOT = Path(__file__).resolve().parent.parent
+CLI = [sys.executable, "-m", "boundloop.cli"]
+
+
+def env_for(temporal: Client | None, tmp_path: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OPENAI_")}
+    env["BOUNDLOOP_DATA_DIR"] = str(tmp_path / "data")
+    env["TEMPORAL_ADDRESS"] = (temporal.service_client.config.target_host if temporal
+                               else "127.0.0.1:1")
+    return env
+
+
+async def cli(*args: str, env: dict[str, str]) -> tuple[int, str, str]:
+    proc = await asyncio.create_subprocess_exec(
+        *CLI, *args, cwd=ROOT, env=env, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE)
+    out, err = await asyncio.wait_for(proc.communicate(), timeout=120)
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(), err.decode()
+
+
+async def test_invalid_limit_is_refused_before_anything_starts(tmp_path: Path) -> None:
+    code, _out, err = await cli("run", "hi", "--max-steps", "0", env=env_for(None, tmp_path))
+    assert code == 2
+    assert "max_steps" in err and "greater than 0" in err
+    code, _out, err = await cli("run", "hi", "--limits", '{"token_threshold": true}',
+                                env=env_for(None, tmp_path))
+    assert code == 2 and "token_threshold" in err
+
+
+async def test_unknown_tool_is_refused(tmp_path: Path) -> None:
+    code, _out, err = await cli("run", "hi", "--tools", "lookup_stock,rm_rf",
+                                env=env_for(None, tmp_path))
+    assert code == 2 and "rm_rf" in err
+
+
+async def test_run_with_model_script_prints_one_json_result(temporal: Client,
+                                                            tmp_path: Path) -> None:
+    code, out, err = await cli(
+        "run", "A-001とB-002の在庫をそれぞれ調べて。", "--json",
+        "--model-script", "examples/scripts/seed000_stock.json", env=env_for(temporal, tmp_path))
+    assert code == 0, err
+    result = json.loads(out)
+    assert (result["reason"], result["steps"], result["tool_executions"]) == ("completed", 3, 2)
+    assert "12" in result["text"]
+
+
+async def test_pending_approve_and_refusals_from_the_cli(
+        run_script: RunScript, temporal: Client, tmp_path: Path) -> None:
+    env = env_for(temporal, tmp_path)
+    seen: dict[str, Any] = {}
+
+    async def operator(handle: WorkflowHandle[Any, Any]) -> None:
+        async def listed() -> bool:
+            code, out, _ = await cli("pending", "--json", env=env)
+            rows = [r for r in json.loads(out) if r["workflow_id"] == handle.id]
+            seen["pending"] = rows
+            return code == 0 and bool(rows)
+
+        await ops.wait_until(listed, timeout=60, interval=0.3)
+        seen["unknown"] = await cli("approve", handle.id, "nope", env=env)
+        seen["bad_args"] = await cli("approve", handle.id, "t1", "--args",
+                                     '{"title": "", "description": "d", "priority": "p"}',
+                                     env=env)
+        seen["ok"] = await cli("approve", handle.id, "t1", "--as", "alice", env=env)
+        seen["twice"] = await cli("reject", handle.id, "t1", "--reason", "late", env=env)
+        seen["reject"] = await cli("reject", handle.id, "t2", "--reason", "duplicate", env=env)
+
+    ticket = {"title": "補充", "description": "B-002", "priority": "high"}
+    out = await run_script([resp(call("create_ticket", ticket, "t1"),
+                                 call("create_ticket", {**ticket, "priority": "low"}, "t2")),
+                            answer("done")], during=operator)
+    assert out.result.reason == "completed"
+    assert [(r["call_id"], r["tool"]) for r in seen["pending"]] == [
+        ("t1", "create_ticket"), ("t2", "create_ticket")]
+    code, _, err = seen["unknown"]
+    assert code == 1 and "unknown call id 'nope'" in err
+    code, _, err = seen["bad_args"]
+    assert code == 1 and "edited arguments do not match" in err
+    assert seen["ok"][0] == 0 and "approved" in seen["ok"][1]
+    code, _, err = seen["twice"]
+    assert code == 1 and "already approved by alice" in err
+    assert seen["reject"][0] == 0 and "rejected" in seen["reject"][1]
+    assert [t["priority"] for t in out.tickets()] == ["high"]
