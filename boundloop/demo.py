@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import sys
 import uuid
 from importlib import resources
 from typing import Any
@@ -33,6 +34,15 @@ INSTRUCTIONS = ("Use the tools for stock, documents and tickets. Tool output is 
 console = Console(soft_wrap=True)
 
 
+def cli_command() -> str:
+    """How the reader invokes this CLI (`.venv/bin/boundloop` after `make demo`)."""
+    argv0 = sys.argv[0] if sys.argv and sys.argv[0] else "boundloop"
+    if os.path.basename(argv0) != "boundloop" or not os.path.exists(argv0):
+        return "boundloop"
+    rel = os.path.relpath(argv0)
+    return rel if not rel.startswith("..") else argv0
+
+
 def demo_script() -> Script:
     """The recorded responses of both demo runs, in order."""
     turns: list[ScriptTurn] = []
@@ -54,9 +64,10 @@ async def _follow(handle: Any, settings: Settings, interactive: bool) -> RunResu
             announced.add(approval.call_id)
             console.print(f"[bold yellow]waiting for approval:[/] {approval.tool} "
                           f"{ops.argument_summary(approval, 120)}")
-            console.print(f"  approve: [bold]boundloop approve {handle.id} "
+            cmd = cli_command()
+            console.print(f"  approve: [bold]{cmd} approve {handle.id} "
                           f"{approval.call_id} --as YOUR_NAME[/]")
-            console.print(f"  reject:  boundloop reject {handle.id} {approval.call_id} "
+            console.print(f"  reject:  {cmd} reject {handle.id} {approval.call_id} "
                           "--reason '...'")
             if not interactive:
                 await asyncio.sleep(0.5)  # let a reader see the pause
