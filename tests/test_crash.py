@@ -88,12 +88,13 @@ def crash_registry() -> ToolRegistry:
 class Cluster:
     """One dev server, one scripted model server, worker processes on one task queue."""
 
-    def __init__(self, tmp: Path, *, tools_target: str | None) -> None:
+    def __init__(self, tmp: Path, *, tools_target: str | None, queue: str | None = None,
+                 ) -> None:
         self.tmp = tmp
         self.data_dir = tmp / "data"
         self.server = DevServer(tmp / "temporal", port=free_port(), ui_port=None)
         self.model = ScriptedModelServer([])
-        self.queue = f"crash-{uuid.uuid4().hex[:8]}"
+        self.queue = queue or f"crash-{uuid.uuid4().hex[:8]}"
         self.tools_target = tools_target
         self.workers: list[subprocess.Popen[bytes]] = []
         self.client: Client | None = None
@@ -118,8 +119,9 @@ class Cluster:
 
     # workers
 
-    def start_worker(self, *, crash_after_ticket_write: bool = False,
+    def start_worker(self, *, crash_after_ticket_write: bool = False, cli: bool = False,
                      ) -> subprocess.Popen[bytes]:
+        """`python -m worker.main`, or with `cli` the operator's `boundloop worker`."""
         env = {k: v for k, v in os.environ.items()
                if k not in ("BOUNDLOOP_TOOLS", CRASH_AFTER_WRITE_ENV)}
         env.update({
@@ -135,7 +137,9 @@ class Cluster:
         if crash_after_ticket_write:
             env[CRASH_AFTER_WRITE_ENV] = "1"
         log = (self.tmp / f"worker-{len(self.workers)}.log").open("ab")
-        proc = subprocess.Popen([sys.executable, "-m", "worker.main"], cwd=ROOT, env=env,
+        command = ([str(Path(sys.executable).parent / "boundloop"), "worker"] if cli
+                   else [sys.executable, "-m", "worker.main"])
+        proc = subprocess.Popen(command, cwd=ROOT, env=env,
                                 stdout=log, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, start_new_session=True)
         log.close()
@@ -173,8 +177,9 @@ class Cluster:
 
 
 @asynccontextmanager
-async def cluster(tmp: Path, *, tools_target: str | None = None) -> AsyncIterator[Cluster]:
-    c = Cluster(tmp, tools_target=tools_target)
+async def cluster(tmp: Path, *, tools_target: str | None = None,
+                  queue: str | None = None) -> AsyncIterator[Cluster]:
+    c = Cluster(tmp, tools_target=tools_target, queue=queue)
     try:
         yield await c.start()
     finally:
@@ -257,7 +262,7 @@ async def test_worker_killed_while_waiting_for_approval_loses_nothing(tmp_path: 
         handle = await c.start_run(ticket_script("same"))
         call_id = await pending_call(handle)
         c.kill(first)
-        c.start_worker()
+        c.start_worker(cli=True)
         await approve(handle, call_id)
         crashed = await result_of(handle)
 

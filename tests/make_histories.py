@@ -1,0 +1,116 @@
+"""Regenerate the replay fixtures in tests/histories/: `python -m tests.make_histories`.
+
+Runs the real BoundLoop workflow on a fresh dev server with worker processes and the
+scripted model (the demo tools), one run per history, and writes each event history as
+`handle.fetch_history().to_json()`. tests/test_replay.py replays every file against the
+current workflow code: regenerate after an intended change of the workflow's commands
+(and read docs/durability.md first: old histories must still replay, or the change
+needs `workflow.patched`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import tempfile
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+from temporalio.client import WorkflowHandle
+
+from boundloop.contracts import Decision, RunResult
+from tests.scripts import answer, call, reasoning, resp
+from tests.test_crash import (
+    TICKET,
+    Cluster,
+    approve,
+    cluster,
+    pending_call,
+    result_of,
+)
+
+HISTORIES = Path(__file__).resolve().parent / "histories"
+
+Act = Callable[[Cluster, WorkflowHandle[Any, RunResult]], Awaitable[None]]
+
+
+def workflow_id(name: str) -> str:
+    """The workflow id a history was recorded under (replay needs it)."""
+    return f"history-{name}"
+
+
+async def nothing(c: Cluster, handle: WorkflowHandle[Any, RunResult]) -> None:
+    return None
+
+
+async def approve_by_signal(c: Cluster, handle: WorkflowHandle[Any, RunResult]) -> None:
+    call_id = await pending_call(handle)
+    await handle.signal("approve", Decision(call_id=call_id, approve=True, approver="alice"))
+
+
+async def reject_by_update(c: Cluster, handle: WorkflowHandle[Any, RunResult]) -> None:
+    call_id = await pending_call(handle)
+    await handle.execute_update("decide", Decision(call_id=call_id, approve=False,
+                                                   reason="duplicate of T-12"), result_type=str)
+
+
+async def crash_then_approve(c: Cluster, handle: WorkflowHandle[Any, RunResult]) -> None:
+    call_id = await pending_call(handle)
+    c.kill(c.workers[-1])
+    c.start_worker()
+    await approve(handle, call_id)
+
+
+#: name -> (script, what the operator does while the run is open). Call ids differ between
+#: histories: the scripted server remembers each call's reasoning item across runs.
+RUNS: dict[str, tuple[list[dict[str, Any]], Act]] = {
+    "plain": ([
+        resp(reasoning("rs_1"), call("lookup_stock", {"sku": "A-001"}, "p1"), rid="pr1"),
+        resp(call("lookup_stock", {"sku": "B-002"}, "p2"), rid="pr2"),
+        answer("A-001は12個、B-002は在庫切れです。", rid="pr3"),
+    ], nothing),
+    "approval": ([
+        resp(call("create_ticket", TICKET, "a1"), call("lookup_stock", {"sku": "A-001"}, "a2"),
+             rid="ar1"),
+        answer("チケットを作成しました。", rid="ar2"),
+    ], approve_by_signal),
+    "rejection": ([
+        resp(call("create_ticket", TICKET, "j1"), rid="jr1"),
+        resp(call("create_ticket", TICKET, "j2"), rid="jr2"),
+        answer("チケットは作成しませんでした。", rid="jr3"),
+    ], reject_by_update),
+    "crash_resume": ([
+        resp(call("lookup_stock", {"sku": "B-002"}, "k1"), rid="kr1"),
+        resp(call("create_ticket", TICKET, "k2"), rid="kr2"),
+        answer("チケットを作成しました。", rid="kr3"),
+    ], crash_then_approve),
+}
+
+
+async def record(tmp: Path, names: list[str]) -> None:
+    HISTORIES.mkdir(exist_ok=True)
+    async with cluster(tmp, queue="histories") as c:
+        c.start_worker()
+        for name in names:
+            turns, act = RUNS[name]
+            handle = await c.start_run(turns, workflow_id=workflow_id(name))
+            await act(c, handle)
+            result = await result_of(handle)
+            history = await handle.fetch_history()
+            (HISTORIES / f"{name}.json").write_text(history.to_json() + "\n", encoding="utf-8")
+            print(f"{name}: {result.reason.value}, {len(history.events)} events")
+        assert c.model.violations == [], c.model.violations
+
+
+def main(argv: list[str]) -> None:
+    names = argv or list(RUNS)
+    unknown = sorted(set(names) - set(RUNS))
+    if unknown:
+        raise SystemExit(f"unknown histories {unknown}; known: {sorted(RUNS)}")
+    with tempfile.TemporaryDirectory(prefix="boundloop-histories-") as tmp:
+        asyncio.run(record(Path(tmp), names))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

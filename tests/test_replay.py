@@ -1,0 +1,74 @@
+"""Replay the committed histories of real runs against the current workflow code.
+
+A change to the workflow that issues other commands (or the same ones in another
+order) for an existing history fails here: such a change breaks every run that is
+open when it is deployed, and needs `workflow.patched` (docs/durability.md).
+Regenerate with `python -m tests.make_histories` only after an intended change.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from temporalio.api.enums.v1 import EventType
+from temporalio.client import WorkflowHistory
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.worker import Replayer
+
+from boundloop.tools.catalog import registry
+from tests.make_histories import HISTORIES, RUNS, workflow_id
+from workflows.loop import BoundLoopWorkflow
+
+E = EventType
+
+
+def load(name: str) -> WorkflowHistory:
+    text = (HISTORIES / f"{name}.json").read_text(encoding="utf-8")
+    return WorkflowHistory.from_json(workflow_id(name), text)
+
+
+def kinds(history: WorkflowHistory) -> list[int]:
+    return [event.event_type for event in history.events]
+
+
+def test_every_representative_history_is_committed() -> None:
+    assert sorted(p.stem for p in HISTORIES.glob("*.json")) == sorted(RUNS)
+
+
+@pytest.mark.parametrize("name", sorted(RUNS))
+async def test_history_replays_without_nondeterminism(name: str) -> None:
+    # Load the registry outside the workflow sandbox, as build_worker does: loaded first
+    # inside it, a BOUNDLOOP_TOOLS module is re-imported there and its ToolRegistry is
+    # another class (catalog.registry raises TypeError).
+    registry()
+    replayer = Replayer(workflows=[BoundLoopWorkflow], data_converter=pydantic_data_converter)
+    result = await replayer.replay_workflow(load(name))
+    assert result.replay_failure is None
+
+
+def completed_result(history: WorkflowHistory) -> dict[str, Any]:
+    last = history.events[-1]
+    assert last.event_type == E.EVENT_TYPE_WORKFLOW_EXECUTION_COMPLETED
+    payload = last.workflow_execution_completed_event_attributes.result.payloads[0]
+    result: dict[str, Any] = json.loads(payload.data)
+    return result
+
+
+@pytest.mark.parametrize(("name", "reason", "shape"), [
+    ("plain", "completed", {E.EVENT_TYPE_ACTIVITY_TASK_COMPLETED: 5}),
+    ("approval", "completed", {E.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED: 1}),
+    ("rejection", "completed", {E.EVENT_TYPE_WORKFLOW_EXECUTION_UPDATE_COMPLETED: 1}),
+    ("crash_resume", "completed", {E.EVENT_TYPE_WORKFLOW_TASK_TIMED_OUT: 1,
+                                   E.EVENT_TYPE_WORKFLOW_EXECUTION_UPDATE_COMPLETED: 1}),
+])
+def test_history_is_the_run_it_is_named_after(name: str, reason: str,
+                                              shape: dict[int, int]) -> None:
+    """Guards the fixtures themselves: a regenerated file must still show its scenario
+    (the crash history: a task sent to the killed worker timed out)."""
+    history = load(name)
+    assert completed_result(history)["reason"] == reason
+    events = kinds(history)
+    assert {kind: events.count(kind) for kind in shape} == shape
+    assert E.EVENT_TYPE_WORKFLOW_TASK_FAILED not in events
