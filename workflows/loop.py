@@ -311,9 +311,9 @@ class BoundLoopWorkflow:
             ])
         cost = self._cost()
         lines = [f"**{status}**" + (f" · {s.reason.value}" if s.reason else ""),
-                 f"steps {s.steps}/{s.limits.max_steps} · tool executions "
-                 f"{s.tool_executions}/{s.limits.max_tool_executions}",
-                 f"tokens {s.usage.total_tokens}/{s.limits.token_threshold}"
+                 f"steps {s.steps} of {s.limits.max_steps} · tool executions "
+                 f"{s.tool_executions} of {s.limits.max_tool_executions}",
+                 f"tokens {s.usage.total_tokens} of {s.limits.token_threshold}"
                  + (f" · cost ${cost:.6f}" if cost is not None else "")]
         for a in s.approvals:
             if a.status == "pending":
