@@ -51,7 +51,10 @@ class BoundLoopWorkflow:
     @workflow.init
     def __init__(self, inp: RunInput) -> None:
         self._inp = inp
-        self._rules = registry().rules(inp.tools)
+        # A custom BOUNDLOOP_TOOLS module must load outside the sandbox (one class
+        # identity for ToolRegistry), also when a Replayer builds the workflow first.
+        with workflow.unsafe.imports_passed_through():
+            self._rules = registry().rules(inp.tools)
         carried = inp.carried
         if carried is not None:
             self._state = carried.state
@@ -213,7 +216,8 @@ class BoundLoopWorkflow:
 
     async def _execute(self, step: int, p: core.Execute) -> Envelope | StopReason:
         state = self._state
-        spec = registry().get(p.call.name)
+        with workflow.unsafe.imports_passed_through():
+            spec = registry().get(p.call.name)
         timeout = state.limits.tool_timeout_seconds
         req = ToolRequest(workflow_id=workflow.info().workflow_id, tool=p.call.name,
                           call_id=p.call.call_id, step=step, arguments=p.arguments,

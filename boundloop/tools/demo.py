@@ -111,8 +111,14 @@ def create_ticket(args: CreateTicketArgs, ctx: ToolContext) -> dict[str, Any]:
         created = cur.rowcount == 1
         if created and os.environ.get(CRASH_AFTER_WRITE_ENV) == "1":
             os._exit(137)  # test hook: the row is committed, the activity never completes
-        row = conn.execute("SELECT id, priority, created_at FROM tickets "
+        row = conn.execute("SELECT id, priority, created_at, title, description FROM tickets "
                            "WHERE idempotency_key = ?", (ctx.idempotency_key,)).fetchone()
+    if (row[3], row[4], row[1]) != (args.title, args.description, args.priority):
+        # Same position in the run, other content (e.g. after a workflow reset the model
+        # proposed another ticket): say so instead of silently returning the first one.
+        raise ToolFailure(ToolStatus.PERMANENT_ERROR, "IDEMPOTENCY_CONFLICT",
+                          f"A different ticket (#{row[0]}) was already created for this call "
+                          "position; nothing was changed. Tell the user.")
     return {"ticket_id": row[0], "priority": row[1], "created_at": row[2],
             "already_existed": not created}
 
