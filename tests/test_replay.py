@@ -17,7 +17,6 @@ from temporalio.client import WorkflowHistory
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer
 
-from boundloop.tools.catalog import registry
 from tests.make_histories import HISTORIES, RUNS, workflow_id
 from workflows.loop import BoundLoopWorkflow
 
@@ -44,10 +43,6 @@ def test_every_representative_history_is_committed() -> None:
 
 @pytest.mark.parametrize("name", ALL_FILES)
 async def test_history_replays_without_nondeterminism(name: str) -> None:
-    # Load the registry outside the workflow sandbox, as build_worker does: loaded first
-    # inside it, a BOUNDLOOP_TOOLS module is re-imported there and its ToolRegistry is
-    # another class (catalog.registry raises TypeError).
-    registry()
     replayer = Replayer(workflows=[BoundLoopWorkflow], data_converter=pydantic_data_converter)
     result = await replayer.replay_workflow(load(name))
     assert result.replay_failure is None
