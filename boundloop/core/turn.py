@@ -124,10 +124,9 @@ def _scrub(value: Any) -> Any:
 
     `json.loads` accepts unpaired surrogate escapes (`"\\ud800"`) and `NaN`/`Infinity`;
     neither survives UTF-8 JSON (byte counts, digests, Temporal payloads, the next
-    request). Surrogates in text become U+FFFD; non-finite numbers become null.
-    `arguments` values are left as they are: `_arguments_text` re-escapes them so the
-    loop's own JSON parse sees (and refuses) exactly what the model wrote.
-    Values without such characters are returned unchanged.
+    request). Surrogates become U+FFFD; non-finite numbers become null. A call's own
+    `arguments` were made text before (`_calls_arguments_as_text`), so they are clean
+    already. Values without such characters are returned unchanged.
     """
     if isinstance(value, str):
         return _SURROGATE.sub("\ufffd", value) if _SURROGATE.search(value) else value
@@ -136,7 +135,7 @@ def _scrub(value: Any) -> Any:
     if isinstance(value, list):
         return [_scrub(v) for v in value]
     if isinstance(value, dict):
-        return {_scrub(k): (v if k == "arguments" else _scrub(v)) for k, v in value.items()}
+        return {_scrub(k): _scrub(v) for k, v in value.items()}
     return value
 
 
@@ -189,9 +188,39 @@ def _with_fault_usage(turn: Turn, body: Any, in_key: str, out_key: str) -> Turn:
     return turn.model_copy(update={"usage": usage or Usage()})
 
 
+def _with_text_arguments(call: Any) -> Any:
+    """`call` (a Responses `function_call` item or a Chat `function`) with `arguments` as
+    JSON text, unpaired surrogates escaped: the loop's own JSON parse then sees (and
+    refuses) exactly what the model wrote, rather than a U+FFFD `_scrub` would put in."""
+    if isinstance(call, dict) and "arguments" in call:
+        return {**call, "arguments": _arguments_text(call["arguments"])}
+    return call
+
+
+def _calls_arguments_as_text(body: Any) -> Any:
+    """The body with each tool call's `arguments` (and only those) made JSON text."""
+    if not isinstance(body, dict):
+        return body
+    output = body.get("output")
+    if isinstance(output, list):
+        body = {**body, "output": [
+            _with_text_arguments(i) if isinstance(i, dict) and i.get("type") == "function_call"
+            else i for i in output]}
+    choices = body.get("choices")
+    if isinstance(choices, list) and choices and isinstance(choices[0], dict):
+        message = choices[0].get("message")
+        calls = message.get("tool_calls") if isinstance(message, dict) else None
+        if isinstance(message, dict) and isinstance(calls, list):
+            calls = [{**c, "function": _with_text_arguments(c.get("function"))}
+                     if isinstance(c, dict) and "function" in c else c for c in calls]
+            choice = {**choices[0], "message": {**message, "tool_calls": calls}}
+            body = {**body, "choices": [choice, *choices[1:]]}
+    return body
+
+
 def _scrubbed(body: Any) -> Any | Turn:
     try:
-        return _scrub(body)
+        return _scrub(_calls_arguments_as_text(body))
     except RecursionError:
         return Turn(fault="response body is nested too deeply")
 
@@ -242,7 +271,14 @@ def _parse_responses(body: Any) -> Turn:
             return Turn(fault=f"unknown output item type {preview(str(kind), 40)!r}")
         item = dict(raw)
         if kind == "message":
-            texts.append(_text_of_content(raw.get("content")))
+            text = _text_of_content(raw.get("content"))
+            texts.append(text)
+            # Model output is the assistant speaking: an output message claiming another
+            # role ("system", "developer", none) is replayed as assistant, never as a
+            # higher-privilege message; content the API cannot take back becomes text.
+            item["role"] = "assistant"
+            if not isinstance(raw.get("content"), str | list):
+                item["content"] = [{"type": "output_text", "text": text}]
         elif kind == "function_call":
             call_id, name = raw.get("call_id"), raw.get("name")
             if not isinstance(call_id, str) or not call_id:
