@@ -83,5 +83,5 @@ class ModelActivities:
             raise to_application_error(exc) from None
         try:
             return json.loads(raw.content)
-        except (json.JSONDecodeError, UnicodeDecodeError):
+        except (ValueError, RecursionError):  # bad JSON, bad UTF-8, >4300-digit ints
             return None  # the core turns a non-object body into a protocol fault

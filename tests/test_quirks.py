@@ -27,6 +27,7 @@ from tests.scripts import (
     body,
     call,
     chat,
+    chat_call,
     message,
     outputs,
     reasoning,
@@ -606,3 +607,30 @@ async def test_200_body_without_output_or_usage_is_protocol_error_not_usage_unkn
         run_script: RunScript) -> None:
     out = await run_script([body({"error": None, "status": "completed"})])
     assert out.result.reason == "protocol_error"
+
+
+async def test_chat_ids_reused_across_steps_are_fine_on_chat(run_script: RunScript) -> None:
+    # llama.cpp-style servers number calls per response (call_0 every time): tool messages
+    # pair by position in Chat, so a reused id is not a protocol fault there.
+    out = await run_script([
+        chat(calls=[chat_call("lookup_stock", {"sku": "A-001"}, "call_0")]),
+        chat(calls=[chat_call("lookup_stock", {"sku": "B-002"}, "call_0")]),
+        chat("done"),
+    ], api="chat")
+    assert (out.result.reason, out.result.tool_executions) == ("completed", 2)
+
+
+async def test_responses_call_id_reused_across_steps_is_protocol_error(
+        run_script: RunScript) -> None:
+    out = await run_script([
+        resp(call("lookup_stock", {"sku": "A-001"}, "c1")),
+        resp(call("lookup_stock", {"sku": "B-002"}, "c1")),
+    ])
+    assert (out.result.reason, out.result.tool_executions) == ("protocol_error", 1)
+
+
+async def test_huge_integer_body_is_protocol_error_after_one_request(
+        run_script: RunScript) -> None:
+    body = '{"id":"r","status":"completed","output":[],"n":' + "1" * 5000 + "}"
+    out = await run_script([{"raw": body}] * 4)
+    assert (out.result.reason, len(out.requests)) == ("protocol_error", 1)

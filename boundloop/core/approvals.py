@@ -39,7 +39,8 @@ def request(state: LoopState, plan: Execute, step: int, now: datetime) -> Approv
 
 
 def find(state: LoopState, call_id: str) -> Approval | None:
-    for approval in state.approvals:
+    """The latest approval for `call_id` (Chat servers may reuse ids across steps)."""
+    for approval in reversed(state.approvals):
         if approval.call_id == call_id:
             return approval
     return None

@@ -157,6 +157,8 @@ def account_usage(state: LoopState, turn: Turn, input_bytes: int) -> StopReason 
     usage = turn.usage
     if usage is None:
         state.usage.unknown_steps += 1
+        if turn.fault is not None:
+            return None  # the fault itself stops the run (protocol_error) next
         if state.policy.missing_usage == "stop":
             return state.stop(StopReason.USAGE_UNKNOWN, turn.text)
         usage = estimate_usage(input_bytes, turn.output_bytes)
@@ -258,7 +260,10 @@ def plan_calls(state: LoopState, turn: Turn, plan: StepPlan, rules: dict[str, To
         state.log("answered")
         return state.stop(state.pending_limit or StopReason.COMPLETED, turn.text)
     for call in turn.calls:
-        if call.call_id in state.call_ids:
+        # Responses API call ids are unique per conversation; Chat servers may reuse ids
+        # across steps (tool messages pair by position there), so only the Responses API
+        # treats a reused id as a protocol fault.
+        if state.settings.api == "responses" and call.call_id in state.call_ids:
             state.log("duplicate_call_id", call_id=call.call_id)
             return state.stop(StopReason.PROTOCOL_ERROR, turn.text)
     if plan.last or state.force_final:

@@ -15,7 +15,7 @@ import math
 import re
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from boundloop.core.canonical import compact_json, json_bytes, preview
 
@@ -60,7 +60,8 @@ class Turn(BaseModel):
       Chat answer cut by `finish_reason: "length"` with no tool calls).
     - items: conversation items to append, in response order.
     - calls_truncated: the calls were cut off (Chat `finish_reason: "length"`).
-    - text: the answer text (all `output_text` parts joined).
+    - text: the answer text (all `output_text` parts joined). Not serialised: derived
+      again from `items` when a Turn is read back, so history holds the text once.
     - usage: None when missing or unusable (negative, non-integer, all zero with output).
     - fault: a protocol fault (no raw model text), or None.
     - output_bytes: UTF-8 JSON bytes of `items`, for usage estimation.
@@ -72,12 +73,20 @@ class Turn(BaseModel):
 
     status: Literal["completed", "incomplete"] = "completed"
     items: list[dict[str, Any]] = Field(default_factory=list)
-    text: str = ""
+    text: str = Field(default="", exclude=True)
     usage: Usage | None = None
     fault: str | None = None
     output_bytes: int = 0
     calls_truncated: bool = False
     unnamed: list[str] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _text_from_items(self) -> Turn:
+        if not self.text:
+            text = "".join(_text_of_content(i.get("content")) for i in self.items
+                           if i.get("type") == "message")
+            object.__setattr__(self, "text", text)  # frozen model, set once at creation
+        return self
 
     @property
     def calls(self) -> list[FunctionCall]:
