@@ -1,0 +1,1 @@
+"""Benchmarks of boundloop against bare Temporal on the same dev server (`make bench`)."""

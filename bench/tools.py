@@ -1,0 +1,59 @@
+"""Bench-only tools beside the demo tools (`BOUNDLOOP_TOOLS=bench.tools:registry`).
+
+`fetch_report(part)` returns a deterministic result of about 4 KB (its envelope is
+~4,000 UTF-8 bytes), the size the history benchmark uses for every tool result.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from boundloop.core.canonical import json_bytes
+from boundloop.tools.demo import demo_registry
+from boundloop.tools.registry import ToolContext, ToolRegistry, ToolSpec
+
+#: UTF-8 JSON bytes of `fetch_report`'s data (the envelope adds ~60 bytes).
+REPORT_BYTES = 3900
+#: A limit of `max_result_bytes` that the report's envelope stays under.
+REPORT_RESULT_CAP = 5000
+
+
+class FetchReportArgs(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    part: Annotated[int, Field(ge=0, le=100_000, description="Report part number")]
+
+
+def report(part: int) -> dict[str, Any]:
+    """Rows of an inventory report, trimmed to REPORT_BYTES of compact JSON."""
+    rows: list[dict[str, Any]] = []
+    data: dict[str, Any] = {"part": part, "rows": rows}
+    i = 0
+    while True:
+        row = {"sku": f"{chr(65 + (part + i) % 26)}-{(part * 37 + i) % 1000:03d}",
+               "warehouse": f"WH-{(part + i) % 9}", "quantity": (part * 13 + i * 7) % 500,
+               "note": "restock scheduled; supplier confirmed lead time"}
+        rows.append(row)
+        if json_bytes(data) > REPORT_BYTES:
+            rows.pop()
+            break
+        i += 1
+    pad = REPORT_BYTES - json_bytes(data) - len(',"pad":""')
+    if pad > 0:
+        data["pad"] = "." * pad
+    return data
+
+
+def fetch_report(args: FetchReportArgs, ctx: ToolContext) -> dict[str, Any]:
+    return report(args.part)
+
+
+def registry() -> ToolRegistry:
+    reg = demo_registry()
+    reg.register(ToolSpec(
+        name="fetch_report", args_model=FetchReportArgs, fn=fetch_report,
+        description="Fetch one part of the inventory report (about 4 KB).",
+        timeout=timedelta(seconds=10)))
+    return reg

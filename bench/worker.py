@@ -1,0 +1,72 @@
+"""A worker process for the bench: boundloop's own worker (`build_worker`) and, unless
+`--boundloop-only`, a second worker on the bench queue for the bare and naive workflows.
+
+Run as a child of `bench.run` so its memory (/proc/PID/status) and CPU are its own.
+`--max-cached-workflows N` (diagnostic) rebuilds build_worker's worker from its own
+config with only the sticky workflow cache size changed.
+Settings come from the environment, as for `boundloop worker`. Prints `ready PID`
+once both workers run; SIGTERM shuts it down.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+from typing import Any
+
+from temporalio.worker import Worker
+
+from activities.tools import ToolActivities
+from bench.workflows import BareWorkflow, NaiveModel, NaiveWorkflow, bench_noop
+from boundloop.settings import Settings
+from boundloop.tools.catalog import registry
+from worker.main import build_worker, connect
+
+
+async def serve(bench_queue: str | None, max_cached_workflows: int | None = None) -> None:
+    settings = Settings()
+    client = await connect(settings)
+    if max_cached_workflows is None:
+        loop_worker = build_worker(client, settings)
+    else:  # diagnostic: build_worker's own config with one knob changed. Its worker is
+        # made on a second connection, so the two never share a task-queue registration.
+        config = build_worker(await connect(settings), settings).config()
+        changed: dict[str, Any] = {**config, "client": client,
+                                   "max_cached_workflows": max_cached_workflows}
+        loop_worker = Worker(**changed)
+    workers = [loop_worker]
+    if bench_queue is not None:
+        reg = registry()
+        naive = NaiveModel(settings.openai_base_url, reg)
+        tools = ToolActivities(reg, settings.data_dir)
+        workers.append(Worker(
+            client, task_queue=bench_queue, workflows=[BareWorkflow, NaiveWorkflow],
+            activities=[bench_noop, naive.model, tools.tool_execute],
+            max_concurrent_activities=64))
+    stop = asyncio.Event()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+    async with contextlib.AsyncExitStack() as stack:
+        for w in workers:
+            await stack.enter_async_context(w)
+        print(f"ready {os.getpid()}", flush=True)
+        await stop.wait()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench.worker")
+    parser.add_argument("--bench-queue", help="also serve the bench workflows on this queue")
+    parser.add_argument("--max-cached-workflows", type=int,
+                        help="diagnostic: build_worker's worker with this workflow cache size")
+    args = parser.parse_args()
+    # As `boundloop worker` does (worker/main.py): INFO through Temporal's loggers.
+    logging.basicConfig(level=logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    asyncio.run(serve(args.bench_queue, args.max_cached_workflows))
+
+
+if __name__ == "__main__":
+    main()
