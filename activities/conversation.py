@@ -1,26 +1,54 @@
 """Rebuild a run's conversation from references (docs/history.md).
 
-The workflow never sends the whole conversation to the model activity. Each item is
-written to Temporal history once: new items in the `ModelRequest` that first carries
-them, model output in that activity's result. The activity keeps a per-worker cache of
-conversations (memory is a cache, never the source of truth); on a miss - another
-worker, a restarted worker - it reads the workflow's own event history, and after
-continue-as-new the earlier runs' histories. Every rebuild is checked against the
-digest the workflow computed.
+The workflow never sends the whole conversation to the model activity, and each item
+is written to Temporal history about once:
+- model output items are the model activity's result;
+- a tool's `function_call_output` is the tool activity's result: the next
+  `ModelRequest` carries only a reference to it (`output_ref`, the call's idempotency
+  key); outputs the workflow wrote itself (invalid input, blocked, rejected) travel
+  inline in `new_items`.
+
+The activity keeps per-worker caches (memory is a cache, never the source of truth):
+conversations by workflow id, and tool outputs by idempotency key (filled by the tool
+activity of the same worker). On a miss - another worker, a restarted worker - it reads
+the workflow's own event history, and after continue-as-new the earlier runs'
+histories. Every rebuild is checked against the digests the workflow computed.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
 
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
 from temporalio.exceptions import ApplicationError
 
-from boundloop.contracts import MODEL_ACTIVITY, ConversationRef, ModelRequest
+from boundloop.contracts import (
+    MODEL_ACTIVITY,
+    OUTPUT_REF,
+    TOOL_ACTIVITY,
+    ConversationRef,
+    ModelRequest,
+)
+from boundloop.contracts import ToolRequest as _ToolRequest
 from boundloop.core.conversation import ConversationMeta, Item, meta_of
+from boundloop.core.loop import ToolOutcome
 from boundloop.core.turn import Turn
+
+
+class _Lru(OrderedDict[str, Any]):
+    def __init__(self, capacity: int) -> None:
+        super().__init__()
+        self.capacity = capacity
+
+    def put(self, key: str, value: Any) -> None:
+        self[key] = value
+        self.move_to_end(key)
+        while len(self) > self.capacity:
+            self.popitem(last=False)
 
 
 @dataclass
@@ -29,86 +57,137 @@ class _Entry:
     items: list[Item]
 
 
+@dataclass
 class ConversationCache:
-    """LRU of workflow id -> the conversation after the last model turn."""
+    """Per-worker LRUs: workflow id -> conversation after its last model turn, and
+    idempotency key -> tool output text. Shared by the model and tool activities."""
 
-    def __init__(self, capacity: int = 512) -> None:
-        self.capacity = capacity
-        self._entries: OrderedDict[str, _Entry] = OrderedDict()
-        self.hits = 0
-        self.misses = 0
+    capacity: int = 512
+    hits: int = 0
+    misses: int = 0
+    _conversations: _Lru = field(init=False)
+    _outputs: _Lru = field(init=False)
+
+    def __post_init__(self) -> None:
+        self._conversations = _Lru(self.capacity)
+        self._outputs = _Lru(self.capacity * 8)
 
     def get(self, workflow_id: str, meta: ConversationMeta) -> list[Item] | None:
-        entry = self._entries.get(workflow_id)
+        entry = self._conversations.get(workflow_id)
         if entry is None or entry.meta != meta:
             self.misses += 1
             return None
-        self._entries.move_to_end(workflow_id)
+        self._conversations.move_to_end(workflow_id)
         self.hits += 1
-        return entry.items
+        items: list[Item] = entry.items
+        return items
 
     def put(self, workflow_id: str, meta: ConversationMeta, items: list[Item]) -> None:
-        self._entries[workflow_id] = _Entry(meta, items)
-        self._entries.move_to_end(workflow_id)
-        while len(self._entries) > self.capacity:
-            self._entries.popitem(last=False)
+        self._conversations.put(workflow_id, _Entry(meta, items))
 
-    def clear(self) -> None:
-        self._entries.clear()
+    def put_output(self, key: str, output: str) -> None:
+        self._outputs.put(key, output)
+
+    def output(self, key: str) -> str | None:
+        value: str | None = self._outputs.get(key)
+        return value
 
 
-async def _run_steps(client: Client, workflow_id: str, run_id: str,
-                     before_step: int | None) -> tuple[ConversationRef | None, list[Item]]:
-    """(base, items) of one run's model requests and turns, steps < `before_step`."""
-    handle = client.get_workflow_handle(workflow_id, run_id=run_id)
-    requests: dict[int, ModelRequest] = {}
-    items: list[Item] = []
+def _resolve(items: list[Item], lookup: Callable[[str], str | None]) -> list[Item] | None:
+    """Items with each `output_ref` replaced by its output; None if one is unknown."""
+    resolved: list[Item] = []
+    for item in items:
+        key = item.get(OUTPUT_REF)
+        if key is None:
+            resolved.append(item)
+            continue
+        output = lookup(key)
+        if output is None:
+            return None
+        resolved.append({"type": "function_call_output", "call_id": item["call_id"],
+                         "output": output})
+    return resolved
+
+
+@dataclass
+class _RunHistory:
     base: ConversationRef | None = None
+    items: list[Item] = field(default_factory=list)  # may hold output_ref items
+    outputs: dict[str, str] = field(default_factory=dict)
+
+
+async def _read_run(client: Client, workflow_id: str, run_id: str,
+                    before_step: int | None) -> _RunHistory:
+    """One run's model requests, turns and tool outputs, up to model step `before_step`."""
+    handle = client.get_workflow_handle(workflow_id, run_id=run_id)
     converter = client.data_converter
+    run = _RunHistory()
+    models: set[int] = set()
+    tools: dict[int, str] = {}
     async for event in handle.fetch_history_events():
         if event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
             attrs = event.activity_task_scheduled_event_attributes
-            if attrs.activity_type.name != MODEL_ACTIVITY:
-                continue
-            [req] = await converter.decode(list(attrs.input.payloads), [ModelRequest])
-            assert isinstance(req, ModelRequest)
-            if before_step is not None and req.step >= before_step:
-                break
-            if not requests:
-                base = req.base
-            requests[event.event_id] = req
-            items.extend(req.new_items)
+            name = attrs.activity_type.name
+            if name == TOOL_ACTIVITY:
+                [treq] = await converter.decode(list(attrs.input.payloads), [_ToolRequest])
+                tools[event.event_id] = treq.idempotency_key
+            elif name == MODEL_ACTIVITY:
+                [req] = await converter.decode(list(attrs.input.payloads), [ModelRequest])
+                assert isinstance(req, ModelRequest)
+                if before_step is not None and req.step >= before_step:
+                    break
+                if not models:
+                    run.base = req.base
+                models.add(event.event_id)
+                run.items.extend(req.new_items)
         elif event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED:
             done = event.activity_task_completed_event_attributes
-            if done.scheduled_event_id in requests:
+            if done.scheduled_event_id in models:
                 [turn] = await converter.decode(list(done.result.payloads), [Turn])
                 assert isinstance(turn, Turn)
-                items.extend(turn.items)
-    return base, items
+                run.items.extend(turn.items)
+            elif done.scheduled_event_id in tools:
+                [outcome] = await converter.decode(list(done.result.payloads), [ToolOutcome])
+                assert isinstance(outcome, ToolOutcome)
+                run.outputs[tools[done.scheduled_event_id]] = outcome.envelope.to_output()
+    return run
+
+
+def _mismatch(what: str) -> ApplicationError:
+    return ApplicationError(f"{what} does not match the workflow's digest",
+                            type="ConversationMismatch", non_retryable=True)
 
 
 async def from_history(client: Client, workflow_id: str, run_id: str,
-                       before_step: int | None, base: ConversationRef | None) -> list[Item]:
-    """The conversation of run `run_id` up to (not including) model step `before_step`."""
-    found_base, items = await _run_steps(client, workflow_id, run_id, before_step)
-    base = base or found_base
+                       before_step: int | None, base: ConversationRef | None,
+                       ) -> tuple[list[Item], dict[str, str]]:
+    """(conversation before model step `before_step`, this run's tool outputs)."""
+    run = await _read_run(client, workflow_id, run_id, before_step)
+    items = _resolve(run.items, run.outputs.get)
+    if items is None:
+        raise _mismatch(f"run {run_id}: a referenced tool output is missing;")
+    base = base or run.base
     if base is None:
-        return items
-    earlier = await from_history(client, base.workflow_id, base.run_id, None, None)
+        return items, run.outputs
+    earlier, _ = await from_history(client, base.workflow_id, base.run_id, None, None)
     if meta_of(earlier) != base.meta:
-        raise ApplicationError(
-            f"conversation of run {base.run_id} does not match its digest",
-            type="ConversationMismatch", non_retryable=True)
-    return earlier + items
+        raise _mismatch(f"conversation of run {base.run_id}")
+    return earlier + items, run.outputs
 
 
 async def rebuild(cache: ConversationCache, client: Client, req: ModelRequest) -> list[Item]:
-    """The full conversation for `req`: `prior` (cache or history) + `new_items`."""
-    prior = cache.get(req.workflow_id, req.prior)
-    if prior is None:
-        prior = await from_history(client, req.workflow_id, req.run_id, req.step, req.base)
-        if meta_of(prior) != req.prior:
-            raise ApplicationError(
-                f"model step {req.step}: rebuilt conversation does not match the workflow's "
-                "digest", type="ConversationMismatch", non_retryable=True)
-    return [*prior, *req.new_items]
+    """The full conversation for `req`: `prior` + resolved `new_items`, checked against
+    `req.expected`. Cache first; the event history when the cache cannot answer."""
+    prior: list[Item] | None = [] if req.prior.count == 0 else cache.get(req.workflow_id,
+                                                                         req.prior)
+    new = None if prior is None else _resolve(req.new_items, cache.output)
+    if prior is not None and new is not None and req.prior.extend(new) == req.expected:
+        return [*prior, *new]
+    prior, outputs = await from_history(client, req.workflow_id, req.run_id, req.step,
+                                        req.base)
+    if meta_of(prior) != req.prior:
+        raise _mismatch(f"model step {req.step}: the rebuilt conversation")
+    new = _resolve(req.new_items, outputs.get)
+    if new is None or req.prior.extend(new) != req.expected:
+        raise _mismatch(f"model step {req.step}: the new items")
+    return [*prior, *new]

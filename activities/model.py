@@ -9,8 +9,9 @@ core (`boundloop.core.turn`), so malformed output becomes a typed fault, not a c
 from __future__ import annotations
 
 import json
-from typing import Any, cast
+from typing import Any
 
+import httpx2 as httpx
 import openai
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
@@ -19,7 +20,7 @@ from activities.conversation import ConversationCache, rebuild
 from activities.model_errors import to_application_error
 from boundloop.contracts import MODEL_ACTIVITY, ModelRequest
 from boundloop.core.canonical import json_bytes
-from boundloop.core.conversation import meta_of, to_chat_messages
+from boundloop.core.conversation import to_chat_messages
 from boundloop.core.turn import Turn, parse_chat, parse_responses
 from boundloop.settings import Settings
 from boundloop.tools.registry import ToolRegistry
@@ -56,26 +57,31 @@ class ModelActivities:
                 f"{MAX_TURN_BYTES}-byte payload limit", type="PayloadTooLarge",
                 non_retryable=True)
         full = [*items, *turn.items]
-        self.cache.put(req.workflow_id, meta_of(full), full)
+        self.cache.put(req.workflow_id, req.expected.extend(turn.items), full)
         return turn
 
     async def _send(self, req: ModelRequest, items: list[Any], timeout: Any) -> Any:
+        """POST the request with the SDK's client (auth, base URL, error types) and return
+        the parsed JSON body. The body is built here and sent as-is: the SDK's per-item
+        type transform of `input` costs O(conversation) on the event loop each step
+        (docs/benchmarks.md)."""
         headers = {"Idempotency-Key": model_idempotency_key(req.workflow_id, req.step)}
         seconds = timeout.total_seconds() if timeout else 60.0
         tools = self._registry.openai_tools(req.tools, req.api)
-        extra: dict[str, Any] = {"tools": tools, "tool_choice": req.tool_choice} if tools else {}
+        body: dict[str, Any] = {"model": req.model}
+        if req.api == "chat":
+            path = "/chat/completions"
+            body["messages"] = to_chat_messages(items, req.instructions)
+        else:
+            path = "/responses"
+            body.update(input=items, store=False, include=["reasoning.encrypted_content"])
+            if req.instructions:
+                body["instructions"] = req.instructions
+        if tools:
+            body.update(tools=tools, tool_choice=req.tool_choice)
         try:
-            if req.api == "chat":
-                raw = await self._client.chat.completions.with_raw_response.create(
-                    model=req.model, messages=cast(Any, to_chat_messages(items, req.instructions)),
-                    extra_headers=headers, timeout=seconds, **extra)
-            else:
-                if req.instructions:
-                    extra["instructions"] = req.instructions
-                raw = await self._client.responses.with_raw_response.create(
-                    model=req.model, input=items, store=False,
-                    include=["reasoning.encrypted_content"], extra_headers=headers,
-                    timeout=seconds, **extra)
+            raw = await self._client.post(path, cast_to=httpx.Response, body=body,
+                                          options={"headers": headers, "timeout": seconds})
         except openai.APIError as exc:
             activity.logger.warning("model request failed", extra={
                 "step": req.step, "error": type(exc).__name__,

@@ -14,6 +14,7 @@ from pathlib import Path
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
+from activities.conversation import ConversationCache
 from boundloop.contracts import TOOL_ACTIVITY, ToolRequest
 from boundloop.core.envelope import cap_envelope, result_too_large, success
 from boundloop.core.fingerprint import fingerprint
@@ -22,9 +23,11 @@ from boundloop.tools.registry import ToolContext, ToolFailure, ToolRegistry, Tra
 
 
 class ToolActivities:
-    def __init__(self, registry: ToolRegistry, data_dir: Path) -> None:
+    def __init__(self, registry: ToolRegistry, data_dir: Path,
+                 cache: ConversationCache | None = None) -> None:
         self._registry = registry
         self._data_dir = data_dir
+        self._cache = cache
 
     @activity.defn(name=TOOL_ACTIVITY)
     async def tool_execute(self, req: ToolRequest) -> ToolOutcome:
@@ -56,4 +59,6 @@ class ToolActivities:
         if capped is not envelope:
             activity.logger.info("tool result over cap", extra=log)
         activity.logger.info("tool executed", extra={**log, "status": capped.status.value})
+        if self._cache is not None:  # the next model request refers to this output
+            self._cache.put_output(req.idempotency_key, capped.to_output())
         return ToolOutcome(envelope=capped)

@@ -17,6 +17,9 @@ from boundloop.core.reasons import StopReason
 WORKFLOW_NAME = "BoundLoop"
 MODEL_ACTIVITY = "model_request"
 TOOL_ACTIVITY = "tool_execute"
+#: Key of a `function_call_output` item that refers to a tool activity's result by the
+#: call's idempotency key instead of copying it (docs/history.md).
+OUTPUT_REF = "output_ref"
 
 
 class ConversationRef(BaseModel):
@@ -54,7 +57,8 @@ class ModelRequest(BaseModel):
     """Model activity input: a reference to the conversation, not the conversation.
 
     The activity rebuilds `prior` (cache, else this run's event history) and appends
-    `new_items`, which are written to history here exactly once (docs/history.md).
+    `new_items`, resolving `output_ref` items (tool outputs already in history as tool
+    activity results); the result must match `expected` (docs/history.md).
     """
 
     workflow_id: str
@@ -67,6 +71,7 @@ class ModelRequest(BaseModel):
     instructions: str | None = None
     prior: ConversationMeta
     new_items: list[Item]
+    expected: ConversationMeta
     base: ConversationRef | None = None
     max_output_tokens: int | None = None
 

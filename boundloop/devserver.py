@@ -87,7 +87,21 @@ class DevServer:
                 self.stop()
                 raise RuntimeError(f"temporal dev server not ready in {timeout}s")
             time.sleep(0.05)
+        # The port opens before the frontend is healthy; clients connecting in between
+        # fail with "Frontend is not healthy yet".
+        while not self.healthy():
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"temporal dev server not healthy in {timeout}s; "
+                                   f"see {self.log_file}")
+            time.sleep(0.1)
         return self
+
+    def healthy(self) -> bool:
+        probe = subprocess.run(
+            [temporal_binary(), "operator", "cluster", "health", "--address", self.address],
+            capture_output=True, text=True, timeout=10, check=False)
+        return probe.returncode == 0 and "SERVING" in probe.stdout
 
     def kill(self) -> None:
         """SIGKILL, as a crash would."""

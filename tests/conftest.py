@@ -6,6 +6,7 @@ Every workflow test runs the real BoundLoop workflow on the dev server from
 
 from __future__ import annotations
 
+import asyncio
 import os
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -32,6 +33,8 @@ from boundloop.settings import Settings
 from boundloop.tools.demo import list_tickets
 from worker.main import build_worker
 
+#: Generous bound on one scripted run, so a regression fails instead of hanging.
+RUN_TIMEOUT = 120.0
 DEMO_TOOLS = ["lookup_stock", "search_docs", "create_ticket"]
 
 
@@ -112,7 +115,7 @@ def run_script(temporal: Client, tmp_path: Path) -> RunScript:
                     result_type=RunResult)
                 if during is not None:
                     await during(handle)
-                result = await handle.result()
+                result = await asyncio.wait_for(handle.result(), timeout=RUN_TIMEOUT)
         finally:
             server.stop()
         assert await workflow_task_failures(handle) == 0, "a workflow task failed"

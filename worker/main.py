@@ -39,14 +39,23 @@ async def connect(settings: Settings) -> Client:
 
 def build_worker(client: Client, settings: Settings, *,
                  cache: ConversationCache | None = None) -> Worker:
+    """The worker. Both activities share one cache: the tool activity leaves its output
+    there for the next model request (docs/history.md).
+
+    `BOUNDLOOP_MAX_CACHED_WORKFLOWS` (default 100) bounds the workflow instances kept in
+    memory: a run parked on approval beyond it is evicted and replays its (short)
+    history when the decision arrives, so 1,000 parked runs cost little memory.
+    """
     reg = registry()
+    cache = cache if cache is not None else ConversationCache()
     model = ModelActivities(settings, reg, cache)
-    tools = ToolActivities(reg, settings.data_dir)
+    tools = ToolActivities(reg, settings.data_dir, cache)
     sticky = float(os.environ.get(STICKY_TIMEOUT_ENV) or 10.0)
     return Worker(
         client, task_queue=settings.task_queue, workflows=[BoundLoopWorkflow],
         activities=[model.model_request, tools.tool_execute],
         max_concurrent_activities=64,
+        max_cached_workflows=int(os.environ.get("BOUNDLOOP_MAX_CACHED_WORKFLOWS") or 100),
         sticky_queue_schedule_to_start_timeout=timedelta(seconds=sticky),
     )
 

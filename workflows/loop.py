@@ -20,6 +20,7 @@ with workflow.unsafe.imports_passed_through():
     from boundloop import search_attributes as sa
     from boundloop.contracts import (
         MODEL_ACTIVITY,
+        OUTPUT_REF,
         TOOL_ACTIVITY,
         WORKFLOW_NAME,
         Carried,
@@ -70,6 +71,8 @@ class BoundLoopWorkflow:
             self._sent = ConversationMeta()
             self._processing_before = 0.0
             self._waited = 0.0
+        self._published: tuple[object, ...] = ()
+        self._refs: dict[str, str] = {}  # call_id -> idempotency key of its tool output
         self._started = workflow.now()
         self._lock = asyncio.Lock()
         self._waiting = False
@@ -122,20 +125,27 @@ class BoundLoopWorkflow:
             outputs = await self._run_calls(plan.step, plans)
             if isinstance(outputs, StopReason):
                 return outputs
-            items = core.outputs_items(outputs)
+            items = core.outputs_items([(call, envelope) for call, envelope, _ in outputs])
             self._unsent = items
+            self._refs = {call.call_id: key for call, _, key in outputs if key is not None}
             state.conversation = state.conversation.extend(items)
 
     # --- model ---------------------------------------------------------------------
 
     async def _request_model(self, plan: core.StepPlan) -> Turn | StopReason:
         state, info = self._state, workflow.info()
-        new_items = self._unsent
+        new_items = [
+            {"type": "function_call_output", "call_id": item["call_id"],
+             OUTPUT_REF: self._refs[item["call_id"]]}
+            if item.get("type") == "function_call_output" and item["call_id"] in self._refs
+            else item
+            for item in self._unsent]
         req = ModelRequest(
             workflow_id=info.workflow_id, run_id=info.run_id, step=plan.step,
             model=state.settings.model, api=state.settings.api, tools=list(state.allowed_tools),
             tool_choice=plan.tool_choice, instructions=self._inp.instructions,
-            prior=self._sent, new_items=new_items, base=self._base)
+            prior=self._sent, new_items=new_items, expected=state.conversation,
+            base=self._base)
         remaining = state.limits.deadline_seconds - self._processing_seconds()
         try:
             turn: Turn = await workflow.execute_activity(
@@ -152,7 +162,7 @@ class BoundLoopWorkflow:
                 "step": plan.step, "failure": kind})
             state.log("model_failed")
             return state.stop(StopReason.MODEL_ERROR)
-        self._unsent = []
+        self._unsent, self._refs = [], {}
         state.log("model_returned")
         return turn
 
@@ -160,9 +170,11 @@ class BoundLoopWorkflow:
 
     async def _run_calls(
         self, step: int, plans: list[core.CallPlan]
-    ) -> list[tuple[FunctionCall, Envelope]] | StopReason:
+    ) -> list[tuple[FunctionCall, Envelope, str | None]] | StopReason:
+        """Every call's output in call order, with the idempotency key when the output is
+        the tool activity's own result (then history already holds it: docs/history.md)."""
         state = self._state
-        results: dict[str, Envelope] = {}
+        results: dict[str, tuple[Envelope, str | None]] = {}
         waiting: list[core.Execute] = []
         for p in plans:
             if isinstance(p, core.Execute) and p.needs_approval:
@@ -172,7 +184,7 @@ class BoundLoopWorkflow:
             self._publish()
         for p in plans:
             if isinstance(p, core.Reply):
-                out = core.reply_output(state, p)
+                out = _no_ref(core.reply_output(state, p))
             elif not p.needs_approval:
                 out = await self._execute(step, p)
             else:
@@ -185,9 +197,10 @@ class BoundLoopWorkflow:
             if isinstance(out, StopReason):
                 return out
             results[p.call.call_id] = out
-        return [(p.call, results[p.call.call_id]) for p in plans]
+        return [(p.call, *results[p.call.call_id]) for p in plans]
 
-    async def _await_approval(self, step: int, p: core.Execute) -> Envelope | StopReason:
+    async def _await_approval(self, step: int,
+                              p: core.Execute) -> tuple[Envelope, str | None] | StopReason:
         state = self._state
         approval = approvals.find(state, p.call.call_id)
         assert approval is not None
@@ -208,13 +221,14 @@ class BoundLoopWorkflow:
             self._waiting = approvals.pending_count(state) > 0
         if approval.status == "rejected":
             refusal = approvals.rejection(state, approval)
-            return core.reply_output(state, core.Reply(
-                call=p.call, fingerprint=p.fingerprint, envelope=refusal))
+            return _no_ref(core.reply_output(state, core.Reply(
+                call=p.call, fingerprint=p.fingerprint, envelope=refusal)))
         execute = approvals.approved_plan(p, approval)
         self._publish()
         return await self._execute(step, execute)
 
-    async def _execute(self, step: int, p: core.Execute) -> Envelope | StopReason:
+    async def _execute(self, step: int,
+                       p: core.Execute) -> tuple[Envelope, str | None] | StopReason:
         state = self._state
         with workflow.unsafe.imports_passed_through():
             spec = registry().get(p.call.name)
@@ -238,10 +252,15 @@ class BoundLoopWorkflow:
             cause = err.cause
             transient = isinstance(cause, TimeoutError) or (
                 isinstance(cause, ApplicationError) and cause.type == "TransientToolError")
-            outcome = core.ToolOutcome(envelope=temporary_error_exhausted(), fatal=not transient)
+            outcome = core.ToolOutcome(envelope=temporary_error_exhausted(), fatal=not transient,
+                                       from_activity=False)
         result = core.record_outcome(state, p, outcome, self._rules)
-        self._publish()
-        return result
+        self._publish(attributes=False)  # the count reaches the attributes next step
+        if isinstance(result, StopReason):
+            return result
+        # The activity's own result is in history: the next request refers to it.
+        return result, p.idempotency_key if outcome.from_activity and result == outcome.envelope \
+            else None
 
     # --- approvals: signals, update, query -----------------------------------------
 
@@ -300,12 +319,18 @@ class BoundLoopWorkflow:
         known = self._state.settings.model in self._state.policy.prices
         return round(self._state.cost_usd, 8) if known else None
 
-    def _publish(self) -> None:
-        """Search attributes and current details for the Web UI (SPEC §8)."""
+    def _publish(self, attributes: bool = True) -> None:
+        """Search attributes and current details for the Web UI (SPEC §8).
+
+        Each upsert is an event in history: upsert only when a value changed, and not
+        after every tool execution (current details, which cost no history, show it).
+        """
         s = self._state
         pending = approvals.pending_count(s)
         status = self._status()
-        if self._inp.search_attributes:
+        values = (status, s.reason, s.steps, s.tool_executions, pending)
+        if attributes and self._inp.search_attributes and values != self._published:
+            self._published = values
             workflow.upsert_search_attributes([
                 sa.STATUS.value_set(status),
                 sa.STOP_REASON.value_set(s.reason.value if s.reason else ""),
@@ -343,3 +368,7 @@ class BoundLoopWorkflow:
             total_tokens=s.usage.total_tokens, usage_unknown=s.usage.unknown_steps > 0,
             usage_estimated=s.usage.estimated, cost_usd=self._cost(), cost_units=s.cost_units,
             events=list(s.events), workflow_id=info.workflow_id, run_id=info.run_id)
+
+
+def _no_ref(out: Envelope | StopReason) -> tuple[Envelope, str | None] | StopReason:
+    return out if isinstance(out, StopReason) else (out, None)

@@ -355,6 +355,8 @@ class ToolOutcome(BaseModel):
     envelope: Envelope
     executed: bool = True
     fatal: bool = False
+    # The envelope is the tool activity's own result (not serialised: always true there).
+    from_activity: bool = Field(default=True, exclude=True)
 
 
 def record_outcome(state: LoopState, plan: Execute, outcome: ToolOutcome,
