@@ -175,16 +175,16 @@ async def from_history(client: Client, workflow_id: str, run_id: str,
     return earlier + items, run.outputs
 
 
-async def rebuild(cache: ConversationCache, client: Client, req: ModelRequest) -> list[Item]:
+async def rebuild(cache: ConversationCache, client: Client, req: ModelRequest,
+                  workflow_id: str, run_id: str) -> list[Item]:
     """The full conversation for `req`: `prior` + resolved `new_items`, checked against
     `req.expected`. Cache first; the event history when the cache cannot answer."""
-    prior: list[Item] | None = [] if req.prior.count == 0 else cache.get(req.workflow_id,
+    prior: list[Item] | None = [] if req.prior.count == 0 else cache.get(workflow_id,
                                                                          req.prior)
     new = None if prior is None else _resolve(req.new_items, cache.output)
     if prior is not None and new is not None and req.prior.extend(new) == req.expected:
         return [*prior, *new]
-    prior, outputs = await from_history(client, req.workflow_id, req.run_id, req.step,
-                                        req.base)
+    prior, outputs = await from_history(client, workflow_id, run_id, req.step, req.base)
     if meta_of(prior) != req.prior:
         raise _mismatch(f"model step {req.step}: the rebuilt conversation")
     new = _resolve(req.new_items, outputs.get)

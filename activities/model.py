@@ -45,10 +45,11 @@ class ModelActivities:
     @activity.defn(name=MODEL_ACTIVITY)
     async def model_request(self, req: ModelRequest) -> Turn:
         info = activity.info()
-        items = await rebuild(self.cache, activity.client(), req)
+        wf_id, run_id = info.workflow_id or "", info.workflow_run_id or ""
+        items = await rebuild(self.cache, activity.client(), req, wf_id, run_id)
         activity.logger.info("model request", extra={
             "step": req.step, "api": req.api, "items": len(items), "attempt": info.attempt})
-        body = await self._send(req, items, info.start_to_close_timeout)
+        body = await self._send(req, wf_id, items, info.start_to_close_timeout)
         turn = parse_chat(body, req.step) if req.api == "chat" else parse_responses(body)
         size = json_bytes(turn.model_dump(mode="json"))
         if size > MAX_TURN_BYTES:
@@ -57,15 +58,16 @@ class ModelActivities:
                 f"{MAX_TURN_BYTES}-byte payload limit", type="PayloadTooLarge",
                 non_retryable=True)
         full = [*items, *turn.items]
-        self.cache.put(req.workflow_id, req.expected.extend(turn.items), full)
+        self.cache.put(wf_id, req.expected.extend(turn.items), full)
         return turn
 
-    async def _send(self, req: ModelRequest, items: list[Any], timeout: Any) -> Any:
+    async def _send(self, req: ModelRequest, workflow_id: str, items: list[Any],
+                    timeout: Any) -> Any:
         """POST the request with the SDK's client (auth, base URL, error types) and return
         the parsed JSON body. The body is built here and sent as-is: the SDK's per-item
         type transform of `input` costs O(conversation) on the event loop each step
         (docs/benchmarks.md)."""
-        headers = {"Idempotency-Key": model_idempotency_key(req.workflow_id, req.step)}
+        headers = {"Idempotency-Key": model_idempotency_key(workflow_id, req.step)}
         seconds = timeout.total_seconds() if timeout else 60.0
         tools = self._registry.openai_tools(req.tools, req.api)
         body: dict[str, Any] = {"model": req.model}

@@ -36,7 +36,8 @@ class ToolActivities:
         log = {"tool": req.tool, "step": req.step, "fingerprint": fp,
                "attempt": activity.info().attempt}
         args = spec.args_model.model_validate(req.arguments, strict=True)
-        ctx = ToolContext(idempotency_key=req.idempotency_key, workflow_id=req.workflow_id,
+        ctx = ToolContext(idempotency_key=req.idempotency_key,
+                          workflow_id=activity.info().workflow_id or "",
                           call_id=req.call_id, step=req.step, data_dir=self._data_dir,
                           max_result_bytes=req.max_result_bytes)
         try:

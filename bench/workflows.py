@@ -95,7 +95,7 @@ class NaiveWorkflow:
             if not turn.calls or choice == "none":
                 return step
             for index, call in enumerate(turn.calls):
-                req = ToolRequest(workflow_id=wid, tool=call.name, call_id=call.call_id,
+                req = ToolRequest(tool=call.name, call_id=call.call_id,
                                   step=step, arguments=json.loads(call.arguments),
                                   idempotency_key=f"{wid}/step-{step}/call-{index}",
                                   max_result_bytes=inp.max_result_bytes)

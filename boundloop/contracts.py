@@ -15,6 +15,11 @@ from boundloop.core.loop import Approval, Event, LoopState, ToolChoice
 from boundloop.core.reasons import StopReason
 
 WORKFLOW_NAME = "BoundLoop"
+
+
+def _none(value: object) -> bool:
+    """Leave None fields out of payloads: every byte of an activity input is history."""
+    return value is None
 MODEL_ACTIVITY = "model_request"
 TOOL_ACTIVITY = "tool_execute"
 #: Key of a `function_call_output` item that refers to a tool activity's result by the
@@ -56,30 +61,27 @@ class RunInput(BaseModel):
 class ModelRequest(BaseModel):
     """Model activity input: a reference to the conversation, not the conversation.
 
-    The activity rebuilds `prior` (cache, else this run's event history) and appends
+    Workflow and run ids come from the activity's info (not repeated in history). The
+    activity rebuilds `prior` (cache, else this run's event history) and appends
     `new_items`, resolving `output_ref` items (tool outputs already in history as tool
     activity results); the result must match `expected` (docs/history.md).
     """
 
-    workflow_id: str
-    run_id: str
     step: int
     model: str
     api: Literal["responses", "chat"]
     tools: list[str]
     tool_choice: ToolChoice
-    instructions: str | None = None
+    instructions: str | None = Field(default=None, exclude_if=_none)
     prior: ConversationMeta
     new_items: list[Item]
     expected: ConversationMeta
-    base: ConversationRef | None = None
-    max_output_tokens: int | None = None
+    base: ConversationRef | None = Field(default=None, exclude_if=_none)
 
 
 class ToolRequest(BaseModel):
     """Tool activity input: validated arguments and the call's idempotency key."""
 
-    workflow_id: str
     tool: str
     call_id: str
     step: int

@@ -57,7 +57,7 @@ def compact(value: Any) -> str:
 def digest_chain(items: list[dict[str, Any]]) -> str:
     digest = ""
     for item in items:
-        digest = hashlib.sha256((digest + canonical_json(item)).encode("utf-8")).hexdigest()
+        digest = hashlib.sha256((digest + canonical_json(item)).encode("utf-8")).hexdigest()[:32]
     return digest
 
 

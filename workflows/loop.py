@@ -133,7 +133,7 @@ class BoundLoopWorkflow:
     # --- model ---------------------------------------------------------------------
 
     async def _request_model(self, plan: core.StepPlan) -> Turn | StopReason:
-        state, info = self._state, workflow.info()
+        state = self._state
         new_items = [
             {"type": "function_call_output", "call_id": item["call_id"],
              OUTPUT_REF: self._refs[item["call_id"]]}
@@ -141,7 +141,7 @@ class BoundLoopWorkflow:
             else item
             for item in self._unsent]
         req = ModelRequest(
-            workflow_id=info.workflow_id, run_id=info.run_id, step=plan.step,
+            step=plan.step,
             model=state.settings.model, api=state.settings.api, tools=list(state.allowed_tools),
             tool_choice=plan.tool_choice, instructions=self._inp.instructions,
             prior=self._sent, new_items=new_items, expected=state.conversation,
@@ -233,7 +233,7 @@ class BoundLoopWorkflow:
         with workflow.unsafe.imports_passed_through():
             spec = registry().get(p.call.name)
         timeout = state.limits.tool_timeout_seconds
-        req = ToolRequest(workflow_id=workflow.info().workflow_id, tool=p.call.name,
+        req = ToolRequest(tool=p.call.name,
                           call_id=p.call.call_id, step=step, arguments=p.arguments,
                           idempotency_key=p.idempotency_key,
                           max_result_bytes=state.limits.max_result_bytes)

@@ -29,7 +29,7 @@ class ConversationMeta(BaseModel):
         count, size, digest = self.count, self.bytes, self.digest
         for item in items:
             size += json_bytes(item) + (1 if count else 0)
-            digest = sha256_hex(digest + canonical_json(item))
+            digest = sha256_hex(digest + canonical_json(item))[:32]  # 128 bits
             count += 1
         return ConversationMeta(count=count, bytes=size, digest=digest)
 

@@ -75,10 +75,11 @@ class Turn(BaseModel):
     items: list[dict[str, Any]] = Field(default_factory=list)
     text: str = Field(default="", exclude=True)
     usage: Usage | None = None
-    fault: str | None = None
+    # Defaults are left out of payloads: a Turn is written to history every step.
+    fault: str | None = Field(default=None, exclude_if=lambda v: v is None)
     output_bytes: int = 0
-    calls_truncated: bool = False
-    unnamed: list[str] = Field(default_factory=list)
+    calls_truncated: bool = Field(default=False, exclude_if=lambda v: not v)
+    unnamed: list[str] = Field(default_factory=list, exclude_if=lambda v: not v)
 
     @model_validator(mode="after")
     def _text_from_items(self) -> Turn:
