@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import logging
 import os
 import signal
 import sys
@@ -18,19 +20,27 @@ from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowUpdateFailedError
+from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError
 
 from boundloop import client as ops
+from boundloop import search_attributes as sa
 from boundloop.contracts import Decision, RunInput, RunResult, RunStatus
 from boundloop.core.limits import Limits, Policy, RunSettings
 from boundloop.core.reasons import NEXT_CHECK, StopReason
 from boundloop.settings import Settings
+from boundloop.terminal import safe
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="boundloop: a durable, bounded LLM tool-calling loop on Temporal.")
 console = Console(soft_wrap=True)
-err = Console(stderr=True)
+err = Console(stderr=True, soft_wrap=True)
 T = TypeVar("T")
+#: `run --wait` exit status when the run stopped for any reason but `completed`.
+STOPPED_EXIT = 3
+#: How long the CLI waits for a worker to answer a query or accept an update.
+QUERY_TIMEOUT = 10.0
+UPDATE_TIMEOUT = 30.0
 
 
 def _run(coro: Coroutine[Any, Any, T]) -> T:
@@ -38,7 +48,7 @@ def _run(coro: Coroutine[Any, Any, T]) -> T:
 
 
 def fail(message: str, code: int = 2) -> typer.Exit:
-    err.print(f"[bold red]error:[/] {message}")
+    err.print(f"[bold red]error:[/] {safe(message)}")
     return typer.Exit(code)
 
 
@@ -66,38 +76,92 @@ def build_input(question: str, *, settings: Settings, model: str | None, api: st
                 tools: str | None, instructions: str | None, limits_json: str | None,
                 policy_json: str | None, limit_flags: dict[str, Any]) -> RunInput:
     """Validate everything before anything starts (SPEC §4)."""
-    from boundloop.tools.catalog import registry
-
-    try:
-        limits_raw: dict[str, Any] = json.loads(limits_json) if limits_json else {}
-        policy_raw: dict[str, Any] = json.loads(policy_json) if policy_json else {}
-    except json.JSONDecodeError as exc:
-        raise fail(f"--limits/--policy is not valid JSON: {exc}") from None
+    limits_raw = json_object("--limits", limits_json)
+    policy_raw = json_object("--policy", policy_json)
     limits_raw.update({k: v for k, v in limit_flags.items() if v is not None})
-    names = [t.strip() for t in tools.split(",")] if tools else registry().names()
-    unknown = registry().unknown(names)
+    reg = load_registry()
+    if tools is not None and not tools.strip():
+        raise fail("--tools is empty; name at least one tool, e.g. --tools lookup_stock")
+    names = [t.strip() for t in tools.split(",")] if tools else reg.names()
+    unknown = reg.unknown(names)
     if unknown:
-        raise fail(f"unknown tools {unknown}; available: {registry().names()}")
+        raise fail(f"unknown tools {unknown}; available: {reg.names()}")
+    if not question.strip():
+        raise fail("the question is empty")
+    if model is not None and not model.strip():
+        raise fail("--model is empty")
     try:
         run_settings = RunSettings(model=model or settings.model, api=api or settings.api,
                                    limits=Limits.model_validate(limits_raw),
                                    policy=Policy.model_validate(policy_raw))
-        return RunInput(question=question, instructions=instructions, settings=run_settings,
-                        tools=names)
     except ValidationError as exc:
-        lines = [f"  {'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()]
-        raise fail("invalid run settings:\n" + "\n".join(lines)) from None
+        raise fail("invalid run settings:\n" + validation_lines(exc)) from None
+    named = {**run_settings.limits.per_tool_max_calls, **run_settings.policy.approvers}
+    strangers = reg.unknown(list(named))
+    if strangers:
+        raise fail(f"limits/policy name tools that do not exist: {strangers}")
+    return RunInput(question=question, instructions=instructions, settings=run_settings,
+                    tools=names)
+
+
+def validation_lines(exc: ValidationError) -> str:
+    return "\n".join(f"  {'.'.join(str(p) for p in e['loc']) or '(value)'}: {e['msg']}"
+                     for e in exc.errors())
+
+
+def json_object(flag: str, text: str | None) -> dict[str, Any]:
+    if not text:
+        return {}
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise fail(f"{flag} is not valid JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise fail(f"{flag} must be a JSON object ({{...}}), not {type(value).__name__}")
+    return value
+
+
+def load_registry() -> Any:
+    from boundloop.tools.catalog import registry
+
+    try:
+        return registry()
+    except (ImportError, AttributeError, TypeError, ValueError) as exc:
+        target = os.environ.get("BOUNDLOOP_TOOLS", "")
+        raise fail(f"cannot load the tool registry BOUNDLOOP_TOOLS={target!r}: "
+                   f"{type(exc).__name__}: {exc}") from None
+
+
+def load_model_script(path: Path) -> Any:
+    """The script, validated before anything starts (docs/scripted-server.md)."""
+    from boundloop.scripted.script import load_script
+
+    try:
+        return load_script(path)
+    except FileNotFoundError:
+        raise fail(f"model script {path} does not exist") from None
+    except IsADirectoryError:
+        raise fail(f"model script {path} is a directory, not a JSON file") from None
+    except UnicodeDecodeError:
+        raise fail(f"model script {path} is not UTF-8 text") from None
+    except json.JSONDecodeError as exc:
+        raise fail(f"model script {path} is not valid JSON: {exc}") from None
+    except ValidationError as exc:
+        raise fail(f"model script {path} does not follow the script format "
+                   f"(docs/scripted-server.md):\n{validation_lines(exc)}") from None
+    except OSError as exc:
+        raise fail(f"cannot read model script {path}: {exc.strerror}") from None
 
 
 # --- printing --------------------------------------------------------------------
 
 
 def print_event(ev: Any) -> None:
-    parts = [f"step {ev.step}", ev.event]
+    parts = [f"step {ev.step}", safe(ev.event)]
     if ev.tool:
-        parts.append(ev.tool)
+        parts.append(safe(ev.tool))
     if ev.call_id:
-        parts.append(f"call_id={ev.call_id}")
+        parts.append(f"call_id={safe(ev.call_id)}")
     if ev.fingerprint:
         parts.append(f"fp={ev.fingerprint.split(':')[-1][:8]}")
     console.print("  " + " · ".join(parts), highlight=False)
@@ -113,7 +177,7 @@ def print_result(result: RunResult, settings: Settings) -> None:
                   f"{', some unknown' if result.usage_unknown else ''})"
                   + (f" · cost ${result.cost_usd:.6f}" if result.cost_usd is not None else ""))
     if result.text:
-        console.print(f"[bold]answer:[/] {result.text}")
+        console.print(f"[bold]answer:[/] {safe(result.text)}")
     console.print(f"Web UI: {ops.ui_link(settings, result.workflow_id, result.run_id)}")
 
 
@@ -121,7 +185,8 @@ def print_pending_table(rows: list[tuple[str, RunStatus]]) -> None:
     table = Table("run", "call id", "tool", "arguments", "waiting since")
     for wf_id, status in rows:
         for a in status.pending:
-            table.add_row(wf_id, a.call_id, a.tool, ops.argument_summary(a), a.requested_at)
+            table.add_row(safe(wf_id), safe(a.call_id), safe(a.tool),
+                          safe(ops.argument_summary(a)), a.requested_at)
     console.print(table)
 
 
@@ -162,12 +227,16 @@ def worker(
     """Run a worker: the workflow, the model activity and the tool activity."""
     from worker.main import main as worker_main
 
+    load_registry()
     if model_script is not None:
         from boundloop.scripted.server import ScriptedModelServer
 
-        scripted = ScriptedModelServer(model_script)
+        scripted = ScriptedModelServer(load_model_script(model_script))
         os.environ["OPENAI_BASE_URL"] = scripted.start()
         console.print(f"scripted model server at {os.environ['OPENAI_BASE_URL']}")
+    elif not load_settings().model_configured:
+        err.print("[yellow]warning:[/] neither OPENAI_API_KEY nor OPENAI_BASE_URL is set: "
+                  "model requests will fail (use --model-script FILE for a scripted model)")
     worker_main()
 
 
@@ -196,6 +265,9 @@ def run(
 ) -> None:
     """Start a run. With --model-script the run uses a scripted model and its own worker."""
     settings = load_settings()
+    script = load_model_script(model_script) if model_script is not None else None
+    if script is not None and api is None and script.api is not None:
+        api = script.api  # the script says which API it speaks
     flags = {"max_steps": max_steps, "max_tool_executions": max_tool_executions,
              "token_threshold": token_threshold, "max_result_bytes": max_result_bytes,
              "max_history_bytes": max_history_bytes, "max_identical_calls": max_identical_calls,
@@ -204,18 +276,25 @@ def run(
     inp = build_input(question, settings=settings, model=model, api=api, tools=tools,
                       instructions=instructions, limits_json=limits, policy_json=policy,
                       limit_flags=flags)
-    if model_script is not None and not model_script.exists():
-        raise fail(f"model script {model_script} does not exist")
-    code = _run(_run_async(settings, inp, wait or model_script is not None, as_json,
-                           model_script, workflow_id))
+    code = _run(_run_async(settings, inp, wait or script is not None, as_json,
+                           script, model_script, workflow_id))
     raise typer.Exit(code)
 
 
+async def _start(client: Client, settings: Settings, inp: RunInput, workflow_id: str | None,
+                 task_queue: str | None = None) -> Any:
+    try:
+        return await ops.start_run(client, settings, inp, workflow_id, task_queue)
+    except WorkflowAlreadyStartedError:
+        raise fail(f"workflow id {workflow_id!r} is already used by another run; "
+                   "ids scope idempotency keys, so each run needs its own") from None
+
+
 async def _run_async(settings: Settings, inp: RunInput, wait: bool, as_json: bool,
-                     model_script: Path | None, workflow_id: str | None) -> int:
+                     script: Any, model_script: Path | None, workflow_id: str | None) -> int:
     client = await connect(settings)
-    if model_script is None:
-        handle = await ops.start_run(client, settings, inp, workflow_id)
+    if script is None:
+        handle = await _start(client, settings, inp, workflow_id)
         if not as_json:
             console.print(f"started {handle.id}: {ops.ui_link(settings, handle.id)}")
         if not wait:
@@ -226,16 +305,28 @@ async def _run_async(settings: Settings, inp: RunInput, wait: bool, as_json: boo
     from boundloop.scripted.server import ScriptedModelServer
     from worker.main import build_worker
 
-    scripted = ScriptedModelServer(model_script)
+    # The embedded worker's failed attempts would print SDK tracebacks on stderr.
+    logging.getLogger("temporalio").setLevel(logging.ERROR)
+    scripted = ScriptedModelServer(script)
     local = settings.model_copy(update={
         "openai_base_url": scripted.start(), "task_queue": f"script-{uuid.uuid4().hex[:8]}"})
+    handle = None
     try:
         async with build_worker(client, local):
-            handle = await ops.start_run(client, local, inp, workflow_id, local.task_queue)
+            handle = await _start(client, local, inp, workflow_id, local.task_queue)
             if not as_json:
                 console.print(f"started {handle.id} against the scripted model "
-                              f"({model_script})")
+                              f"({safe(model_script)})")
             return await _follow(handle, settings, as_json)
+    except BaseException:
+        # The run's only worker and model die with this process: end the run rather
+        # than leave it waiting on a task queue no worker will ever poll.
+        if handle is not None:
+            with contextlib.suppress(Exception):
+                await handle.terminate(reason="boundloop run --model-script stopped before "
+                                       "the run ended (its embedded worker is gone)")
+                err.print(f"terminated {handle.id}: the embedded worker stopped")
+        raise
     finally:
         scripted.stop()
 
@@ -255,7 +346,7 @@ async def _follow(handle: Any, settings: Settings, as_json: bool) -> int:
         print(result.model_dump_json())
     else:
         print_result(result, settings)
-    return 0
+    return 0 if result.reason == StopReason.COMPLETED else STOPPED_EXIT
 
 
 @app.command()
@@ -280,11 +371,20 @@ def status(run_id: Annotated[str, typer.Argument(help="Workflow id")],
                     print_event(ev)
                 print_result(result, settings)
             return
-        st = await ops.query_status(handle)
+        try:
+            st = await asyncio.wait_for(ops.query_status(handle), timeout=QUERY_TIMEOUT)
+        except (RPCError, TimeoutError):
+            # Queries need a worker; describe() and search attributes do not.
+            attrs = desc.typed_search_attributes
+            raise fail(f"{run_id}: {desc.status.name.lower() if desc.status else '?'} "
+                       f"(BoundloopStatus {attrs.get(sa.STATUS) or '-'}, steps "
+                       f"{attrs.get(sa.STEPS) or 0}); no worker answered the status query "
+                       f"— is `boundloop worker` running for task queue {desc.task_queue}?",
+                       1) from None
         if as_json:
             print(st.model_dump_json())
             return
-        console.print(f"{run_id}: [bold]{st.status}[/] · steps {st.steps} · tool executions "
+        console.print(f"{safe(run_id)}: [bold]{st.status}[/] · steps {st.steps} · tool executions "
                       f"{st.tool_executions} · tokens {st.total_tokens}")
         for ev in st.events:
             print_event(ev)
@@ -370,13 +470,17 @@ def _decide(run_id: str, decision: Decision) -> None:
     async def go() -> None:
         client = await connect(settings)
         try:
-            outcome = await ops.decide(client.get_workflow_handle(run_id), decision)
+            outcome = await asyncio.wait_for(
+                ops.decide(client.get_workflow_handle(run_id), decision), timeout=UPDATE_TIMEOUT)
+        except TimeoutError:
+            raise fail(f"no worker accepted the decision within {UPDATE_TIMEOUT:.0f} s: is "
+                       "`boundloop worker` running? (nothing was changed)", 1) from None
         except WorkflowUpdateFailedError as exc:
             cause = exc.cause
             raise fail(getattr(cause, "message", str(cause)), 1) from None
         except RPCError as exc:
             raise fail(f"run {run_id}: {exc.message}", 1) from None
-        console.print(f"{decision.call_id}: {outcome}")
+        console.print(f"{safe(decision.call_id)}: {outcome}")
 
     _run(go())
 
@@ -387,10 +491,7 @@ def approve(run_id: str, call_id: str,
             args: Annotated[str | None, typer.Option("--args", help="Edited arguments (JSON)")]
             = None) -> None:
     """Approve a pending call (optionally with edited arguments)."""
-    try:
-        edited = json.loads(args) if args else None
-    except json.JSONDecodeError as exc:
-        raise fail(f"--args is not valid JSON: {exc}") from None
+    edited = json_object("--args", args) if args is not None else None
     _decide(run_id, Decision(call_id=call_id, approve=True, approver=approver,
                              arguments=edited))
 

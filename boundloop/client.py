@@ -102,15 +102,22 @@ async def list_runs(client: Client, status: str | None, reason: str | None,
     rows: list[dict[str, Any]] = []
     async for wf in client.list_workflows(" AND ".join(clauses), limit=limit):
         attrs = wf.typed_search_attributes
+        closed = wf.status is not None and wf.status != WorkflowExecutionStatus.RUNNING
+        ended_by_us = attrs.get(sa.STATUS) in ("completed", "stopped")
+        # A terminated, failed or timed-out run keeps its last attribute values: show the
+        # execution status then, not a stale "running".
+        shown = (wf.status.name.lower() if closed and not ended_by_us and wf.status
+                 else attrs.get(sa.STATUS) or "")
         rows.append({
             "workflow_id": wf.id, "run_id": wf.run_id,
-            "status": attrs.get(sa.STATUS) or (wf.status.name.lower() if wf.status else ""),
+            "status": shown,
             "reason": attrs.get(sa.STOP_REASON) or None,
             "steps": attrs.get(sa.STEPS) or 0,
             "tool_executions": attrs.get(sa.TOOL_EXECUTIONS) or 0,
             "pending_approvals": attrs.get(sa.PENDING_APPROVALS) or 0,
             "start_time": wf.start_time.isoformat(timespec="seconds"),
         })
+    rows.sort(key=lambda r: r["start_time"], reverse=True)  # newest first
     return rows
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shlex
 import sys
 import uuid
 from importlib import resources
@@ -25,6 +26,7 @@ from boundloop.devserver import DevServer, port_open
 from boundloop.scripted.script import Script, load_script
 from boundloop.scripted.script import Turn as ScriptTurn
 from boundloop.settings import Settings
+from boundloop.terminal import safe
 from boundloop.tools.demo import list_tickets
 
 STOCK_QUESTION = "A-001とB-002の在庫をそれぞれ調べて。"
@@ -62,12 +64,13 @@ async def _follow(handle: Any, settings: Settings, interactive: bool) -> RunResu
             if approval.call_id in announced:
                 continue
             announced.add(approval.call_id)
-            console.print(f"[bold yellow]waiting for approval:[/] {approval.tool} "
-                          f"{ops.argument_summary(approval, 120)}")
+            console.print(f"[bold yellow]waiting for approval:[/] {safe(approval.tool)} "
+                          f"{safe(ops.argument_summary(approval, 120))}")
             cmd = cli_command()
+            call_id = shlex.quote(approval.call_id)
             console.print(f"  approve: [bold]{cmd} approve {handle.id} "
-                          f"{approval.call_id} --as YOUR_NAME[/]")
-            console.print(f"  reject:  {cmd} reject {handle.id} {approval.call_id} "
+                          f"{safe(call_id)} --as YOUR_NAME[/]")
+            console.print(f"  reject:  {cmd} reject {handle.id} {safe(call_id)} "
                           "--reason '...'")
             if not interactive:
                 await asyncio.sleep(0.5)  # let a reader see the pause

@@ -73,6 +73,10 @@ class DevServer:
         return f"127.0.0.1:{self.port}"
 
     def start(self, timeout: float = 30.0) -> DevServer:
+        for port in (self.port, self.ui_port):
+            if port is not None and port_open("127.0.0.1", port):
+                raise RuntimeError(f"port {port} is already in use on 127.0.0.1 (another "
+                                   "Temporal server?); choose other --port/--ui-port")
         self.data_dir.mkdir(parents=True, exist_ok=True)
         args = start_dev_args(self.data_dir / "temporal.db", port=self.port,
                               ui_port=self.ui_port)

@@ -12,6 +12,7 @@ from rich.text import Text
 
 from boundloop import client as ops
 from boundloop.contracts import RunStatus
+from boundloop.terminal import safe
 
 
 def render(workflow_id: str, st: RunStatus) -> Panel:
@@ -31,14 +32,15 @@ def render(workflow_id: str, st: RunStatus) -> Panel:
     if st.pending:
         waiting = Table("waiting for approval", "call id", "arguments", "since")
         for a in st.pending:
-            waiting.add_row(a.tool, a.call_id, ops.argument_summary(a, 50), a.requested_at)
+            waiting.add_row(safe(a.tool), safe(a.call_id), safe(ops.argument_summary(a, 50)),
+                            a.requested_at)
         parts.append(waiting)
     recent = st.events[-5:]
     if recent:
         parts.append(Text("\n".join(
-            f"step {e.step} · {e.event}" + (f" · {e.tool}" if e.tool else "") for e in recent),
-            style="dim"))
-    return Panel(Group(*parts), title=f"{workflow_id} — {st.question[:60]}")
+            f"step {e.step} · {safe(e.event)}" + (f" · {safe(e.tool)}" if e.tool else "")
+            for e in recent), style="dim"))
+    return Panel(Group(*parts), title=f"{safe(workflow_id)} — {safe(st.question[:60])}")
 
 
 async def watch(handle: Any, interval: float = 0.3) -> None:

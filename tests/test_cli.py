@@ -99,3 +99,60 @@ async def test_pending_approve_and_refusals_from_the_cli(
     assert code == 1 and "already approved by alice" in err
     assert seen["reject"][0] == 0 and "rejected" in seen["reject"][1]
     assert [t["priority"] for t in out.tickets()] == ["high"]
+
+
+async def test_bad_inputs_get_one_clear_line_not_a_traceback(tmp_path: Path) -> None:
+    env = env_for(None, tmp_path)
+    not_json = tmp_path / "bad.json"
+    not_json.write_text("{nope", encoding="utf-8")
+    wrong_shape = tmp_path / "shape.json"
+    wrong_shape.write_text('[{"bogus": 1}]', encoding="utf-8")
+    cases = [
+        (["run", "hi", "--limits", '"str"'], "--limits must be a JSON object"),
+        (["run", "hi", "--policy", "[1, 2]"], "--policy must be a JSON object"),
+        (["run", "hi", "--deadline-seconds", "1e300"], "deadline_seconds"),
+        (["run", "   "], "the question is empty"),
+        (["run", "hi", "--tools", ""], "--tools is empty"),
+        (["run", "hi", "--limits", '{"per_tool_max_calls": {"nope": 1}}'],
+         "name tools that do not exist"),
+        (["run", "hi", "--model-script", str(tmp_path)], "is a directory"),
+        (["run", "hi", "--model-script", str(not_json)], "is not valid JSON"),
+        (["run", "hi", "--model-script", str(wrong_shape)], "does not follow the script format"),
+        (["approve", "run", "call", "--args", "[1]"], "--args must be a JSON object"),
+    ]
+    for args, message in cases:
+        code, out, err = await cli(*args, env=env)
+        assert code == 2, (args, out, err)
+        assert message in err, (args, err)
+        assert "Traceback" not in err, (args, err)
+
+
+def test_untrusted_text_is_printed_literally() -> None:
+    from io import StringIO
+
+    from rich.console import Console
+
+    from boundloop.terminal import safe
+
+    buffer = StringIO()
+    console = Console(file=buffer, force_terminal=False, width=200)
+    model_text = "see [/INST] and [link=http://x]y[/link] \x1b[31mRED"
+    console.print(f"answer: {safe(model_text)}")
+    printed = buffer.getvalue()
+    assert "[/INST]" in printed and "[link=http://x]" in printed
+    assert "\x1b" not in printed
+
+
+def test_dev_server_refuses_a_busy_port(tmp_path: Path) -> None:
+    import socket
+
+    import pytest
+
+    from boundloop.devserver import DevServer
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        with pytest.raises(RuntimeError, match="already in use"):
+            DevServer(tmp_path, port=port, ui_port=None).start()

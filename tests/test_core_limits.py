@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from boundloop.core import envelope as env
-from boundloop.core.limits import Limits, Policy, Price, RunSettings
+from boundloop.core.limits import MAX_COUNT, MAX_SECONDS, Limits, Policy, Price, RunSettings
 from boundloop.core.loop import (
     Execute,
     LoopState,
@@ -119,11 +119,24 @@ def test_integer_limits_reject_every_non_positive_integer(field: str, value: int
 
 @FAST
 @given(field=st.sampled_from(NUMBER_FIELDS),
-       value=st.floats(min_value=1e-6, max_value=1e9, allow_nan=False, allow_infinity=False)
+       value=st.floats(min_value=1e-6, max_value=MAX_SECONDS, allow_nan=False,
+                       allow_infinity=False)
        | st.integers(min_value=1, max_value=10**6))
 def test_money_and_time_limits_accept_positive_finite_numbers(
         field: str, value: float) -> None:
     assert getattr(Limits.model_validate({field: value}), field) == value
+
+
+@pytest.mark.parametrize("field", NUMBER_FIELDS)
+def test_time_and_money_limits_refuse_values_no_timer_can_hold(field: str) -> None:
+    # 1e300 s once passed validation and failed every workflow task (OverflowError).
+    with pytest.raises(ValidationError):
+        Limits.model_validate({field: 1e300})
+
+
+def test_count_limits_refuse_absurd_integers() -> None:
+    with pytest.raises(ValidationError):
+        Limits.model_validate({"max_steps": MAX_COUNT + 1})
 
 
 @FAST

@@ -89,6 +89,14 @@ async def test_deadline_stops_the_run(run_script: RunScript) -> None:
     assert (out.result.reason, out.result.tool_executions) == ("deadline", 0)
 
 
+async def test_slow_model_retries_cut_by_the_deadline_report_deadline(
+        run_script: RunScript) -> None:
+    slow = resp(call("lookup_stock", {"sku": "A-001"}, "c1"), delay_seconds=1.5)
+    out = await run_script([slow, slow, slow], allow_violations=True,
+                           limits=Limits(model_timeout_seconds=1.0, deadline_seconds=2.5))
+    assert (out.result.reason, out.result.tool_executions) == ("deadline", 0)
+
+
 async def test_transient_failure_gives_temporary_error_and_goes_on(
         run_script: RunScript) -> None:
     out = await run_script([resp(call("flaky", {"x": "1"}, "c1")), answer("sorry")],

@@ -13,6 +13,13 @@ from datetime import timedelta
 
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.runtime import (
+    LogForwardingConfig,
+    LoggingConfig,
+    Runtime,
+    TelemetryConfig,
+    TelemetryFilter,
+)
 from temporalio.worker import Worker
 
 from activities.conversation import ConversationCache
@@ -30,8 +37,26 @@ from workflows.loop import BoundLoopWorkflow
 STICKY_TIMEOUT_ENV = "BOUNDLOOP_STICKY_TIMEOUT_SECONDS"
 
 
+_core_logs_forwarded = False
+
+
+def forward_core_logs() -> None:
+    """Send the SDK core's own log lines through Python logging (stderr, our format)
+    instead of letting them reach stdout, where they would corrupt `--json` output.
+    Once per process, before the first client."""
+    global _core_logs_forwarded
+    if _core_logs_forwarded:
+        return
+    _core_logs_forwarded = True
+    runtime = Runtime(telemetry=TelemetryConfig(logging=LoggingConfig(
+        filter=TelemetryFilter(core_level="WARN", other_level="ERROR"),
+        forwarding=LogForwardingConfig(logger=logging.getLogger("temporalio.core")))))
+    Runtime.set_default(runtime, error_if_already_set=False)
+
+
 async def connect(settings: Settings) -> Client:
     """A client with the pydantic data converter (SPEC §2)."""
+    forward_core_logs()
     return await Client.connect(settings.temporal_address, namespace=settings.temporal_namespace,
                                 data_converter=pydantic_data_converter,
                                 interceptors=client_interceptors())

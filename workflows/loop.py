@@ -14,7 +14,7 @@ from datetime import timedelta
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
-from temporalio.exceptions import ActivityError, ApplicationError, TimeoutError
+from temporalio.exceptions import ActivityError, ApplicationError, RetryState, TimeoutError
 
 with workflow.unsafe.imports_passed_through():
     from boundloop import search_attributes as sa
@@ -45,6 +45,15 @@ with workflow.unsafe.imports_passed_through():
 MODEL_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), backoff_coefficient=2.0,
                           maximum_interval=timedelta(seconds=30), maximum_attempts=4,
                           non_retryable_error_types=["ModelRequestRejected", "PayloadTooLarge"])
+
+
+#: Model failure kinds named in the event log (what to check differs for each).
+MODEL_FAILURES = {
+    "ModelRequestRejected": "rejected",  # a 4xx other than 408/409/429: key, model, request
+    "ModelRequestRetryable": "retries_exhausted",  # 408/409/429/5xx or connection, 4 tries
+    "PayloadTooLarge": "payload_too_large",  # one response over Temporal's payload limit
+    "ConversationMismatch": "conversation_mismatch",
+}
 
 
 @workflow.defn(name=WORKFLOW_NAME)
@@ -155,12 +164,16 @@ class BoundLoopWorkflow:
                 retry_policy=MODEL_RETRY,
                 summary=f"model step {plan.step} · {state.settings.model}")
         except ActivityError as err:
-            if self._processing_seconds() >= state.limits.deadline_seconds:
+            # Schedule-to-close is the time left before the deadline: a retry refused for
+            # lack of time is the deadline, not the model.
+            if (err.retry_state == RetryState.TIMEOUT
+                    or self._processing_seconds() >= state.limits.deadline_seconds):
                 return state.stop(StopReason.DEADLINE)
-            kind = err.cause.type if isinstance(err.cause, ApplicationError) else "timeout"
+            cause = err.cause.type if isinstance(err.cause, ApplicationError) else None
+            kind = MODEL_FAILURES.get(cause or "", "timeout")
             workflow.logger.warning("model request failed", extra={
                 "step": plan.step, "failure": kind})
-            state.log("model_failed")
+            state.log(f"model_failed:{kind}")
             return state.stop(StopReason.MODEL_ERROR)
         self._unsent, self._refs = [], {}
         state.log("model_returned")

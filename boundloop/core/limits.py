@@ -11,16 +11,22 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-PositiveInt = Annotated[int, Field(strict=True, gt=0)]
-PositiveNumber = Annotated[float, Field(strict=True, gt=0, allow_inf_nan=False)]
+# Upper bounds keep every limit inside what Temporal timers and Python's C ints take
+# (a 1e300-second deadline would fail every workflow task); they are far above any
+# sensible setting.
+MAX_COUNT = 1_000_000_000
+MAX_SECONDS = 366 * 24 * 3600.0
+PositiveInt = Annotated[int, Field(strict=True, gt=0, le=MAX_COUNT)]
+Seconds = Annotated[float, Field(strict=True, gt=0, le=MAX_SECONDS, allow_inf_nan=False)]
+USD = Annotated[float, Field(strict=True, gt=0, le=1e9, allow_inf_nan=False)]
 
 
 class Price(BaseModel):
     """USD per million tokens for one model."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
-    input_usd_per_mtok: Annotated[float, Field(strict=True, ge=0, allow_inf_nan=False)]
-    output_usd_per_mtok: Annotated[float, Field(strict=True, ge=0, allow_inf_nan=False)]
+    input_usd_per_mtok: Annotated[float, Field(strict=True, ge=0, le=1e6, allow_inf_nan=False)]
+    output_usd_per_mtok: Annotated[float, Field(strict=True, ge=0, le=1e6, allow_inf_nan=False)]
 
 
 class Limits(BaseModel):
@@ -51,11 +57,11 @@ class Limits(BaseModel):
     max_identical_calls: PositiveInt = 2
     per_tool_max_calls: dict[str, PositiveInt] = Field(default_factory=dict)
     tool_cost_budget: PositiveInt | None = None
-    usd_budget: PositiveNumber | None = None
-    tool_timeout_seconds: PositiveNumber | None = None
-    model_timeout_seconds: PositiveNumber = 60.0
-    deadline_seconds: PositiveNumber = 600.0
-    approval_timeout_seconds: PositiveNumber = 86400.0
+    usd_budget: USD | None = None
+    tool_timeout_seconds: Seconds | None = None
+    model_timeout_seconds: Seconds = 60.0
+    deadline_seconds: Seconds = 600.0
+    approval_timeout_seconds: Seconds = 86400.0
 
 
 class Policy(BaseModel):

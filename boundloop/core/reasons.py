@@ -38,7 +38,9 @@ NEXT_CHECK: dict[StopReason, str] = {
     StopReason.USAGE_UNKNOWN: "a response had no usable usage; check provider billing",
     StopReason.BUDGET_LIMIT: "the USD or tool cost budget was reached",
     StopReason.DEADLINE: "processing time ran out (approval waits excluded)",
-    StopReason.MODEL_ERROR: "network, credentials, model name, or provider status",
+    StopReason.MODEL_ERROR: "the event log's model_failed:<kind>: rejected (key, model name, "
+                            "request), retries_exhausted (provider down, rate limits), "
+                            "payload_too_large, timeout",
     StopReason.INCOMPLETE: "response status was not completed (max_output_tokens, filter)",
     StopReason.EMPTY_OUTPUT: "the model returned neither text nor tool calls",
     StopReason.HISTORY_LIMIT: "the conversation outgrew max_history_bytes",
