@@ -9,6 +9,7 @@ from typing import Any
 
 from temporalio.api.operatorservice.v1 import ListSearchAttributesRequest
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
+from temporalio.common import WorkflowIDReusePolicy
 from temporalio.service import RPCError
 
 from boundloop import search_attributes as sa
@@ -41,10 +42,12 @@ async def start_run(client: Client, settings: Settings, inp: RunInput,
     limits = compact_json(inp.settings.limits.model_dump(mode="json"))
     details = (f"model `{inp.settings.model}` ({inp.settings.api})\n\n"
                f"tools: {', '.join(inp.tools)}\n\nlimits: `{limits}`")
+    # Idempotency keys are scoped by workflow id (SPEC §7): a finished run's id is never
+    # reused, or its side effects would be "already done" for the new run.
     return await client.start_workflow(
         WORKFLOW_NAME, inp, id=wf_id, task_queue=task_queue or settings.task_queue,
         result_type=RunResult, static_summary=preview(inp.question, 120),
-        static_details=details)
+        static_details=details, id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE)
 
 
 async def query_status(handle: WorkflowHandle[Any, Any]) -> RunStatus:
