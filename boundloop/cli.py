@@ -331,13 +331,18 @@ async def _run_async(settings: Settings, inp: RunInput, wait: bool, as_json: boo
         scripted.stop()
 
 
+def _no_worker(task_queue: str) -> None:
+    err.print(f"[yellow]no worker is answering for this run (task queue {safe(task_queue)}): "
+              "start `boundloop worker`[/]")
+
+
 async def _follow(handle: Any, settings: Settings, as_json: bool) -> int:
     if not as_json and sys.stdout.isatty():
         from boundloop.live import watch as live_watch
 
         await live_watch(handle)
     else:
-        async for _status, events in ops.follow(handle):
+        async for _status, events in ops.follow(handle, on_silence=_no_worker):
             if not as_json:
                 for ev in events:
                     print_event(ev)
@@ -451,7 +456,11 @@ def pending(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
     settings = load_settings()
 
     async def go() -> None:
-        rows = await ops.pending_runs(await connect(settings))
+        unanswered: list[str] = []
+        rows = await ops.pending_runs(await connect(settings), unanswered)
+        for wf_id in unanswered:
+            err.print(f"[yellow]note:[/] {safe(wf_id)} waits for approval but no worker "
+                      "answered its status query: is `boundloop worker` running?")
         if as_json:
             print(json.dumps([{"workflow_id": wf, "call_id": a.call_id, "tool": a.tool,
                                "arguments": a.arguments, "requested_at": a.requested_at}

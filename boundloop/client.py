@@ -55,16 +55,23 @@ async def query_status(handle: WorkflowHandle[Any, Any]) -> RunStatus:
     return status
 
 
-async def follow(handle: WorkflowHandle[Any, Any], interval: float = 0.2
+async def follow(handle: WorkflowHandle[Any, Any], interval: float = 0.2,
+                 on_silence: Callable[[str], None] | None = None,
                  ) -> AsyncIterator[tuple[RunStatus, list[Event]]]:
-    """Yield (status, new events) until the run closes."""
+    """Yield (status, new events) until the run closes. `on_silence(task_queue)` is called
+    once when no worker has answered the status query for a while."""
     seen = 0
+    failures = 0
     while True:
         desc = await handle.describe()
         try:
-            status = await query_status(handle)
-        except RPCError:
+            status = await asyncio.wait_for(query_status(handle), timeout=10)
+            failures = 0
+        except (RPCError, TimeoutError):
             status = None
+            failures += 1
+            if failures == 15 and on_silence is not None:
+                on_silence(desc.task_queue)
         if status is not None:
             new = status.events[seen:]
             seen = len(status.events)
@@ -80,14 +87,19 @@ async def decide(handle: WorkflowHandle[Any, Any], decision: Decision) -> str:
     return result
 
 
-async def pending_runs(client: Client) -> list[tuple[str, RunStatus]]:
-    """Runs waiting for approval, found by search attribute, with their pending calls."""
+async def pending_runs(client: Client, unanswered: list[str] | None = None,
+                       ) -> list[tuple[str, RunStatus]]:
+    """Runs waiting for approval, found by search attribute, with their pending calls.
+    Runs whose status query no worker answered are added to `unanswered`."""
     out: list[tuple[str, RunStatus]] = []
     query = f"{sa.STATUS.name} = 'waiting_approval' AND ExecutionStatus = 'Running'"
     async for wf in client.list_workflows(query):
         try:
-            status = await query_status(client.get_workflow_handle(wf.id))
-        except RPCError:
+            status = await asyncio.wait_for(
+                query_status(client.get_workflow_handle(wf.id)), timeout=10)
+        except (RPCError, TimeoutError):
+            if unanswered is not None:
+                unanswered.append(wf.id)
             continue
         if status.pending:
             out.append((wf.id, status))

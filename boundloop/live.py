@@ -46,5 +46,9 @@ def render(workflow_id: str, st: RunStatus) -> Panel:
 async def watch(handle: Any, interval: float = 0.3) -> None:
     """Redraw until the run closes."""
     with Live(refresh_per_second=8, transient=False) as live:
-        async for status, _new in ops.follow(handle, interval=interval):
+        def silence(task_queue: str) -> None:
+            live.console.print(f"[yellow]no worker is answering for this run (task queue "
+                               f"{safe(task_queue)}): start `boundloop worker`[/]")
+
+        async for status, _new in ops.follow(handle, interval=interval, on_silence=silence):
             live.update(render(handle.id, status))

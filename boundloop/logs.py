@@ -46,6 +46,7 @@ class TextFormatter(logging.Formatter):
 class JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         msg = record.msg if isinstance(record.msg, str) else ""
+        msg = msg.split(" ({'")[0]  # Temporal's info dict: carried as fields instead
         return json.dumps({"time": self.formatTime(record), "level": record.levelname,
                            "logger": record.name, "message": msg, **fields_of(record)},
                           ensure_ascii=False, default=str)
