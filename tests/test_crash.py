@@ -28,7 +28,6 @@ from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
-from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowHandle
 from temporalio.contrib.pydantic import pydantic_data_converter
 
@@ -40,6 +39,7 @@ from boundloop.devserver import DevServer, free_port
 from boundloop.scripted.server import ScriptedModelServer
 from boundloop.tools.demo import CRASH_AFTER_WRITE_ENV, list_tickets
 from boundloop.tools.registry import ToolContext, ToolRegistry, ToolSpec
+from tests.conftest import workflow_task_failures
 from tests.scripts import answer, call, outputs, resp
 from worker.main import STICKY_TIMEOUT_ENV
 
@@ -221,14 +221,6 @@ async def result_of(handle: WorkflowHandle[Any, RunResult]) -> RunResult:
     result: RunResult = await asyncio.wait_for(handle.result(), WAIT)
     return result
 
-
-async def workflow_task_failures(handle: WorkflowHandle[Any, Any]) -> int:
-    """WorkflowTaskFailed events: a nondeterministic replay on the new worker shows here."""
-    failed = 0
-    async for event in handle.fetch_history_events():
-        if event.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED:
-            failed += 1
-    return failed
 
 
 def comparable(r: RunResult) -> dict[str, Any]:
