@@ -120,12 +120,14 @@ class ToolRegistry:
 
     def __init__(self) -> None:
         self._tools: dict[str, ToolSpec] = {}
+        self._definitions: dict[tuple[tuple[str, ...], str], list[dict[str, Any]]] = {}
 
     def register(self, spec: ToolSpec) -> ToolSpec:
         if spec.name in self._tools:
             raise ValueError(f"tool {spec.name!r} registered twice")
         spec.json_schema()
         self._tools[spec.name] = spec
+        self._definitions.clear()
         return spec
 
     def get(self, name: str) -> ToolSpec:
@@ -141,7 +143,14 @@ class ToolRegistry:
         return [n for n in names if n not in self._tools]
 
     def openai_tools(self, names: list[str], api: str) -> list[dict[str, Any]]:
-        """Tool definitions for the request, in Responses or Chat Completions form."""
+        """Tool definitions for the request, in Responses or Chat Completions form
+        (built once per tool set: schema generation costs more than the request)."""
+        key = (tuple(names), api)
+        if key not in self._definitions:
+            self._definitions[key] = self._build_definitions(names, api)
+        return self._definitions[key]
+
+    def _build_definitions(self, names: list[str], api: str) -> list[dict[str, Any]]:
         out: list[dict[str, Any]] = []
         for n in names:
             spec = self._tools[n]
