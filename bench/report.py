@@ -191,14 +191,14 @@ def render_markdown(r: dict[str, Any], facts: dict[str, str]) -> str:
         f"`lookup_stock`'s own body (opens the SQLite store, one query) takes "
         f"{_ms(o['tool_body'])}.",
         "",
-        "One model request, sent from the bench process to the",
-        "scripted server as `activities/model.py` sends it (openai SDK, `input=` the",
-        "conversation), against the same JSON body passed as `extra_body` (which the SDK",
-        "sends without walking it), alternated, medians:",
+        "One model request from the bench process to the scripted server through the",
+        "SDK's typed path (`responses.create(input=...)`, which walks every item), against",
+        "the same JSON body sent as-is (`extra_body`; `activities/model.py` posts its body",
+        "as-is the same way), alternated, medians:",
         "",
     ]
-    lines += _md_table(["conversation", "openai SDK, `input=` (as the model activity)",
-                        "same body via `extra_body`"],
+    lines += _md_table(["conversation", "openai SDK, typed `input=`",
+                        "same body as-is (as the model activity)"],
                        [[f"{k} steps", _ms(v["sdk"]), _ms(v["extra_body"])]
                         for k, v in o["request_probe"].items()])
 
@@ -317,8 +317,6 @@ def notes(r: dict[str, Any]) -> list[str]:
     rest = h["history"] - tool_res - model_in
     n_loop, n_bare = t["runs"] * t["loop_acts"], t["runs"] * t["bare_acts"]
     extra = lp["model run"] - bp["run"]
-    sdk = probe[mid]["sdk"] - probe[mid]["extra_body"]
-    share = "most" if sdk > extra / 2 else "part"
     worker_core = t["loop_cpu"]["worker"] / t["loop_seconds"]
     per_loop = {k: v / n_loop * 1000 for k, v in t["loop_cpu"].items()}
     per_bare = {k: v / n_bare * 1000 for k, v in t["bare_cpu"].items()}
@@ -333,26 +331,26 @@ def notes(r: dict[str, Any]) -> list[str]:
         f"{total_bare / total_loop:.2f}): the worker {per_loop['worker']:.1f} against "
         f"{per_bare['worker']:.1f} ms (model requests through the SDK, pydantic payloads, "
         f"logging, tool threads), the dev server {per_loop['temporal']:.1f} against "
-        f"{per_bare['temporal']:.1f} ms (a boundloop step also writes two search attribute "
-        "upserts and larger payloads), the bench process with the scripted model "
+        f"{per_bare['temporal']:.1f} ms (a boundloop step also writes a search attribute "
+        "upsert and larger payloads), the bench process with the scripted model "
         f"{per_loop['driver+model']:.1f} against {per_bare['driver+model']:.1f} ms.")
     out = [
         f"- **1. Per-step overhead ({verdict('overhead', o['ratio_activity'])}).** Of a "
         f"{_ms(o['loop_step'])} step, the model activity runs {_ms(lp['model run'])}, "
-        f"{_ms(extra)} more than a bare activity ({_ms(bp['run'])}). The openai SDK's "
-        f"request preparation is {share} of that: `responses.create(input=...)` walks every "
-        "conversation item against its typed schema before sending, on the worker's event "
-        f"loop, so it grows with the conversation: {_ms(probe[mid]['sdk'])} at {mid} steps "
-        f"(the middle of these runs) and {_ms(probe[big]['sdk'])} at {big}, against "
-        f"{_ms(probe[mid]['extra_body'])} and {_ms(probe[big]['extra_body'])} for the same "
-        "bytes sent as `extra_body`. The rest: the two workflow tasks of a step take "
+        f"{_ms(extra)} more than a bare activity ({_ms(bp['run'])}); one HTTP request to the "
+        f"scripted model alone costs {_ms(probe[mid]['extra_body'])} at {mid} steps "
+        "(JSON both ways, the SDK's client, the server's thread), and the rest is the "
+        "conversation rebuild and response parsing. (Through the SDK's typed "
+        f"`responses.create(input=...)` the same request would cost {_ms(probe[mid]['sdk'])}, "
+        f"{_ms(probe[big]['sdk'])} at {big} steps: the model activity sends its body as-is.) "
+        "The two workflow tasks of a step take "
         f"{_ms(lp['wft after model'])} and {_ms(lp['wft after tool'])} against bare's "
         f"{_ms(bp['wft'])}, and the tool activity {_ms(lp['tool run'])} (its body "
         f"{_ms(o['tool_body'])}).",
         f"- **2. History bytes ({verdict('history', h['ratio'])}).** Each tool result is "
-        f"written twice: as the tool activity's result ({_kb(tool_res)} at {h['steps']} "
-        "steps) and again, as a `function_call_output` item, in the `new_items` of the "
-        f"next model request ({_kb(model_in)}); everything else is {_kb(rest)} (search "
+        f"written once, as the tool activity's result ({_kb(tool_res)} at {h['steps']} "
+        "steps); the model requests carry references to them, not copies "
+        f"({_kb(model_in)} of model inputs in all); everything else is {_kb(rest)} (search "
         "attribute upserts, workflow tasks, model turns, the RunResult's event log). "
         f"Against {_kb(h['conversation'])} of conversation that is "
         f"{h['ratio']:.2f}x, flat with steps (history grows linearly); the naive "
@@ -363,11 +361,11 @@ def notes(r: dict[str, Any]) -> list[str]:
               f"{p['per_run_kib']:.0f} KiB of worker RSS per waiting run. ")
     if d:
         parked += (
-            "A waiting run stays in the worker's sticky workflow cache (the SDK keeps up "
-            "to `max_cached_workflows`, 1000 by default, and `build_worker` does not set "
-            f"it): with `max_cached_workflows={d['max_cached_workflows']}` the same "
-            f"{d['runs']} runs grew the worker by {d['growth_mb']:.1f} MB instead of "
-            f"{p['growth_mb']:.1f} MB. An evicted run is replayed from its history when "
-            "its decision arrives.")
+            "`build_worker` bounds the sticky workflow cache (`max_cached_workflows`, "
+            "default 100, `BOUNDLOOP_MAX_CACHED_WORKFLOWS`; the SDK's own default is 1000, "
+            "which kept every parked run in memory: 171 MB for 1000 runs before): runs "
+            "beyond it are evicted and replayed from their short history when a decision "
+            f"arrives. The diagnostic with `max_cached_workflows={d['max_cached_workflows']}` "
+            f"grew the worker by {d['growth_mb']:.1f} MB.")
     out.append(parked)
     return out
