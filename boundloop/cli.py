@@ -19,7 +19,12 @@ import typer
 from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
-from temporalio.client import Client, WorkflowExecutionStatus, WorkflowUpdateFailedError
+from temporalio.client import (
+    Client,
+    WorkflowExecutionStatus,
+    WorkflowUpdateFailedError,
+    WorkflowUpdateRPCTimeoutOrCancelledError,
+)
 from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError
 
@@ -33,7 +38,8 @@ from boundloop.terminal import safe
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="boundloop: a durable, bounded LLM tool-calling loop on Temporal.")
-console = Console(soft_wrap=True)
+# Piped output keeps long run ids whole (tables would cut them at 80 columns).
+console = Console(soft_wrap=True, width=None if sys.stdout.isatty() else 200)
 err = Console(stderr=True, soft_wrap=True)
 T = TypeVar("T")
 #: `run --wait` exit status when the run stopped for any reason but `completed`.
@@ -288,6 +294,8 @@ async def _start(client: Client, settings: Settings, inp: RunInput, workflow_id:
     except WorkflowAlreadyStartedError:
         raise fail(f"workflow id {workflow_id!r} is already used by another run; "
                    "ids scope idempotency keys, so each run needs its own") from None
+    except RPCError as exc:
+        raise fail(f"the server refused the run: {exc.message}") from None
 
 
 async def _run_async(settings: Settings, inp: RunInput, wait: bool, as_json: bool,
@@ -311,6 +319,12 @@ async def _run_async(settings: Settings, inp: RunInput, wait: bool, as_json: boo
     local = settings.model_copy(update={
         "openai_base_url": scripted.start(), "task_queue": f"script-{uuid.uuid4().hex[:8]}"})
     handle = None
+    # A closed terminal (SIGHUP) or `kill`/`timeout` (SIGTERM) must end the run like Ctrl-C.
+    main_task = asyncio.current_task()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        if main_task is not None:
+            loop.add_signal_handler(signum, main_task.cancel)
     try:
         async with build_worker(client, local):
             handle = await _start(client, local, inp, workflow_id, local.task_queue)
@@ -424,7 +438,7 @@ def list_runs(
     status_filter: Annotated[str | None, typer.Option(
         "--status", help="running | waiting_approval | completed | stopped")] = None,
     reason: Annotated[str | None, typer.Option(help="Stop reason, e.g. max_steps")] = None,
-    limit: Annotated[int, typer.Option(help="At most this many runs")] = 20,
+    limit: Annotated[int, typer.Option(help="At most this many runs", min=1)] = 20,
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
     """List runs by search attribute, newest first."""
@@ -481,7 +495,7 @@ def _decide(run_id: str, decision: Decision) -> None:
         try:
             outcome = await asyncio.wait_for(
                 ops.decide(client.get_workflow_handle(run_id), decision), timeout=UPDATE_TIMEOUT)
-        except TimeoutError:
+        except (TimeoutError, WorkflowUpdateRPCTimeoutOrCancelledError):
             raise fail(f"no worker accepted the decision within {UPDATE_TIMEOUT:.0f} s: is "
                        "`boundloop worker` running? (nothing was changed)", 1) from None
         except WorkflowUpdateFailedError as exc:
@@ -525,6 +539,13 @@ def demo(interactive: Annotated[bool, typer.Option(
 
 
 def main() -> None:
+    for arg in sys.argv[1:]:
+        try:
+            arg.encode("utf-8")
+        except UnicodeEncodeError:
+            err.print("[bold red]error:[/] an argument is not valid UTF-8 text")
+            sys.stderr.flush()
+            os._exit(2)
     try:
         app()
     except SystemExit as exc:

@@ -65,12 +65,12 @@ async def follow(handle: WorkflowHandle[Any, Any], interval: float = 0.2,
     while True:
         desc = await handle.describe()
         try:
-            status = await asyncio.wait_for(query_status(handle), timeout=10)
+            status = await asyncio.wait_for(query_status(handle), timeout=3)
             failures = 0
         except (RPCError, TimeoutError):
             status = None
             failures += 1
-            if failures == 15 and on_silence is not None:
+            if failures == 3 and on_silence is not None:
                 on_silence(desc.task_queue)
         if status is not None:
             new = status.events[seen:]
@@ -112,6 +112,8 @@ async def list_runs(client: Client, status: str | None, reason: str | None,
     clauses = [f"WorkflowType = '{WORKFLOW_NAME}'"]
     if status:
         clauses.append(f"{sa.STATUS.name} = '{status}'")
+        if status in ("running", "waiting_approval"):  # not terminated/failed ones
+            clauses.append("ExecutionStatus = 'Running'")
     if reason:
         clauses.append(f"{sa.STOP_REASON.name} = '{reason}'")
     rows: list[dict[str, Any]] = []

@@ -28,27 +28,34 @@ def fields_of(record: logging.LogRecord) -> dict[str, Any]:
         value = getattr(record, name, None)
         if value is not None:
             out[name] = value
+    if record.exc_info and record.exc_info[0] is not None and "error" not in out:
+        out["error"] = record.exc_info[0].__name__  # the type only: messages may hold data
     return out
+
+
+def message(record: logging.LogRecord) -> str:
+    """The formatted message without Temporal's info dict (carried as fields instead)."""
+    try:
+        text = record.getMessage()
+    except (TypeError, ValueError):
+        text = str(record.msg)
+    return text.split(" ({'")[0]
 
 
 class TextFormatter(logging.Formatter):
     """`time level logger message key=value …`"""
 
     def format(self, record: logging.LogRecord) -> str:
-        base = f"{self.formatTime(record)} {record.levelname} {record.name} " \
-               f"{record.msg if isinstance(record.msg, str) else ''}"
-        # Temporal's loggers append their info dict to the message; drop it (fields below).
-        base = base.split(" ({'")[0]
+        base = f"{self.formatTime(record)} {record.levelname} {record.name} {message(record)}"
         extra = " ".join(f"{k}={v}" for k, v in fields_of(record).items())
         return f"{base} {extra}".rstrip()
 
 
 class JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
-        msg = record.msg if isinstance(record.msg, str) else ""
-        msg = msg.split(" ({'")[0]  # Temporal's info dict: carried as fields instead
         return json.dumps({"time": self.formatTime(record), "level": record.levelname,
-                           "logger": record.name, "message": msg, **fields_of(record)},
+                           "logger": record.name, "message": message(record),
+                           **fields_of(record)},
                           ensure_ascii=False, default=str)
 
 

@@ -12,7 +12,8 @@ import re
 
 from rich.markup import escape
 
-_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+# C0/C1 controls (ANSI escapes) and bidi overrides/isolates (text that reads backwards).
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
 
 
 def safe(text: object) -> str:

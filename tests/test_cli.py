@@ -156,3 +156,32 @@ def test_dev_server_refuses_a_busy_port(tmp_path: Path) -> None:
         port = busy.getsockname()[1]
         with pytest.raises(RuntimeError, match="already in use"):
             DevServer(tmp_path, port=port, ui_port=None).start()
+
+
+async def test_a_killed_model_script_run_is_terminated_not_orphaned(
+        temporal: Client, tmp_path: Path) -> None:
+    import signal
+
+    from temporalio.client import WorkflowExecutionStatus
+
+    script = tmp_path / "ticket.json"
+    script.write_text(json.dumps([resp(call("create_ticket", {
+        "title": "t", "description": "d", "priority": "low"}, "t1"))]), encoding="utf-8")
+    run_id = f"cli-term-{tmp_path.name[-8:]}"
+    proc = await asyncio.create_subprocess_exec(
+        *CLI, "run", "make a ticket", "--id", run_id, "--model-script", str(script),
+        cwd=ROOT, env=env_for(temporal, tmp_path), stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE)
+    handle = temporal.get_workflow_handle(run_id)
+
+    async def waiting() -> bool:
+        try:
+            return bool((await ops.query_status(handle)).pending)
+        except Exception:
+            return False
+
+    await ops.wait_until(waiting, timeout=60, interval=0.3)
+    proc.send_signal(signal.SIGTERM)
+    _out, err = await asyncio.wait_for(proc.communicate(), timeout=60)
+    assert f"terminated {run_id}" in err.decode()
+    assert (await handle.describe()).status == WorkflowExecutionStatus.TERMINATED

@@ -634,3 +634,13 @@ async def test_huge_integer_body_is_protocol_error_after_one_request(
     body = '{"id":"r","status":"completed","output":[],"n":' + "1" * 5000 + "}"
     out = await run_script([{"raw": body}] * 4)
     assert (out.result.reason, len(out.requests)) == ("protocol_error", 1)
+
+
+async def test_chat_refusal_is_the_answer_and_content_filter_is_incomplete(
+        run_script: RunScript) -> None:
+    refusal = chat(None)
+    refusal["body"]["choices"][0]["message"]["refusal"] = "I can't help with that."
+    out = await run_script([refusal], api="chat")
+    assert (out.result.reason, out.result.text) == ("completed", "I can't help with that.")
+    out = await run_script([chat("partial", finish_reason="content_filter")], api="chat")
+    assert (out.result.reason, out.result.text) == ("incomplete", "partial")

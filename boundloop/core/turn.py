@@ -320,6 +320,8 @@ def _parse_chat(body: Any, step: int) -> Turn:
         return Turn(fault="choice has no message")
     cut = choice.get("finish_reason") == "length"
     text = _text_of_content(message.get("content"))
+    if not text and isinstance(message.get("refusal"), str):
+        text = message["refusal"]  # a refusal is the answer, as on the Responses API
     raw_calls = message.get("tool_calls") or []
     if not isinstance(raw_calls, list):
         return Turn(fault="tool_calls is not a list")
@@ -351,8 +353,10 @@ def _parse_chat(body: Any, step: int) -> Turn:
         items.append({"type": "function_call", "call_id": call_id, "name": name,
                       "arguments": arguments})
     has_calls = bool(raw_calls)
+    # A filtered answer is cut short too (Responses: status incomplete, content_filter).
+    filtered = choice.get("finish_reason") == "content_filter"
     status: Literal["completed", "incomplete"] = (
-        "incomplete" if cut and not has_calls else "completed")
+        "incomplete" if filtered or (cut and not has_calls) else "completed")
     out_bytes = json_bytes(items)
     usage = _usage(body.get("usage"), "prompt_tokens", "completion_tokens", bool(items))
     return Turn(status=status, items=items, text=text, usage=usage, output_bytes=out_bytes,
