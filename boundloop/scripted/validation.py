@@ -214,18 +214,26 @@ def conversation_after(body: object, output: object, prior_items: Sequence[Any] 
     return items
 
 
-def _check_responses_tools(body: Mapping[str, Any]) -> list[str]:
+def _tool_objects(body: Mapping[str, Any], out: list[str]) -> list[tuple[str, dict[str, Any]]]:
+    """(path, tool) for each object in `tools`; shape problems are appended to `out`."""
     if "tools" not in body or body["tools"] is None:
         return []
     tools = body["tools"]
     if not isinstance(tools, list):
-        return [_invalid_type("tools", "an array", tools)]
-    out: list[str] = []
+        out.append(_invalid_type("tools", "an array", tools))
+        return []
+    found: list[tuple[str, dict[str, Any]]] = []
     for i, tool in enumerate(tools):
-        p = f"tools[{i}]"
-        if not isinstance(tool, dict):
-            out.append(_invalid_type(p, "an object", tool))
-            continue
+        if isinstance(tool, dict):
+            found.append((f"tools[{i}]", tool))
+        else:
+            out.append(_invalid_type(f"tools[{i}]", "an object", tool))
+    return found
+
+
+def _check_responses_tools(body: Mapping[str, Any]) -> list[str]:
+    out: list[str] = []
+    for p, tool in _tool_objects(body, out):
         if not isinstance(tool.get("type"), str):
             out.append(_missing(f"{p}.type"))
             continue
@@ -412,17 +420,8 @@ def validate_responses_request(
 
 
 def _check_chat_tools(body: Mapping[str, Any]) -> list[str]:
-    if "tools" not in body or body["tools"] is None:
-        return []
-    tools = body["tools"]
-    if not isinstance(tools, list):
-        return [_invalid_type("tools", "an array", tools)]
     out: list[str] = []
-    for i, tool in enumerate(tools):
-        p = f"tools[{i}]"
-        if not isinstance(tool, dict):
-            out.append(_invalid_type(p, "an object", tool))
-            continue
+    for p, tool in _tool_objects(body, out):
         if tool.get("type") != "function":
             continue  # custom tools have shapes of their own
         fn = tool.get("function")
