@@ -37,16 +37,14 @@ from boundloop.core.limits import Limits, Policy, RunSettings
 from boundloop.core.loop import Execute, LoopState, Reply, StepPlan, ToolRule, plan_calls
 from boundloop.core.turn import Turn, Usage
 from boundloop.tools.demo import CreateTicketArgs, LookupStockArgs, SearchDocsArgs
+from tests.support import strategies
 
 FAST = settings(max_examples=60, deadline=None)
 
-json_values = st.recursive(
+json_values = strategies.json_values(
     st.none() | st.booleans() | st.integers(-(10**15), 10**15)
     | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=12),
-    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner,
-                                                                max_size=3),
-    max_leaves=8,
-)
+    keys=6, width=3, leaves=8)
 items_st = st.lists(st.dictionaries(st.text(max_size=8), json_values, max_size=4), max_size=6)
 
 

@@ -32,16 +32,11 @@ from boundloop.core.loop import (
 from boundloop.core.reasons import StopReason
 from boundloop.core.turn import FunctionCall
 from boundloop.tools.demo import LookupStockArgs
+from tests.support import strategies
 
 FAST = settings(max_examples=150, deadline=None)
 
-json_data = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False)
-    | st.text(max_size=40),
-    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner,
-                                                                max_size=4),
-    max_leaves=10,
-)
+json_data = strategies.json_values(text=40)
 envelopes = st.builds(
     Envelope,
     status=st.sampled_from(list(ToolStatus)),

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from boundloop.core.canonical import preview, utf8_len
 from boundloop.core.fingerprint import fingerprint
+from tests.support import strategies
 
 FP = re.compile(r"^(?P<tool>.+):(?P<hash>[0-9a-f]{16})$", re.DOTALL)
 
@@ -24,22 +25,11 @@ tool_names = st.text(alphabet="abcdefghijklmnopqrstuvwxyz0123456789_", min_size=
 # JSON values whose Python equality is JSON equality: no floats (1 == 1.0) and no
 # booleans (True == 1), so `a != b` means the model wrote different arguments.
 scalars = st.none() | st.integers(-(10**12), 10**12) | st.text(max_size=20)
-json_values = st.recursive(
-    scalars,
-    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner,
-                                                                max_size=4),
-    max_leaves=8,
-)
+json_values = strategies.json_values(scalars, leaves=8)
 arguments = st.dictionaries(st.text(max_size=10), json_values, max_size=6)
 
 # Wider values for invariance checks (floats and booleans are fine there).
-any_json = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False)
-    | st.text(max_size=20),
-    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner,
-                                                                max_size=4),
-    max_leaves=15,
-)
+any_json = strategies.json_values(leaves=15)
 
 
 def shuffled(value: Any, rnd: random.Random) -> Any:

@@ -25,7 +25,6 @@ from boundloop.core.loop import (
     Reply,
     StepPlan,
     ToolOutcome,
-    ToolRule,
     account_usage,
     begin_step,
     plan_calls,
@@ -33,7 +32,7 @@ from boundloop.core.loop import (
 )
 from boundloop.core.reasons import StopReason
 from boundloop.core.turn import Turn, Usage
-from boundloop.tools.demo import CreateTicketArgs, LookupStockArgs, SearchDocsArgs
+from tests.support import strategies
 
 INT_FIELDS = ["max_steps", "max_tool_executions", "token_threshold", "max_result_bytes",
               "max_history_bytes", "max_identical_calls", "tool_cost_budget"]
@@ -48,12 +47,7 @@ BAD_INTS: list[Any] = [0, -1, -4096, True, False, "5", "", 5.0, 2.5, float("nan"
 BAD_NUMBERS: list[Any] = [0, 0.0, -1, -0.5, True, False, "1.5", "", float("nan"),
                           float("inf"), float("-inf"), [1.0]]
 
-RULES = {
-    "lookup_stock": ToolRule("lookup_stock", LookupStockArgs),
-    "search_docs": ToolRule("search_docs", SearchDocsArgs),
-    "create_ticket": ToolRule("create_ticket", CreateTicketArgs, side_effects=True,
-                              needs_approval=True, cost_units=5),
-}
+RULES = strategies.demo_rules(ticket_cost_units=5)
 FAST = settings(max_examples=100, deadline=None)
 
 

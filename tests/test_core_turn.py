@@ -33,14 +33,10 @@ from boundloop.core.loop import (
 )
 from boundloop.core.reasons import StopReason
 from boundloop.core.turn import MISSING_NAME, Turn, Usage, parse_chat, parse_responses
-from boundloop.tools.demo import CreateTicketArgs, LookupStockArgs, SearchDocsArgs
+from boundloop.tools.demo import LookupStockArgs
+from tests.support import strategies
 
-RULES = {
-    "lookup_stock": ToolRule("lookup_stock", LookupStockArgs),
-    "search_docs": ToolRule("search_docs", SearchDocsArgs),
-    "create_ticket": ToolRule("create_ticket", CreateTicketArgs, side_effects=True,
-                              needs_approval=True, cost_units=1),
-}
+RULES = strategies.demo_rules()
 FUZZ = settings(max_examples=200, deadline=None)
 
 # --- strategies -------------------------------------------------------------------------
