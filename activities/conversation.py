@@ -26,6 +26,7 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
 from temporalio.exceptions import ApplicationError
 
+from boundloop import errors
 from boundloop.contracts import (
     MODEL_ACTIVITY,
     OUTPUT_REF,
@@ -155,7 +156,7 @@ async def _read_run(client: Client, workflow_id: str, run_id: str,
 
 def _mismatch(what: str) -> ApplicationError:
     return ApplicationError(f"{what} does not match the workflow's digest",
-                            type="ConversationMismatch", non_retryable=True)
+                            type=errors.CONVERSATION_MISMATCH, non_retryable=True)
 
 
 async def from_history(client: Client, workflow_id: str, run_id: str,

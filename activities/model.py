@@ -18,6 +18,7 @@ from temporalio.exceptions import ApplicationError
 
 from activities.conversation import ConversationCache, rebuild
 from activities.model_errors import to_application_error
+from boundloop import errors
 from boundloop.contracts import MODEL_ACTIVITY, ModelRequest
 from boundloop.core.canonical import json_bytes
 from boundloop.core.conversation import to_chat_messages
@@ -55,7 +56,7 @@ class ModelActivities:
         if size > MAX_TURN_BYTES:
             raise ApplicationError(
                 f"model step {req.step}: response is {size} bytes, over the "
-                f"{MAX_TURN_BYTES}-byte payload limit", type="PayloadTooLarge",
+                f"{MAX_TURN_BYTES}-byte payload limit", type=errors.MODEL_RESPONSE_TOO_LARGE,
                 non_retryable=True)
         full = [*items, *turn.items]
         self.cache.put(wf_id, req.expected.extend(turn.items), full)

@@ -14,6 +14,8 @@ from email.utils import parsedate_to_datetime
 import openai
 from temporalio.exceptions import ApplicationError
 
+from boundloop.errors import MODEL_REQUEST_REJECTED, MODEL_REQUEST_RETRYABLE
+
 RETRYABLE_STATUS = frozenset({408, 409, 429})
 
 
@@ -50,12 +52,12 @@ def to_application_error(exc: Exception) -> ApplicationError:
         retryable = status in RETRYABLE_STATUS or status >= 500
         return ApplicationError(
             f"model request failed: HTTP {status}",
-            type="ModelRequestRetryable" if retryable else "ModelRequestRejected",
+            type=MODEL_REQUEST_RETRYABLE if retryable else MODEL_REQUEST_REJECTED,
             non_retryable=not retryable,
             next_retry_delay=retry_after(dict(exc.response.headers)) if retryable else None)
     if isinstance(exc, openai.APITimeoutError):
-        return ApplicationError("model request timed out", type="ModelRequestRetryable")
+        return ApplicationError("model request timed out", type=MODEL_REQUEST_RETRYABLE)
     if isinstance(exc, openai.APIConnectionError):
-        return ApplicationError("model request could not connect", type="ModelRequestRetryable")
+        return ApplicationError("model request could not connect", type=MODEL_REQUEST_RETRYABLE)
     return ApplicationError(f"model request failed: {type(exc).__name__}",
-                            type="ModelRequestRejected", non_retryable=True)
+                            type=MODEL_REQUEST_REJECTED, non_retryable=True)

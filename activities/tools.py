@@ -19,7 +19,13 @@ from boundloop.contracts import TOOL_ACTIVITY, ToolRequest
 from boundloop.core.envelope import cap_envelope, result_too_large, success
 from boundloop.core.fingerprint import fingerprint
 from boundloop.core.loop import ToolOutcome
-from boundloop.tools.registry import ToolContext, ToolFailure, ToolRegistry, TransientToolError
+from boundloop.errors import (
+    TRANSIENT_TOOL_ERROR,
+    UNEXPECTED_TOOL_ERROR,
+    ToolFailure,
+    TransientToolError,
+)
+from boundloop.tools.registry import ToolContext, ToolRegistry
 
 
 class ToolActivities:
@@ -48,12 +54,12 @@ class ToolActivities:
         except TransientToolError:
             activity.logger.warning("tool transient failure", extra=log)
             raise ApplicationError(f"{req.tool}: transient failure",
-                                   type="TransientToolError") from None
+                                   type=TRANSIENT_TOOL_ERROR) from None
         except Exception as exc:
             activity.logger.error("tool raised unexpectedly",
                                   extra={**log, "error": type(exc).__name__})
             raise ApplicationError(f"{req.tool} raised {type(exc).__name__}",
-                                   type="UnexpectedToolError") from None
+                                   type=UNEXPECTED_TOOL_ERROR) from None
         # If even RESULT_TOO_LARGE is over the cap, the workflow stops with result_limit.
         capped = cap_envelope(envelope, req.max_result_bytes) or result_too_large(
             envelope.output_bytes(), req.max_result_bytes)

@@ -16,6 +16,7 @@ import pytest
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import WorkflowHandle
 
+from boundloop import errors
 from boundloop.contracts import MODEL_ACTIVITY, TOOL_ACTIVITY
 from boundloop.core.limits import Limits, Policy
 from boundloop.core.turn import MISSING_NAME, fallback_call_id
@@ -583,7 +584,7 @@ async def test_model_response_over_the_payload_limit_is_model_error_not_retried(
     events = await history(out.handle)
     failures = [e.activity_task_failed_event_attributes.failure for e in events
                 if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_FAILED]
-    assert [f.application_failure_info.type for f in failures] == ["PayloadTooLarge"]
+    assert [f.application_failure_info.type for f in failures] == [errors.MODEL_RESPONSE_TOO_LARGE]
     assert activity_attempts(events, MODEL_ACTIVITY) == [1]
     assert max(e.ByteSize() for e in events) < 64_000
 

@@ -17,6 +17,7 @@ from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError, RetryState, TimeoutError
 
 with workflow.unsafe.imports_passed_through():
+    from boundloop import errors
     from boundloop import search_attributes as sa
     from boundloop.contracts import (
         MODEL_ACTIVITY,
@@ -44,15 +45,18 @@ with workflow.unsafe.imports_passed_through():
 #: Model requests: Temporal is the only retry layer (SDK clients use max_retries=0).
 MODEL_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), backoff_coefficient=2.0,
                           maximum_interval=timedelta(seconds=30), maximum_attempts=4,
-                          non_retryable_error_types=["ModelRequestRejected", "PayloadTooLarge"])
+                          non_retryable_error_types=[
+                              errors.MODEL_REQUEST_REJECTED, errors.MODEL_RESPONSE_TOO_LARGE,
+                              errors.PAYLOADS_TOO_LARGE])
 
 
 #: Model failure kinds named in the event log (what to check differs for each).
 MODEL_FAILURES = {
-    "ModelRequestRejected": "rejected",  # a 4xx other than 408/409/429: key, model, request
-    "ModelRequestRetryable": "retries_exhausted",  # 408/409/429/5xx or connection, 4 tries
-    "PayloadTooLarge": "payload_too_large",  # one response over Temporal's payload limit
-    "ConversationMismatch": "conversation_mismatch",
+    errors.MODEL_REQUEST_REJECTED: "rejected",  # a 4xx other than 408/409/429: key, model, request
+    errors.MODEL_REQUEST_RETRYABLE: "retries_exhausted",  # 408/409/429/5xx or connection, 4 tries
+    errors.MODEL_RESPONSE_TOO_LARGE: "payload_too_large",  # over Temporal's payload limit
+    errors.PAYLOADS_TOO_LARGE: "payload_too_large",
+    errors.CONVERSATION_MISMATCH: "conversation_mismatch",
 }
 
 
@@ -259,12 +263,12 @@ class BoundLoopWorkflow:
                 retry_policy=RetryPolicy(
                     initial_interval=timedelta(seconds=spec.initial_retry_seconds),
                     maximum_attempts=spec.max_attempts,
-                    non_retryable_error_types=["PayloadTooLarge"]),
+                    non_retryable_error_types=[errors.PAYLOADS_TOO_LARGE]),
                 summary=f"tool {p.call.name} · call {state.tool_executions + 1}")
         except ActivityError as err:
             cause = err.cause
             transient = isinstance(cause, TimeoutError) or (
-                isinstance(cause, ApplicationError) and cause.type == "TransientToolError")
+                isinstance(cause, ApplicationError) and cause.type == errors.TRANSIENT_TOOL_ERROR)
             outcome = core.ToolOutcome(envelope=temporary_error_exhausted(), fatal=not transient,
                                        from_activity=False)
         result = core.record_outcome(state, p, outcome, self._rules)
@@ -304,7 +308,7 @@ class BoundLoopWorkflow:
     def _validate_decide(self, decision: Decision) -> None:
         problem = approvals.check(self._state, decision, self._rules)
         if problem is not None:
-            raise ApplicationError(problem, type="InvalidDecision", non_retryable=True)
+            raise ApplicationError(problem, type=errors.INVALID_DECISION, non_retryable=True)
 
     @workflow.query
     def status(self) -> RunStatus:

@@ -18,8 +18,10 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from boundloop.core.envelope import Envelope, ToolStatus
 from boundloop.core.loop import ToolRule
+from boundloop.errors import ToolFailure, TransientToolError
+
+__all__ = ["ToolContext", "ToolFailure", "ToolRegistry", "ToolSpec", "TransientToolError"]
 
 
 @dataclass(frozen=True)
@@ -38,20 +40,6 @@ class ToolContext:
     step: int
     data_dir: Path
     max_result_bytes: int
-
-
-class ToolFailure(Exception):
-    """An expected failure the model can act on (not found, permission, bad state)."""
-
-    def __init__(self, status: ToolStatus, error_code: str, message: str,
-                 *, retryable: bool = False) -> None:
-        super().__init__(error_code)
-        self.envelope = Envelope(status=status, error_code=error_code, message=message,
-                                 retryable=retryable)
-
-
-class TransientToolError(Exception):
-    """A failure worth retrying (timeout, 503 upstream): Temporal retries with backoff."""
 
 
 ToolFn = Callable[[Any, ToolContext], Any]

@@ -1,0 +1,48 @@
+"""Errors: the exceptions tool authors raise, and every Temporal error type name the
+workflow matches on (defined once here, so a rename cannot miss one place).
+"""
+
+from __future__ import annotations
+
+from boundloop.core.envelope import Envelope, ToolStatus
+
+#: Temporal's payload limit (bytes): no activity input or result, continue-as-new input
+#: or workflow result may be larger. The server refuses it with a failure of type
+#: `PAYLOADS_TOO_LARGE` below.
+PAYLOAD_LIMIT_BYTES = 2 * 1024 * 1024
+
+# --- error type names (ApplicationError.type) -----------------------------------------
+
+#: The SDK's own type for a completion over the payload limit (plural, as the SDK spells it).
+PAYLOADS_TOO_LARGE = "PayloadsTooLarge"
+#: A model response too large to return from the model activity (ours).
+MODEL_RESPONSE_TOO_LARGE = "ModelResponseTooLarge"
+#: A 4xx other than 408/409/429: key, model or request refused; never retried.
+MODEL_REQUEST_REJECTED = "ModelRequestRejected"
+#: 408/409/429/5xx, connection failures and provider timeouts: retried.
+MODEL_REQUEST_RETRYABLE = "ModelRequestRetryable"
+#: The rebuilt conversation does not match what the workflow expects.
+CONVERSATION_MISMATCH = "ConversationMismatch"
+#: A tool raised `TransientToolError`: retried.
+TRANSIENT_TOOL_ERROR = "TransientToolError"
+#: A tool raised something unexpected: the run stops with `tool_error`.
+UNEXPECTED_TOOL_ERROR = "UnexpectedToolError"
+#: An approval decision the `decide` update's validator refused.
+INVALID_DECISION = "InvalidDecision"
+
+
+# --- exceptions tools raise -----------------------------------------------------------
+
+
+class ToolFailure(Exception):
+    """An expected failure the model can act on (not found, permission, bad state)."""
+
+    def __init__(self, status: ToolStatus, error_code: str, message: str,
+                 *, retryable: bool = False) -> None:
+        super().__init__(error_code)
+        self.envelope = Envelope(status=status, error_code=error_code, message=message,
+                                 retryable=retryable)
+
+
+class TransientToolError(Exception):
+    """A failure worth retrying (timeout, 503 upstream): Temporal retries with backoff."""
