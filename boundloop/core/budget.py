@@ -1,0 +1,175 @@
+"""A budget shared by many runs: pure ledger rules (no Temporal, no I/O).
+
+A team gives a key (a tenant, a project, an API key) a budget in USD and/or tokens, in
+total or per UTC day. Before each model request a run *reserves* the request's worst
+case from the ledger; after the response it *settles* the reservation with the real
+usage; when it ends it *releases* whatever it still holds. A reservation that does not
+fit what is left is refused, and the run stops with `budget_limit` before the request
+is sent. Because every reservation is a worst case taken before spending, the ledger's
+spent total never passes the budget by more than what a request's worst case
+under-estimated.
+
+A run's workflow id is its reservation key, and the step number makes each reservation,
+settlement and release idempotent: a retried or replayed message changes nothing.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from boundloop.core.limits import USD, PositiveInt, Price
+
+Period = Literal["total", "day"]
+
+
+class BudgetLimits(BaseModel):
+    """What a budget key may spend: USD and/or tokens, in total or per UTC day."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    usd: USD | None = None
+    tokens: PositiveInt | None = None
+    period: Period = "total"
+
+    @model_validator(mode="after")
+    def _something_to_limit(self) -> BudgetLimits:
+        if self.usd is None and self.tokens is None:
+            raise ValueError("a budget needs a USD amount, a token amount, or both")
+        return self
+
+
+class Amount(BaseModel):
+    """USD and tokens, spent or reserved."""
+
+    model_config = ConfigDict(frozen=True)
+
+    usd: float = 0.0
+    tokens: int = 0
+
+    def __add__(self, other: Amount) -> Amount:
+        return Amount(usd=self.usd + other.usd, tokens=self.tokens + other.tokens)
+
+
+class Reservation(BaseModel):
+    """One run's open reservation: the worst case of its next model request."""
+
+    model_config = ConfigDict(frozen=True)
+
+    run: str
+    step: int
+    amount: Amount
+
+
+class Grant(BaseModel):
+    """The ledger's answer to a reservation."""
+
+    model_config = ConfigDict(frozen=True)
+
+    granted: bool
+    message: str = ""
+
+
+class LedgerState(BaseModel):
+    """Everything a ledger carries (across continue-as-new). Small: it grows with the
+    runs holding a reservation, not with the runs that ever spent."""
+
+    key: str
+    limits: BudgetLimits
+    period: str = "total"  # "total", or the UTC date the spent figures belong to
+    spent: Amount = Field(default_factory=Amount)
+    reservations: dict[str, Reservation] = Field(default_factory=dict)
+    # run -> the last step it settled (idempotency of settle and of late reserves)
+    settled: dict[str, int] = Field(default_factory=dict)
+    refused: int = 0
+
+
+def worst_case(price: Price | None, input_tokens: int, max_output_tokens: int) -> Amount:
+    """A request's worst case: every input token plus the most output it may produce."""
+    tokens = input_tokens + max_output_tokens
+    usd = 0.0 if price is None else (input_tokens * price.input_usd_per_mtok
+                                     + max_output_tokens * price.output_usd_per_mtok) / 1e6
+    return Amount(usd=usd, tokens=tokens)
+
+
+def period_of(limits: BudgetLimits, today: str) -> str:
+    return today if limits.period == "day" else "total"
+
+
+def roll(state: LedgerState, today: str) -> None:
+    """Start a new period when the day changed (reservations carry over: they are
+    requests in flight, settled into the period they finish in)."""
+    period = period_of(state.limits, today)
+    if period != state.period:
+        state.period = period
+        state.spent = Amount()
+
+
+def reserved(state: LedgerState, *, excluding: str | None = None) -> Amount:
+    total = Amount()
+    for run, r in state.reservations.items():
+        if run != excluding:
+            total = total + r.amount
+    return total
+
+
+def left(state: LedgerState) -> Amount:
+    """What is left after spending and open reservations (negative when over)."""
+    held = reserved(state)
+    lim = state.limits
+    return Amount(usd=(lim.usd - state.spent.usd - held.usd) if lim.usd is not None else 0.0,
+                  tokens=(lim.tokens - state.spent.tokens - held.tokens)
+                  if lim.tokens is not None else 0)
+
+
+def reserve(state: LedgerState, run: str, step: int, amount: Amount, today: str) -> Grant:
+    """Hold `amount` for `run`'s request at `step`, or refuse it with the reason."""
+    roll(state, today)
+    held = state.reservations.get(run)
+    if held is not None and held.step == step:
+        return Grant(granted=True)  # a retried reserve: already held
+    if state.settled.get(run, 0) >= step:
+        return Grant(granted=True)  # a late duplicate of a step already settled
+    others = reserved(state, excluding=run)
+    lim = state.limits
+    problems: list[str] = []
+    if lim.usd is not None and state.spent.usd + others.usd + amount.usd > lim.usd:
+        problems.append(
+            f"USD budget {lim.usd:g}{_per(lim)}: spent {state.spent.usd:.6f}, reserved by "
+            f"other runs {others.usd:.6f}, this request needs up to {amount.usd:.6f}")
+    if lim.tokens is not None and state.spent.tokens + others.tokens + amount.tokens > lim.tokens:
+        problems.append(
+            f"token budget {lim.tokens}{_per(lim)}: spent {state.spent.tokens}, reserved by "
+            f"other runs {others.tokens}, this request needs up to {amount.tokens}")
+    if problems:
+        state.refused += 1
+        return Grant(granted=False, message=f"budget {state.key!r} refused step {step}: "
+                     + "; ".join(problems))
+    # An older reservation of the same run was never settled (its request failed):
+    # the new one replaces it.
+    state.reservations[run] = Reservation(run=run, step=step, amount=amount)
+    return Grant(granted=True)
+
+
+def settle(state: LedgerState, run: str, step: int, actual: Amount, today: str) -> None:
+    """Turn `run`'s reservation for `step` into what the request really used."""
+    roll(state, today)
+    if state.settled.get(run, 0) >= step:
+        return  # settled already
+    held = state.reservations.get(run)
+    if held is not None and held.step <= step:
+        del state.reservations[run]
+    # Real usage counts even when the reservation was released meanwhile.
+    state.spent = state.spent + actual
+    state.settled[run] = step
+
+
+def release(state: LedgerState, run: str) -> None:
+    """The run ended (or was found closed): drop what it still holds."""
+    state.reservations.pop(run, None)
+    state.settled.pop(run, None)
+
+
+def _per(limits: BudgetLimits) -> str:
+    return " per day" if limits.period == "day" else ""
