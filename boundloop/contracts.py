@@ -9,6 +9,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from boundloop.core.budget import Amount, BudgetLimits, LedgerState, Reservation
 from boundloop.core.conversation import ConversationMeta, Item
 from boundloop.core.limits import Limits, RunSettings
 from boundloop.core.loop import Approval, Event, LoopState, ToolChoice
@@ -135,3 +136,67 @@ class RunStatus(BaseModel):
     question: str
     model: str
     limits: Limits | None = None
+
+
+# --- shared budgets (workflows/budget.py) ----------------------------------------------
+
+BUDGET_WORKFLOW = "BoundloopBudget"
+BUDGET_RESERVE_ACTIVITY = "budget_reserve"
+BUDGET_CLOSED_RUNS_ACTIVITY = "budget_closed_runs"
+#: Budget keys name a tenant, a project or an API key: plain, short, id-safe.
+BUDGET_KEY_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:@-]{0,99}$"
+
+
+def budget_workflow_id(key: str) -> str:
+    """The ledger of `key`: one long-running workflow per budget key."""
+    return f"boundloop-budget-{key}"
+
+
+class LedgerInput(BaseModel):
+    """Ledger workflow input (also what continue-as-new carries: the state is small).
+
+    - reap_seconds: how often a ledger holding reservations checks that their runs are
+      still open, releasing what closed runs (terminated, timed out) still hold.
+    """
+
+    state: LedgerState
+    reap_seconds: float = Field(default=60.0, gt=0)
+
+
+class ReserveRequest(BaseModel):
+    """Update `reserve`: hold the worst case of `run`'s request at `step`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    run: str = Field(min_length=1)
+    step: int = Field(ge=1)
+    amount: Amount
+
+
+class SettleRequest(BaseModel):
+    """Signal `settle`: what `run`'s request at `step` really used."""
+
+    run: str = Field(min_length=1)
+    step: int = Field(ge=1)
+    amount: Amount
+
+
+class BudgetReserve(BaseModel):
+    """The run workflow's reserve activity input."""
+
+    key: str
+    step: int
+    amount: Amount
+
+
+class BudgetView(BaseModel):
+    """Query `show`: spent, reserved, left and the runs holding reservations."""
+
+    key: str
+    limits: BudgetLimits
+    period: str
+    spent: Amount
+    reserved: Amount
+    left: Amount
+    holders: list[Reservation]
+    refused: int

@@ -29,6 +29,8 @@ TRANSIENT_TOOL_ERROR = "TransientToolError"
 UNEXPECTED_TOOL_ERROR = "UnexpectedToolError"
 #: An approval decision the `decide` update's validator refused.
 INVALID_DECISION = "InvalidDecision"
+#: A budget ledger message its validator refused.
+INVALID_BUDGET_MESSAGE = "InvalidBudgetMessage"
 
 
 # --- exceptions tools raise -----------------------------------------------------------

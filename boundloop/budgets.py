@@ -1,0 +1,59 @@
+"""Client side of shared budgets: set a key's budget, show it.
+
+The ledger of a key is the workflow `boundloop-budget-KEY`; `set_budget` starts it (or
+changes its limits when it runs) in one call (update-with-start).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from temporalio.client import Client, WithStartWorkflowOperation
+from temporalio.common import WorkflowIDConflictPolicy
+from temporalio.service import RPCError, RPCStatusCode
+
+from boundloop.contracts import (
+    BUDGET_KEY_PATTERN,
+    BUDGET_WORKFLOW,
+    BudgetView,
+    LedgerInput,
+    budget_workflow_id,
+)
+from boundloop.core.budget import BudgetLimits, LedgerState
+
+
+def check_key(key: str) -> str:
+    if not re.fullmatch(BUDGET_KEY_PATTERN, key):
+        raise ValueError(f"invalid budget key {key!r}: 1-100 characters of letters, digits "
+                         "and . _ : @ -, starting with a letter or digit")
+    return key
+
+
+async def set_budget(client: Client, key: str, limits: BudgetLimits, *, task_queue: str,
+                     reap_seconds: float = 60.0) -> BudgetView:
+    """Start the ledger of `key` with `limits`, or change the limits of the running one
+    (what was spent and reserved stays)."""
+    check_key(key)
+    start: WithStartWorkflowOperation[Any, None] = WithStartWorkflowOperation(
+        BUDGET_WORKFLOW, LedgerInput(state=LedgerState(key=key, limits=limits),
+                                     reap_seconds=reap_seconds),
+        id=budget_workflow_id(key), task_queue=task_queue,
+        id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+        static_summary=f"budget {key}")
+    view: BudgetView = await client.execute_update_with_start_workflow(
+        "set_limits", limits, start_workflow_operation=start, result_type=BudgetView)
+    return view
+
+
+async def show_budget(client: Client, key: str) -> BudgetView | None:
+    """The ledger's figures, or None when no ledger runs for `key`."""
+    check_key(key)
+    try:
+        view: BudgetView = await client.get_workflow_handle(budget_workflow_id(key)).query(
+            "show", result_type=BudgetView)
+    except RPCError as err:
+        if err.status == RPCStatusCode.NOT_FOUND:
+            return None
+        raise
+    return view
