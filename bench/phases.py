@@ -36,6 +36,7 @@ from bench.workflows import (
     NAIVE_WORKFLOW,
     NaiveInput,
 )
+from boundloop.client import result_of
 from boundloop.contracts import (
     MODEL_ACTIVITY,
     TOOL_ACTIVITY,
@@ -135,10 +136,11 @@ def _loop_parts(acts: list[Any]) -> dict[str, list[float]]:
 async def _run_loop_steps(b: Bench, steps: int) -> tuple[float, list[Any]]:
     b.model.feed([b.model.call("lookup_stock", {"sku": sku(i)}) for i in range(steps)]
                  + [b.model.answer()])
-    limits = Limits(max_steps=steps + 1, max_tool_executions=steps, token_threshold=10**9)
+    # One step to spare: an answer on the last step (tool_choice "none") is max_steps.
+    limits = Limits(max_steps=steps + 2, max_tool_executions=steps, token_threshold=10**9)
     t0 = now()
     handle = await b.start_loop("Look up each SKU in turn.", ["lookup_stock"], limits)
-    result = await bounded(handle.result(), 120, "boundloop run")
+    result = await bounded(result_of(handle), 120, "boundloop run")
     wall = now() - t0
     _check(result, StopReason.COMPLETED, steps + 1, steps)
     return wall, activities(await history_events(b.client, handle.id))
@@ -265,12 +267,13 @@ async def _history_loop(b: Bench, steps: int) -> dict[str, Any]:
     b.model.fresh()
     turns = _report_turns(b, steps)
     b.model.feed(turns)
-    limits = Limits(max_steps=steps + 1, max_tool_executions=steps, token_threshold=10**9,
+    # One step to spare: an answer on the last step (tool_choice "none") is max_steps.
+    limits = Limits(max_steps=steps + 2, max_tool_executions=steps, token_threshold=10**9,
                     max_result_bytes=REPORT_RESULT_CAP, max_history_bytes=100_000_000,
                     max_identical_calls=steps)
     handle = await b.start_loop("Read every part of the inventory report.",
                                 ["fetch_report"], limits)
-    result = await bounded(handle.result(), 180, f"boundloop {steps}-step run")
+    result = await bounded(result_of(handle), 180, f"boundloop {steps}-step run")
     _check(result, StopReason.COMPLETED, steps + 1, steps)
     _no_violations(b)
     events = await history_events(b.client, handle.id)
@@ -325,7 +328,9 @@ async def _all(starts: list[Callable[[], Awaitable[WorkflowHandle[Any, Any]]]],
     async def one(start: Callable[[], Awaitable[WorkflowHandle[Any, Any]]]) -> Any:
         async with gate:
             handle = await start()
-        return await handle.result()
+        # A boundloop run that stopped fails its workflow with the RunResult as detail.
+        return await (result_of(handle) if handle.result_type is RunResult
+                      else handle.result())
 
     return list(await bounded(asyncio.gather(*(one(s) for s in starts)), seconds, what))
 
@@ -435,7 +440,7 @@ async def parked(b: Bench, worker: WorkerProcess, runs: int, warmup: int) -> dic
         status: RunStatus = await h.query("status", result_type=RunStatus)
         await h.signal("approve", Decision(call_id=status.pending[0].call_id, approve=True))
     for h in handles:
-        _check(await bounded(h.result(), 60, "warm-up run"), StopReason.COMPLETED, 2, 1)
+        _check(await bounded(result_of(h), 60, "warm-up run"), StopReason.COMPLETED, 2, 1)
     _no_violations(b)
     await asyncio.sleep(1.0)
     before = await _rss(pid)

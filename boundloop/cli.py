@@ -22,6 +22,7 @@ from rich.table import Table
 from temporalio.client import (
     Client,
     WorkflowExecutionStatus,
+    WorkflowFailureError,
     WorkflowUpdateFailedError,
     WorkflowUpdateRPCTimeoutOrCancelledError,
 )
@@ -184,15 +185,19 @@ def print_result(result: RunResult, settings: Settings) -> None:
                   + (f" · cost ${result.cost_usd:.6f}" if result.cost_usd is not None else ""))
     if result.text:
         console.print(f"[bold]answer:[/] {safe(result.text)}")
+    if result.answer_looks_like_tool_call:
+        console.print("[bold yellow]the answer looks like a tool call:[/] it was not "
+                      "executed, and it is not an answer to the question")
     console.print(f"Web UI: {ops.ui_link(settings, result.workflow_id, result.run_id)}")
 
 
 def print_pending_table(rows: list[tuple[str, RunStatus]]) -> None:
-    table = Table("run", "call id", "tool", "arguments", "waiting since")
+    table = Table("run", "call id", "tool", "waiting since")
+    table.add_column("arguments (in full)", overflow="fold")
     for wf_id, status in rows:
         for a in status.pending:
-            table.add_row(safe(wf_id), safe(a.call_id), safe(a.tool),
-                          safe(ops.argument_summary(a)), a.requested_at)
+            table.add_row(safe(wf_id), safe(a.call_id), safe(a.tool), a.requested_at,
+                          safe(ops.argument_text(a)))
     console.print(table)
 
 
@@ -360,7 +365,7 @@ async def _follow(handle: Any, settings: Settings, as_json: bool) -> int:
             if not as_json:
                 for ev in events:
                     print_event(ev)
-    result: RunResult = await handle.result()
+    result = await ops.result_of(handle)
     if as_json:
         print(result.model_dump_json())
     else:
@@ -381,8 +386,11 @@ def status(run_id: Annotated[str, typer.Argument(help="Workflow id")],
             desc = await handle.describe()
         except RPCError as exc:
             raise fail(f"no run {run_id!r}: {exc.message}") from None
-        if desc.status == WorkflowExecutionStatus.COMPLETED:
-            result = await handle.result()
+        if desc.status in (WorkflowExecutionStatus.COMPLETED, WorkflowExecutionStatus.FAILED):
+            try:
+                result = await ops.result_of(handle)
+            except WorkflowFailureError as exc:
+                raise fail(f"{run_id} failed without a RunResult: {exc.cause}", 1) from None
             if as_json:
                 print(result.model_dump_json())
             else:
@@ -428,7 +436,11 @@ def watch(run_id: Annotated[str, typer.Argument(help="Workflow id")]) -> None:
         except RPCError as exc:
             raise fail(f"no run {run_id!r}: {exc.message}") from None
         await live_watch(handle)
-        print_result(await handle.result(), settings)
+        try:
+            result = await ops.result_of(handle)
+        except WorkflowFailureError as exc:
+            raise fail(f"{run_id} ended without a RunResult: {exc.cause}", 1) from None
+        print_result(result, settings)
 
     _run(go())
 

@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from temporalio.api.operatorservice.v1 import ListSearchAttributesRequest
-from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
+from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureError, WorkflowHandle
 from temporalio.common import WorkflowIDReusePolicy
+from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError
 
+from boundloop import errors
 from boundloop import search_attributes as sa
 from boundloop.contracts import WORKFLOW_NAME, Decision, RunInput, RunResult, RunStatus
 from boundloop.core.canonical import compact_json, preview
@@ -48,6 +51,24 @@ async def start_run(client: Client, settings: Settings, inp: RunInput,
         WORKFLOW_NAME, inp, id=wf_id, task_queue=task_queue or settings.task_queue,
         result_type=RunResult, static_summary=preview(inp.question, 120),
         static_details=details, id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE)
+
+
+async def result_of(handle: WorkflowHandle[Any, Any]) -> RunResult:
+    """The RunResult of a run however it ended: returned when `completed`, else the
+    detail of the workflow's `RunStopped` failure (docs/design.md, "How a run ends").
+
+    Anything else (terminated, timed out, failed for another cause) raises what
+    `handle.result()` raises: such a run has no RunResult.
+    """
+    try:
+        value = await handle.result()
+    except WorkflowFailureError as exc:
+        cause = exc.cause
+        if (isinstance(cause, ApplicationError) and cause.type == errors.RUN_STOPPED
+                and cause.details):
+            return RunResult.model_validate(cause.details[0])
+        raise
+    return value if isinstance(value, RunResult) else RunResult.model_validate(value)
 
 
 async def query_status(handle: WorkflowHandle[Any, Any]) -> RunStatus:
@@ -138,9 +159,10 @@ async def list_runs(client: Client, status: str | None, reason: str | None,
     return rows
 
 
-def argument_summary(approval: Approval, width: int = 60) -> str:
-    """A short, bounded view of validated arguments for the operator (not for logs)."""
-    return preview(compact_json(approval.arguments), width)
+def argument_text(approval: Approval) -> str:
+    """The validated arguments in full, pretty-printed, for the person approving them
+    (never cut: approving what you cannot read is no approval; never for logs)."""
+    return json.dumps(approval.arguments, ensure_ascii=False, indent=2)
 
 
 async def wait_until(predicate: Callable[[], Awaitable[bool]], timeout: float = 30.0,

@@ -120,6 +120,8 @@ class RunResult(BaseModel):
     events: list[Event]
     workflow_id: str = ""
     run_id: str = ""
+    #: The final text is (or holds in a code fence) a JSON tool call; never executed.
+    answer_looks_like_tool_call: bool = False
 
 
 class RunStatus(BaseModel):

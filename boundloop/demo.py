@@ -65,7 +65,7 @@ async def _follow(handle: Any, settings: Settings, interactive: bool) -> RunResu
                 continue
             announced.add(approval.call_id)
             console.print(f"[bold yellow]waiting for approval:[/] {safe(approval.tool)} "
-                          f"{safe(ops.argument_summary(approval, 120))}")
+                          f"with these arguments:\n{safe(ops.argument_text(approval))}")
             cmd = cli_command()
             call_id = shlex.quote(approval.call_id)
             console.print(f"  approve: [bold]{cmd} approve {handle.id} "
@@ -77,8 +77,7 @@ async def _follow(handle: Any, settings: Settings, interactive: bool) -> RunResu
                 outcome = await ops.decide(handle, Decision(
                     call_id=approval.call_id, approve=True, approver="demo"))
                 console.print(f"  (demo approves it itself as 'demo': {outcome})")
-    result: RunResult = await handle.result()
-    return result
+    return await ops.result_of(handle)
 
 
 async def run_demo(settings: Settings, *, interactive: bool) -> int:

@@ -31,6 +31,10 @@ UNEXPECTED_TOOL_ERROR = "UnexpectedToolError"
 INVALID_DECISION = "InvalidDecision"
 #: A budget ledger message its validator refused.
 INVALID_BUDGET_MESSAGE = "InvalidBudgetMessage"
+#: A run that ended for any reason but `completed`: the workflow fails with this
+#: non-retryable type so Temporal's own status (the Web UI list) shows it; the message
+#: names the stop reason and the first detail is the RunResult (`client.result_of`).
+RUN_STOPPED = "RunStopped"
 
 
 # --- exceptions tools raise -----------------------------------------------------------

@@ -30,10 +30,11 @@ def render(workflow_id: str, st: RunStatus) -> Panel:
         table.add_row("cost", f"${st.cost_usd:.6f}")
     parts: list[Any] = [table]
     if st.pending:
-        waiting = Table("waiting for approval", "call id", "arguments", "since")
+        waiting = Table("waiting for approval", "call id", "since")
+        waiting.add_column("arguments (in full)", overflow="fold")
         for a in st.pending:
-            waiting.add_row(safe(a.tool), safe(a.call_id), safe(ops.argument_summary(a, 50)),
-                            a.requested_at)
+            waiting.add_row(safe(a.tool), safe(a.call_id), a.requested_at,
+                            safe(ops.argument_text(a)))
         parts.append(waiting)
     recent = st.events[-5:]
     if recent:

@@ -25,6 +25,7 @@ from temporalio.testing import WorkflowEnvironment
 
 from activities.conversation import ConversationCache
 from boundloop import search_attributes as sa
+from boundloop.client import result_of
 from boundloop.contracts import WORKFLOW_NAME, RunInput, RunResult
 from boundloop.core.limits import Limits, Policy, RunSettings
 from boundloop.devserver import FAST_FLAGS, temporal_binary
@@ -115,7 +116,7 @@ def run_script(temporal: Client, tmp_path: Path) -> RunScript:
                     result_type=RunResult)
                 if during is not None:
                     await during(handle)
-                result = await asyncio.wait_for(handle.result(), timeout=RUN_TIMEOUT)
+                result = await asyncio.wait_for(result_of(handle), timeout=RUN_TIMEOUT)
         finally:
             server.stop()
         assert await workflow_task_failures(handle) == 0, "a workflow task failed"

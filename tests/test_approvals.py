@@ -186,7 +186,10 @@ async def test_rejected_call_is_not_executed_and_an_identical_one_is_refused_una
         answer("I did not create the ticket."),
     ], during=during)
     r = out.result
-    assert (r.reason, r.tool_executions, r.steps) == ("completed", 0, 3)
+    # Repeating a call a human rejected is refused and forces the final answer: the
+    # run ends naming the identical-call limit (zero repeats of a rejected call).
+    assert (r.reason, r.tool_executions, r.steps) == ("max_identical_calls", 0, 3)
+    assert r.text == "I did not create the ticket."
     assert out.tickets() == []
     first = outputs(out.bodies[1])["c1"]
     assert (first["status"], first["error_code"], first["retryable"]) == (

@@ -16,6 +16,7 @@ from temporalio.testing import WorkflowEnvironment
 
 from activities.conversation import ConversationCache
 from boundloop import search_attributes as sa
+from boundloop.client import result_of
 from boundloop.contracts import WORKFLOW_NAME, RunInput, RunResult
 from boundloop.core.limits import Limits, RunSettings
 from boundloop.devserver import FAST_FLAGS, temporal_binary
@@ -56,14 +57,15 @@ async def run(client: Client, tmp_path: Path, cache: ConversationCache) -> tuple
     queue = f"can-{uuid.uuid4().hex[:8]}"
     settings = Settings(OPENAI_BASE_URL=server.start(), BOUNDLOOP_TASK_QUEUE=queue,
                         BOUNDLOOP_DATA_DIR=tmp_path)
-    limits = Limits(max_steps=STEPS, max_tool_executions=STEPS)
+    # A step to spare: the answer comes while the model may still call tools (completed).
+    limits = Limits(max_steps=STEPS + 1, max_tool_executions=STEPS)
     inp = RunInput(question="many steps", tools=["lookup_stock"],
                    settings=RunSettings(model="m", limits=limits))
     try:
         async with build_worker(client, settings, cache=cache):
             handle = await client.start_workflow(WORKFLOW_NAME, inp, id=f"can-{queue}",
                                                  task_queue=queue, result_type=RunResult)
-            result = await handle.result()
+            result = await result_of(handle)
             query = f"WorkflowId = '{handle.id}'"
             runs = [wf.run_id async for wf in client.list_workflows(query)]
     finally:

@@ -193,7 +193,7 @@ def test_builders_set_status_retryable_and_codes() -> None:
     assert env.rejected("why").status == ToolStatus.REJECTED
     exhausted = env.temporary_error_exhausted()
     assert exhausted.status == ToolStatus.TEMPORARY_ERROR and exhausted.retryable is False
-    assert env.unknown_tool("rm_rf").error_code == "UNKNOWN_TOOL"
+    assert env.unknown_tool("rm_rf", ["lookup_stock"]).error_code == "UNKNOWN_TOOL"
     assert env.success(1, terminal=True).terminal is True
 
 

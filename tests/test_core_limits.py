@@ -292,7 +292,9 @@ def test_steps_never_exceed_max_steps_and_the_last_step_sends_tool_choice_none(
 
 @FAST
 @given(max_steps=st.integers(1, 6))
-def test_an_answer_on_the_last_step_completes_and_no_further_step_begins(max_steps: int) -> None:
+def test_an_answer_on_the_forced_last_step_ends_max_steps_with_its_text(max_steps: int) -> None:
+    """The last step is sent with tool_choice "none": the model was not free to go on,
+    so its answer is kept as `text` and the reason names the step limit."""
     state = new_state(Limits(max_steps=max_steps, max_identical_calls=100,
                              max_tool_executions=100))
     for n in range(max_steps - 1):
@@ -304,8 +306,27 @@ def test_an_answer_on_the_last_step_completes_and_no_further_step_begins(max_ste
     last = begin_step(state, 0.0)
     assert isinstance(last, StepPlan) and last.last and last.tool_choice == "none"
     assert plan_calls(state, text_turn("A-001: 12 in stock"), last, RULES, "wf") == (
-        StopReason.COMPLETED)
+        StopReason.MAX_STEPS)
     assert state.text == "A-001: 12 in stock"
+    assert begin_step(state, 0.0) == StopReason.MAX_STEPS  # no further step begins
+    assert state.steps == max_steps
+
+
+@FAST
+@given(max_steps=st.integers(2, 6))
+def test_an_answer_before_the_last_step_completes(max_steps: int) -> None:
+    state = new_state(Limits(max_steps=max_steps, max_identical_calls=100,
+                             max_tool_executions=100))
+    for n in range(max_steps - 2):
+        step = begin_step(state, 0.0)
+        assert isinstance(step, StepPlan)
+        decided = plan_calls(state, calls_turn(lookups(step.step, n, 1)), step, RULES, "wf")
+        assert isinstance(decided, list)
+        execute_all(state, decided)
+    free = begin_step(state, 0.0)
+    assert isinstance(free, StepPlan) and free.tool_choice == "auto" and not free.last
+    assert plan_calls(state, text_turn("A-001: 12 in stock"), free, RULES, "wf") == (
+        StopReason.COMPLETED)
 
 
 @FAST

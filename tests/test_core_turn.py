@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 
 from boundloop.core import envelope as env
 from boundloop.core.envelope import ToolStatus
+from boundloop.core.fingerprint import invalid_fingerprint
 from boundloop.core.limits import Limits, Policy, RunSettings
 from boundloop.core.loop import (
     Execute,
@@ -472,7 +473,10 @@ def test_finish_reason_length_with_tool_calls_is_answered_truncated_without_exec
         assert isinstance(plan, Reply)
         assert plan.envelope.error_code == "ARGUMENTS_TRUNCATED"
         assert plan.envelope.status == ToolStatus.INVALID_INPUT
-    assert state.identical_calls == {} and state.per_tool_calls == {}
+    # Counted toward the identical-call limit (by fingerprint), never as executions.
+    assert state.identical_calls == {
+        invalid_fingerprint(c.name, c.arguments): 1 for c in turn.calls}
+    assert state.per_tool_calls == {} and state.tool_executions == 0
     assert state.tool_executions == 0
 
 
@@ -647,7 +651,8 @@ def test_invalid_arguments_are_answered_not_executed(arguments: str, code: str) 
     assert decided[0].envelope.status == ToolStatus.INVALID_INPUT
     assert decided[0].envelope.error_code == code
     assert decided[0].envelope.retryable
-    assert state.identical_calls == {}
+    assert state.identical_calls == {invalid_fingerprint("lookup_stock", arguments): 1}
+    assert state.per_tool_calls == {} and state.tool_executions == 0
 
 
 def test_reasoning_and_message_items_are_kept_in_order_next_to_calls() -> None:
@@ -700,7 +705,9 @@ def test_arguments_json_cannot_carry_are_refused_as_invalid_json(arguments: str)
     assert isinstance(decided, list) and isinstance(decided[0], Reply)
     assert decided[0].envelope.status == ToolStatus.INVALID_INPUT
     assert decided[0].envelope.error_code == "INVALID_JSON"
-    assert state.identical_calls == {}
+    assert state.identical_calls == {
+        invalid_fingerprint("search_docs", turn.calls[0].arguments): 1}
+    assert state.per_tool_calls == {} and state.tool_executions == 0
 
 
 @pytest.mark.parametrize("name", [..., None, "", 7])

@@ -33,6 +33,7 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 
 from boundloop import search_attributes as sa
 from boundloop.client import decide, query_status
+from boundloop.client import result_of as client_result_of
 from boundloop.contracts import WORKFLOW_NAME, Decision, RunInput, RunResult
 from boundloop.core.limits import Limits, Policy, RunSettings
 from boundloop.devserver import DevServer, free_port
@@ -218,8 +219,7 @@ async def approve(handle: WorkflowHandle[Any, Any], call_id: str) -> None:
 
 
 async def result_of(handle: WorkflowHandle[Any, RunResult]) -> RunResult:
-    result: RunResult = await asyncio.wait_for(handle.result(), WAIT)
-    return result
+    return await asyncio.wait_for(client_result_of(handle), WAIT)
 
 
 

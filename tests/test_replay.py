@@ -17,6 +17,7 @@ from temporalio.client import WorkflowHistory
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer
 
+from boundloop import errors
 from tests.make_histories import HISTORIES, RUNS, workflow_id
 from workflows.loop import BoundLoopWorkflow
 
@@ -48,10 +49,17 @@ async def test_history_replays_without_nondeterminism(name: str) -> None:
     assert result.replay_failure is None
 
 
-def completed_result(history: WorkflowHistory) -> dict[str, Any]:
+def final_result(history: WorkflowHistory) -> dict[str, Any]:
+    """The RunResult: the workflow's result when `completed`, else the detail of its
+    `RunStopped` failure."""
     last = history.events[-1]
-    assert last.event_type == E.EVENT_TYPE_WORKFLOW_EXECUTION_COMPLETED
-    payload = last.workflow_execution_completed_event_attributes.result.payloads[0]
+    if last.event_type == E.EVENT_TYPE_WORKFLOW_EXECUTION_FAILED:
+        info = last.workflow_execution_failed_event_attributes.failure.application_failure_info
+        assert info.type == errors.RUN_STOPPED and info.non_retryable
+        payload = info.details.payloads[0]
+    else:
+        assert last.event_type == E.EVENT_TYPE_WORKFLOW_EXECUTION_COMPLETED
+        payload = last.workflow_execution_completed_event_attributes.result.payloads[0]
     result: dict[str, Any] = json.loads(payload.data)
     return result
 
@@ -68,7 +76,7 @@ def test_history_is_the_run_it_is_named_after(name: str, reason: str,
     """Guards the fixtures themselves: a regenerated file must still show its scenario
     (the crash history: a task sent to the killed worker timed out)."""
     history = load(name)
-    assert completed_result(history)["reason"] == reason
+    assert final_result(history)["reason"] == reason
     events = kinds(history)
     assert {kind: events.count(kind) for kind in shape} == shape
     assert E.EVENT_TYPE_WORKFLOW_TASK_FAILED not in events

@@ -26,7 +26,7 @@ import pytest
 import pytest_asyncio
 from temporalio.client import Client, WorkflowHandle
 
-from boundloop.client import start_run, wait_until
+from boundloop.client import result_of, start_run, wait_until
 from boundloop.contracts import RunInput, RunResult
 from boundloop.core.limits import RunSettings
 from boundloop.devserver import DevServer, free_port, port_open
@@ -100,7 +100,7 @@ async def runs(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[UiRuns
         async with build_worker(client, settings):
             done = await start_run(client, settings, RunInput(
                 question=COMPLETED_QUESTION, settings=run_settings, tools=DEMO_TOOLS))
-            completed = await done.result()
+            completed = await result_of(done)
             assert completed.reason == "completed"
             waiting = await start_run(client, settings, RunInput(
                 question=WAITING_QUESTION, settings=run_settings, tools=DEMO_TOOLS))

@@ -37,8 +37,8 @@ with workflow.unsafe.imports_passed_through():
     from boundloop.core import loop as core
     from boundloop.core.canonical import preview
     from boundloop.core.conversation import ConversationMeta, Item, user_message
-    from boundloop.core.envelope import Envelope, temporary_error_exhausted
-    from boundloop.core.reasons import StopReason
+    from boundloop.core.envelope import Envelope, temporary_error_exhausted, tool_timed_out
+    from boundloop.core.reasons import NEXT_CHECK, StopReason
     from boundloop.core.turn import FunctionCall, Turn
     from boundloop.tools.catalog import registry
 
@@ -110,7 +110,14 @@ class BoundLoopWorkflow:
         workflow.logger.info("run stopped", extra={"reason": reason.value,
                                                    "step": self._state.steps})
         await workflow.wait_condition(workflow.all_handlers_finished)
-        return self._result()
+        result = self._result()
+        if reason != StopReason.COMPLETED:
+            # Temporal's own status says the run did not succeed (the Web UI list shows
+            # it Failed, not green Completed); the RunResult rides along as the detail.
+            # A cancelled run ends this way too: the SDK's Canceled carries no details.
+            raise ApplicationError(f"run stopped: {reason.value} — {NEXT_CHECK[reason]}",
+                                   result, type=errors.RUN_STOPPED, non_retryable=True)
+        return result
 
     async def _loop(self) -> StopReason | None:
         state = self._state
@@ -250,6 +257,7 @@ class BoundLoopWorkflow:
         with workflow.unsafe.imports_passed_through():
             spec = registry().get(p.call.name)
         timeout = state.limits.tool_timeout_seconds
+        per_attempt = timedelta(seconds=timeout) if timeout else spec.timeout
         req = ToolRequest(tool=p.call.name,
                           call_id=p.call.call_id, step=step, arguments=p.arguments,
                           idempotency_key=p.idempotency_key,
@@ -259,7 +267,7 @@ class BoundLoopWorkflow:
         try:
             outcome: core.ToolOutcome = await workflow.execute_activity(
                 TOOL_ACTIVITY, req, result_type=core.ToolOutcome,
-                start_to_close_timeout=timedelta(seconds=timeout) if timeout else spec.timeout,
+                start_to_close_timeout=per_attempt,
                 retry_policy=RetryPolicy(
                     initial_interval=timedelta(seconds=spec.initial_retry_seconds),
                     maximum_attempts=spec.max_attempts,
@@ -269,7 +277,10 @@ class BoundLoopWorkflow:
             cause = err.cause
             transient = isinstance(cause, TimeoutError) or (
                 isinstance(cause, ApplicationError) and cause.type == errors.TRANSIENT_TOOL_ERROR)
-            outcome = core.ToolOutcome(envelope=temporary_error_exhausted(), fatal=not transient,
+            # Every attempt timing out is told apart, with the numbers (SPEC §5).
+            exhausted = (tool_timed_out(per_attempt.total_seconds(), spec.max_attempts)
+                         if isinstance(cause, TimeoutError) else temporary_error_exhausted())
+            outcome = core.ToolOutcome(envelope=exhausted, fatal=not transient,
                                        from_activity=False)
         result = core.record_outcome(state, p, outcome, self._rules)
         self._publish(attributes=False)  # the count reaches the attributes next step
@@ -361,6 +372,9 @@ class BoundLoopWorkflow:
                  f"{s.tool_executions} of {s.limits.max_tool_executions}",
                  f"tokens {s.usage.total_tokens} of {s.limits.token_threshold}"
                  + (f" · cost ${cost:.6f}" if cost is not None else "")]
+        if s.answer_looks_like_tool_call:
+            lines.append("**the answer looks like a tool call**: it was not executed, and "
+                         "it is not an answer to the question")
         for a in s.approvals:
             if a.status == "pending":
                 lines.append(f"waiting for approval: {a.tool} `{a.call_id}` since "
@@ -384,7 +398,8 @@ class BoundLoopWorkflow:
             input_tokens=s.usage.input_tokens, output_tokens=s.usage.output_tokens,
             total_tokens=s.usage.total_tokens, usage_unknown=s.usage.unknown_steps > 0,
             usage_estimated=s.usage.estimated, cost_usd=self._cost(), cost_units=s.cost_units,
-            events=list(s.events), workflow_id=info.workflow_id, run_id=info.run_id)
+            events=list(s.events), workflow_id=info.workflow_id, run_id=info.run_id,
+            answer_looks_like_tool_call=s.answer_looks_like_tool_call)
 
 
 def _no_ref(out: Envelope | StopReason) -> tuple[Envelope, str | None] | StopReason:

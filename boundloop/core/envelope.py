@@ -78,10 +78,23 @@ def temporary_error_exhausted() -> Envelope:
                             "Do not call it again in this run; tell the user.")
 
 
-def unknown_tool(name_preview: str) -> Envelope:
+def tool_timed_out(seconds: float, attempts: int) -> Envelope:
+    """A tool that hit its timeout on every attempt (SPEC §5: `temporary_error`,
+    `retryable: false`): the numbers tell the model that calling again will not help."""
+    return Envelope(status=ToolStatus.TEMPORARY_ERROR, retryable=False,
+                    error_code="RETRIES_EXHAUSTED",
+                    message=f"The tool timed out after {seconds:g} s, {attempts} attempts. "
+                            "Do not call it again in this run; tell the user.")
+
+
+def unknown_tool(name_preview: str, available: list[str]) -> Envelope:
+    """A call to a tool outside the run's allowed set (policy `report`): the list of
+    available tools lets the model pick one or answer instead of guessing again."""
+    names = ", ".join(available) if available else "none"
     return Envelope(status=ToolStatus.PERMANENT_ERROR, retryable=False,
                     error_code="UNKNOWN_TOOL",
-                    message=f"No tool named {name_preview!r} is available. Do not call it.")
+                    message=f"No tool named {name_preview!r} is available. Do not call it. "
+                            f"Available tools: {names}.")
 
 
 def result_too_large(actual_bytes: int, cap: int) -> Envelope:

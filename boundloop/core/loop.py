@@ -14,10 +14,11 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from boundloop.core import envelope as env
+from boundloop.core.answer_shape import looks_like_tool_call
 from boundloop.core.canonical import preview
 from boundloop.core.conversation import ConversationMeta, Item, function_call_output
 from boundloop.core.envelope import Envelope, ToolStatus
-from boundloop.core.fingerprint import fingerprint
+from boundloop.core.fingerprint import fingerprint, invalid_fingerprint
 from boundloop.core.limits import Limits, Policy, RunSettings
 from boundloop.core.reasons import StopReason
 from boundloop.core.turn import FunctionCall, Turn, Usage
@@ -88,11 +89,15 @@ class LoopState(BaseModel):
     rejected_fingerprints: list[str] = Field(default_factory=list)
     call_ids: list[str] = Field(default_factory=list)
     force_final: bool = False
+    # A terminal side effect succeeded: the run's goal, so the forced answer after it
+    # (or on the last step) is `completed`; every other forced answer names its limit.
+    goal_reached: bool = False
     pending_limit: StopReason | None = None
     conversation: ConversationMeta = Field(default_factory=ConversationMeta)
     events: list[Event] = Field(default_factory=list)
     approvals: list[Approval] = Field(default_factory=list)
     text: str = ""
+    answer_looks_like_tool_call: bool = False
     reason: StopReason | None = None
 
     @property
@@ -112,6 +117,10 @@ class LoopState(BaseModel):
         self.reason = reason
         if text is not None:
             self.text = text
+            if looks_like_tool_call(text, self.allowed_tools):
+                # Never executed (SPEC §3.4), but flagged: not the answer the user wanted.
+                self.answer_looks_like_tool_call = True
+                self.log("answer_looks_like_tool_call")
         self.log(f"stopped:{reason.value}")
         return reason
 
@@ -234,12 +243,38 @@ def _validate_arguments(call: FunctionCall, rule: ToolRule) -> dict[str, Any] | 
     try:
         model = rule.args_model.model_validate(parsed, strict=True)
     except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc']) or '(root)'}: {e['msg']}"
-            for e in exc.errors(include_url=False, include_input=False)[:5])
         return env.invalid_input("INVALID_ARGUMENTS", preview(
-            f"arguments do not match the {rule.name} schema: {problems}", 600))
+            f"arguments do not match the {rule.name} schema: {_schema_problems(exc, rule)}",
+            600))
     return model.model_dump(mode="json")
+
+
+#: Keywords of a JSON schema: arguments made of them are the schema echoed back.
+_SCHEMA_WORDS = frozenset({"type", "properties", "required", "additionalProperties",
+                           "description", "title"})
+
+
+def _schema_problems(exc: ValidationError, rule: ToolRule) -> str:
+    """Which field was wrong and what was expected, briefly (at most five problems)."""
+    fields = list(rule.args_model.model_fields)
+    extras: list[str] = []
+    problems: list[str] = []
+    for e in exc.errors(include_url=False, include_input=False):
+        where = ".".join(str(p) for p in e["loc"]) or "(root)"
+        if e["type"] == "extra_forbidden":
+            extras.append(where)
+        elif e["type"] == "missing":
+            problems.append(f"missing field {where!r}")
+        else:
+            problems.append(f"field {where!r}: {e['msg']}")
+    if extras:
+        problems.insert(0, f"unexpected field{'s' if len(extras) > 1 else ''} "
+                           f"{', '.join(repr(x) for x in extras[:5])}")
+    text = "; ".join(problems[:5])
+    text += f" (expected fields: {', '.join(fields) or 'none'})"
+    if extras and set(extras) <= _SCHEMA_WORDS:
+        text += "; send the argument values only, not the schema"
+    return text
 
 
 def plan_calls(state: LoopState, turn: Turn, plan: StepPlan, rules: dict[str, ToolRule],
@@ -258,7 +293,7 @@ def plan_calls(state: LoopState, turn: Turn, plan: StepPlan, rules: dict[str, To
         if not turn.text.strip():
             return state.stop(StopReason.EMPTY_OUTPUT)
         state.log("answered")
-        return state.stop(state.pending_limit or StopReason.COMPLETED, turn.text)
+        return state.stop(answer_reason(state, plan), turn.text)
     for call in turn.calls:
         # Responses API call ids are unique per conversation; Chat servers may reuse ids
         # across steps (tool messages pair by position there), so only the Responses API
@@ -277,7 +312,8 @@ def plan_calls(state: LoopState, turn: Turn, plan: StepPlan, rules: dict[str, To
     named = [c for c in turn.calls if c.name and c.name in allowed]
     unknown = [c for c in turn.calls if c.name and c.name not in allowed]
     if unknown and state.policy.unknown_tool == "stop":
-        state.log("forbidden_tool", call_id=unknown[0].call_id)
+        state.log("forbidden_tool", tool=preview(unknown[0].name, 60),
+                  call_id=unknown[0].call_id)
         return state.stop(StopReason.FORBIDDEN_TOOL, turn.text)
     if state.tool_executions + len(named) > state.limits.max_tool_executions:
         return state.stop(StopReason.MAX_TOOLS, turn.text)
@@ -300,27 +336,27 @@ def _plan_one(state: LoopState, call: FunctionCall, rules: dict[str, ToolRule],
         return Reply(call=call, envelope=env.invalid_input(
             "MISSING_TOOL_NAME", "The call has no function name; it was not executed."))
     if call.name not in state.allowed_tools:
-        state.log("unknown_tool", call_id=call.call_id)
-        return Reply(call=call, envelope=env.unknown_tool(preview(call.name, 60)))
+        fp = invalid_fingerprint(call.name, call.arguments)
+        return _refused_repeat(state, call, fp) or _count_refusal(
+            state, "unknown_tool", call, fp,
+            env.unknown_tool(preview(call.name, 60), state.allowed_tools))
     rule = rules[call.name]
     args = _validate_arguments(call, rule)
     if isinstance(args, Envelope):
-        state.log("invalid_input", tool=call.name, call_id=call.call_id)
-        return Reply(call=call, envelope=args)
+        fp = invalid_fingerprint(call.name, call.arguments)
+        return _refused_repeat(state, call, fp) or _count_refusal(
+            state, "invalid_input", call, fp, args)
     fp = fingerprint(call.name, args)
     if fp in state.rejected_fingerprints:
         state.log("refused_rejected_again", tool=call.name, call_id=call.call_id, fp=fp)
-        state.force_final = True
-        return Reply(call=call, envelope=env.rejected("an identical call was rejected earlier"),
-                     fingerprint=fp)
-    if state.identical_calls.get(fp, 0) >= state.limits.max_identical_calls:
-        state.log("blocked_identical", tool=call.name, call_id=call.call_id, fp=fp)
+        # Repeating a call a human refused is a loop too: the limit for it is zero.
         state.force_final = True
         state.pending_limit = state.pending_limit or StopReason.MAX_IDENTICAL_CALLS
-        return Reply(call=call, fingerprint=fp, envelope=env.blocked(
-            "IDENTICAL_CALL_LIMIT",
-            "This exact call already ran; its result is above. Do not call it again: "
-            "answer the user with the results you have."))
+        return Reply(call=call, envelope=env.rejected("an identical call was rejected earlier"),
+                     fingerprint=fp)
+    blocked = _refused_repeat(state, call, fp)
+    if blocked is not None:
+        return blocked
     max_calls = state.limits.per_tool_max_calls.get(call.name, rule.max_calls)
     if max_calls is not None and state.per_tool_calls.get(call.name, 0) >= max_calls:
         state.log("blocked_tool_limit", tool=call.name, call_id=call.call_id, fp=fp)
@@ -337,6 +373,40 @@ def _plan_one(state: LoopState, call: FunctionCall, rules: dict[str, ToolRule],
         rule.needs_approval or (approval == "always" and rule.side_effects))
     return Execute(call=call, arguments=args, fingerprint=fp, idempotency_key=key,
                    needs_approval=needs)
+
+
+def _refused_repeat(state: LoopState, call: FunctionCall, fp: str) -> Reply | None:
+    """`blocked` once a fingerprint was made `max_identical_calls` times (valid calls
+    count when accepted, invalid and unknown ones when refused): the next request is
+    forced final and the run ends `max_identical_calls`."""
+    made = state.identical_calls.get(fp, 0)
+    if made < state.limits.max_identical_calls:
+        return None
+    state.log("blocked_identical", tool=preview(call.name, 60), call_id=call.call_id, fp=fp)
+    state.force_final = True
+    state.pending_limit = state.pending_limit or StopReason.MAX_IDENTICAL_CALLS
+    return Reply(call=call, fingerprint=fp, envelope=env.blocked(
+        "IDENTICAL_CALL_LIMIT",
+        f"This exact call was already made {made} times; its result is above. Do not "
+        "call it again: answer the user with the results you have."))
+
+
+def _count_refusal(state: LoopState, event: str, call: FunctionCall, fp: str,
+                   envelope: Envelope) -> Reply:
+    state.identical_calls[fp] = state.identical_calls.get(fp, 0) + 1
+    state.log(event, tool=preview(call.name, 60), call_id=call.call_id, fp=fp)
+    return Reply(call=call, envelope=envelope, fingerprint=fp)
+
+
+def answer_reason(state: LoopState, plan: StepPlan) -> StopReason:
+    """SPEC §3: `completed` only for an answer given while the model was free to call
+    tools, or after a terminal side effect succeeded (the run's goal). A forced answer
+    names what forced it: the blocking limit, or the step limit on the last step."""
+    if state.pending_limit is not None:
+        return state.pending_limit
+    if plan.last and not state.goal_reached:
+        return StopReason.MAX_STEPS
+    return StopReason.COMPLETED
 
 
 # --- a tool returns -----------------------------------------------------------------
@@ -378,6 +448,7 @@ def record_outcome(state: LoopState, plan: Execute, outcome: ToolOutcome,
               fp=plan.fingerprint)
     if capped.terminal and capped.status == ToolStatus.SUCCESS:
         state.force_final = True
+        state.goal_reached = True
     return capped
 
 
