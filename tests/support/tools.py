@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from datetime import timedelta
 from typing import Any
 
@@ -18,6 +19,7 @@ from boundloop.tools.registry import (
 )
 
 SECRET_DETAIL = "private DB detail: password=hunter2"
+SLEEPY_SECONDS = 2.0
 
 
 class XArgs(BaseModel):
@@ -54,6 +56,11 @@ def echo(args: XArgs, ctx: ToolContext) -> Any:
     return {"echo": args.x}
 
 
+def sleepy(args: XArgs, ctx: ToolContext) -> Any:
+    time.sleep(SLEEPY_SECONDS)  # well past its 0.5 s timeout, on every attempt
+    return {"late": args.x}
+
+
 def test_registry() -> ToolRegistry:
     reg = demo_registry()
     fast = {"timeout": timedelta(seconds=5), "initial_retry_seconds": 0.05}
@@ -70,4 +77,7 @@ def test_registry() -> ToolRegistry:
                           fn=finish, terminal=True, **fast))  # type: ignore[arg-type]
     reg.register(ToolSpec(name="echo", description="Echoes x.", args_model=XArgs, fn=echo,
                           max_calls=2, cost_units=2, **fast))  # type: ignore[arg-type]
+    reg.register(ToolSpec(name="sleepy", description="Never answers in time.",
+                          args_model=XArgs, fn=sleepy, max_attempts=2,
+                          timeout=timedelta(seconds=0.5), initial_retry_seconds=0.05))
     return reg
