@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from temporalio.client import WorkflowHandle
+from temporalio.client import WorkflowExecutionStatus, WorkflowHandle
 
 from activities.conversation import ConversationCache
 from boundloop.client import query_status
@@ -143,6 +143,8 @@ async def test_cancel_gives_cancelled(run_script: RunScript) -> None:
         "title": "t", "description": "d", "priority": "low"}, "c1"))],
         during=cancel_when_waiting)
     assert (out.result.reason, out.result.tool_executions) == ("cancelled", 0)
+    # The SDK's Canceled carries no details: a cancelled run fails with RunStopped too.
+    assert (await out.handle.describe()).status == WorkflowExecutionStatus.FAILED
 
 
 async def test_chat_completions_two_rounds(run_script: RunScript) -> None:

@@ -2,8 +2,9 @@
 
 A real headless Chromium (Debian's `chromium`, driven by Playwright with the system binary)
 against our own `DevServer` started with its UI on free ports, a real worker and the
-scripted model server. Two runs: one completed (`lookup_stock`), one waiting for approval
-(`create_ticket`, never decided; terminated at the end).
+scripted model server. Three runs: one completed (`lookup_stock`), one stopped at the step
+limit (a looping model whose forced last answer is a tool call written as text), one
+waiting for approval (`create_ticket`, never decided; terminated at the end).
 
 Skipped when Chromium is absent (`apt-get install chromium`; `.ci/run` tries it).
 Screenshots go to a temporary directory, or to $BOUNDLOOP_UI_SCREENSHOTS when set
@@ -29,6 +30,7 @@ from temporalio.client import Client, WorkflowHandle
 from boundloop.client import result_of, start_run, wait_until
 from boundloop.contracts import RunInput, RunResult
 from boundloop.core.limits import RunSettings
+from boundloop.core.reasons import NEXT_CHECK, StopReason
 from boundloop.devserver import DevServer, free_port, port_open
 from boundloop.scripted.server import ScriptedModelServer
 from boundloop.settings import Settings
@@ -53,6 +55,8 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic"
 WAIT_MS = 60_000  # generous: the UI loads lazily and visibility is eventually consistent
 
 COMPLETED_QUESTION = "How many A-001 are in stock?"
+STOPPED_QUESTION = "Look up the stock of A-001 and B-002."  # CJK has no font here
+CALL_AS_TEXT = '{"name": "lookup_stock", "arguments": {"sku": "A-001"}}'
 WAITING_QUESTION = "Open a restock ticket for B-002"
 WAITING_QUERY = 'BoundloopStatus="waiting_approval"'
 
@@ -62,6 +66,7 @@ class UiRuns:
     ui: str
     client: Client
     completed: RunResult
+    stopped: RunResult
     waiting: WorkflowHandle[Any, Any]
     shots: Path
 
@@ -84,6 +89,9 @@ async def runs(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[UiRuns
     model = ScriptedModelServer([
         resp(call("lookup_stock", {"sku": "A-001"}, "c1")),
         answer("A-001: 12 in stock."),
+        *(resp(call("lookup_stock", {"sku": sku}, f"s{i}"), rid=f"resp_s{i}")
+          for i, sku in enumerate(["B-002", "B-002", "A-001", "A-001"], 1)),
+        answer(CALL_AS_TEXT, rid="resp_s5"),
         resp(call("create_ticket", {"title": "Restock B-002", "description": "B-002 is out "
                                     "of stock", "priority": "high"}, "t1"), rid="resp_2"),
     ])
@@ -102,18 +110,23 @@ async def runs(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[UiRuns
                 question=COMPLETED_QUESTION, settings=run_settings, tools=DEMO_TOOLS))
             completed = await result_of(done)
             assert completed.reason == "completed"
+            loop = await start_run(client, settings, RunInput(
+                question=STOPPED_QUESTION, settings=run_settings, tools=DEMO_TOOLS))
+            stopped = await result_of(loop)
+            assert (stopped.reason, stopped.answer_looks_like_tool_call) == ("max_steps", True)
             waiting = await start_run(client, settings, RunInput(
                 question=WAITING_QUESTION, settings=run_settings, tools=DEMO_TOOLS))
             try:
                 async def visible() -> bool:
                     return (await listed(client, WAITING_QUERY) == {waiting.id}
-                            and done.id in await listed(client, 'BoundloopStatus="completed"'))
+                            and done.id in await listed(client, 'BoundloopStatus="completed"')
+                            and loop.id in await listed(client, 'BoundloopStatus="stopped"'))
 
                 try:
                     await wait_until(visible, timeout=60)
                 except TimeoutError:
                     pytest.fail("the runs were never listed by their BoundloopStatus search "
-                                "attribute (completed / waiting_approval)")
+                                "attribute (completed / stopped / waiting_approval)")
                 assert model.violations == [], model.violations
 
                 async def ui_up() -> bool:
@@ -123,7 +136,7 @@ async def runs(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[UiRuns
                 shots = Path(os.environ.get("BOUNDLOOP_UI_SCREENSHOTS") or base / "shots")
                 shots.mkdir(parents=True, exist_ok=True)
                 yield UiRuns(ui=settings.ui_url, client=client, completed=completed,
-                             waiting=waiting, shots=shots)
+                             stopped=stopped, waiting=waiting, shots=shots)
             finally:
                 await waiting.terminate("web UI test finished")
     finally:
@@ -214,3 +227,34 @@ async def test_waiting_run_shows_what_it_waits_for(runs: UiRuns, page: Any) -> N
     await expect(current).to_contain_text("waiting for approval: create_ticket t1",
                                           timeout=WAIT_MS)
     await page.screenshot(path=runs.shots / "run-waiting-approval.png")
+
+
+def row(page: Any, workflow_id: str) -> Any:
+    """The list's row of one run."""
+    return page.locator("tr", has=page.get_by_text(workflow_id, exact=True))
+
+
+async def test_list_shows_stopped_runs_apart_from_completed_ones(runs: UiRuns, page: Any
+                                                                  ) -> None:
+    """Temporal's own status column: a run stopped by a limit is Failed, not a green
+    Completed, so an operator tells them apart without opening each."""
+    done, stopped = runs.completed.workflow_id, runs.stopped.workflow_id
+    await page.goto(runs.list_url())  # unfiltered: this server holds only these runs
+    await expect(row(page, runs.waiting.id)).to_contain_text("Running", timeout=WAIT_MS)
+    await expect(row(page, stopped)).to_contain_text("Failed", timeout=WAIT_MS)
+    await expect(row(page, done)).to_contain_text("Completed", timeout=WAIT_MS)
+    await expect(row(page, stopped)).not_to_contain_text("Completed")
+    await expect(row(page, done)).not_to_contain_text("Failed")
+    await page.screenshot(path=runs.shots / "list-stopped-and-completed.png")
+
+
+async def test_stopped_run_shows_its_reason_and_the_tool_call_shaped_answer(
+        runs: UiRuns, page: Any) -> None:
+    r = runs.stopped
+    await page.goto(runs.run_url(r.workflow_id, r.run_id, "user-metadata"))
+    current = page.frame_locator("#user-metadata-current-details").locator("body")
+    await expect(current).to_contain_text("stopped · max_steps", timeout=WAIT_MS)
+    await expect(current).to_contain_text(NEXT_CHECK[StopReason.MAX_STEPS], timeout=WAIT_MS)
+    await expect(current).to_contain_text("the answer looks like a tool call",
+                                          timeout=WAIT_MS)
+    await page.screenshot(path=runs.shots / "run-stopped.png")

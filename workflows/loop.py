@@ -372,6 +372,8 @@ class BoundLoopWorkflow:
                  f"{s.tool_executions} of {s.limits.max_tool_executions}",
                  f"tokens {s.usage.total_tokens} of {s.limits.token_threshold}"
                  + (f" · cost ${cost:.6f}" if cost is not None else "")]
+        if s.reason is not None and s.reason != StopReason.COMPLETED:
+            lines.append(f"check: {NEXT_CHECK[s.reason]}")
         if s.answer_looks_like_tool_call:
             lines.append("**the answer looks like a tool call**: it was not executed, and "
                          "it is not an answer to the question")
