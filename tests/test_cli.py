@@ -185,3 +185,47 @@ async def test_a_killed_model_script_run_is_terminated_not_orphaned(
     _out, err = await asyncio.wait_for(proc.communicate(), timeout=60)
     assert f"terminated {run_id}" in err.decode()
     assert (await handle.describe()).status == WorkflowExecutionStatus.TERMINATED
+
+
+def unframed(printed: str) -> str:
+    """Printed table text with borders, padding and line wraps taken out."""
+    return "".join(ch for ch in printed if ch not in "│┃║ \n")
+
+
+async def test_pending_status_and_watch_show_the_full_arguments_being_approved(
+        run_script: RunScript, temporal: Client, tmp_path: Path) -> None:
+    """Approving what you cannot read is no approval: nothing of the arguments is cut."""
+    from io import StringIO
+
+    from rich.console import Console
+
+    from boundloop.contracts import Decision
+    from boundloop.live import render
+
+    env = env_for(temporal, tmp_path)
+    description = "B-002の在庫が0です。" * 12 + "END-OF-DESCRIPTION"
+    ticket = {"title": "B-002 補充依頼", "description": description, "priority": "high"}
+    seen: dict[str, Any] = {}
+
+    async def operator(handle: WorkflowHandle[Any, Any]) -> None:
+        async def waiting() -> bool:
+            return bool((await ops.query_status(handle)).pending)
+
+        await ops.wait_until(waiting, timeout=60, interval=0.2)
+        seen["pending"] = await cli("pending", env=env)
+        seen["status"] = await cli("status", handle.id, env=env)
+        frame = StringIO()
+        Console(file=frame, width=80).print(render(handle.id, await ops.query_status(handle)))
+        seen["watch"] = frame.getvalue()
+        await ops.decide(handle, Decision(call_id="t1", approve=True, approver="alice"))
+
+    out = await run_script([resp(call("create_ticket", ticket, "t1")), answer("done")],
+                           during=operator)
+    assert out.result.reason == "completed"
+    for name in ("pending", "status"):
+        code, printed, err = seen[name]
+        assert code == 0, err
+        assert "…" not in printed, name
+        assert unframed(description) in unframed(printed), name
+    assert unframed(description) in unframed(seen["watch"])
+    assert '"priority":"high"' in unframed(seen["watch"])
