@@ -67,7 +67,8 @@ def final_result(history: WorkflowHistory) -> dict[str, Any]:
 @pytest.mark.parametrize(("name", "reason", "shape"), [
     ("plain", "completed", {E.EVENT_TYPE_ACTIVITY_TASK_COMPLETED: 5}),
     ("approval", "completed", {E.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED: 1}),
-    ("rejection", "completed", {E.EVENT_TYPE_WORKFLOW_EXECUTION_UPDATE_COMPLETED: 1}),
+    ("rejection", "max_identical_calls", {E.EVENT_TYPE_WORKFLOW_EXECUTION_UPDATE_COMPLETED: 1,
+                                          E.EVENT_TYPE_WORKFLOW_EXECUTION_FAILED: 1}),
     ("crash_resume", "completed", {E.EVENT_TYPE_WORKFLOW_TASK_TIMED_OUT: 1,
                                    E.EVENT_TYPE_WORKFLOW_EXECUTION_UPDATE_COMPLETED: 1}),
 ])
