@@ -192,8 +192,9 @@ def print_result(result: RunResult, settings: Settings) -> None:
 
 
 def print_pending_table(rows: list[tuple[str, RunStatus]]) -> None:
-    table = Table("run", "call id", "tool", "waiting since")
-    table.add_column("arguments (in full)", overflow="fold")
+    table = Table()
+    for header in ("run", "call id", "tool", "waiting since", "arguments (in full)"):
+        table.add_column(header, overflow="fold")  # wrapped, never cut with an ellipsis
     for wf_id, status in rows:
         for a in status.pending:
             table.add_row(safe(wf_id), safe(a.call_id), safe(a.tool), a.requested_at,

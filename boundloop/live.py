@@ -30,8 +30,9 @@ def render(workflow_id: str, st: RunStatus) -> Panel:
         table.add_row("cost", f"${st.cost_usd:.6f}")
     parts: list[Any] = [table]
     if st.pending:
-        waiting = Table("waiting for approval", "call id", "since")
-        waiting.add_column("arguments (in full)", overflow="fold")
+        waiting = Table()
+        for header in ("waiting for approval", "call id", "since", "arguments (in full)"):
+            waiting.add_column(header, overflow="fold")  # wrapped, never cut
         for a in st.pending:
             waiting.add_row(safe(a.tool), safe(a.call_id), a.requested_at,
                             safe(ops.argument_text(a)))
