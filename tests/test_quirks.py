@@ -360,6 +360,7 @@ async def test_tool_call_written_as_text_is_the_answer_never_executed(
     out = await run_script([turn], api=api)
     r = out.result
     assert (r.reason, r.text, r.tool_executions, r.steps) == ("completed", text, 0, 1)
+    assert r.answer_looks_like_tool_call is True
     assert executed(out) == []
 
 

@@ -31,9 +31,11 @@ class StopReason(StrEnum):
 #: What an operator checks first for each reason (README table and `boundloop status`).
 NEXT_CHECK: dict[StopReason, str] = {
     StopReason.COMPLETED: "nothing: the model answered within every limit",
-    StopReason.MAX_STEPS: "is the model repeating a search? narrow the question or the tools",
+    StopReason.MAX_STEPS: "the step limit ended the run: is the model repeating a "
+                          "search? narrow the question or the tools",
     StopReason.MAX_TOOLS: "the batch or a per-tool limit would be passed; raise it or narrow tools",
-    StopReason.MAX_IDENTICAL_CALLS: "the model repeated an identical call; check tool results",
+    StopReason.MAX_IDENTICAL_CALLS: "the model repeated an identical call (or an invalid or "
+                                    "rejected one); check the results and messages it got",
     StopReason.USAGE_LIMIT: "known tokens reached the threshold; do not rerun blindly",
     StopReason.USAGE_UNKNOWN: "a response had no usable usage; check provider billing",
     StopReason.BUDGET_LIMIT: "the USD or tool cost budget was reached",
