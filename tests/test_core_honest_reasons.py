@@ -241,6 +241,12 @@ def test_text_that_is_not_json_fingerprints_by_its_exact_text() -> None:
     assert invalid_fingerprint("t", '"\\ud800"').startswith("t:")  # unpaired surrogate
 
 
+def test_a_long_unknown_tool_name_gives_a_short_fingerprint_still_telling_names_apart() -> None:
+    long_a, long_b = "x" * 5000 + "a", "x" * 5000 + "b"
+    fa, fb = invalid_fingerprint(long_a, "{}"), invalid_fingerprint(long_b, "{}")
+    assert fa != fb and len(fa.encode()) <= 60 + 17
+
+
 # --- messages that help the model stop --------------------------------------------
 
 

@@ -11,7 +11,7 @@ import hashlib
 import json
 from typing import Any
 
-from boundloop.core.canonical import canonical_json, sha256_hex
+from boundloop.core.canonical import canonical_json, preview, sha256_hex
 
 
 def fingerprint(tool: str, arguments: Any) -> str:
@@ -37,4 +37,6 @@ def invalid_fingerprint(tool: str, arguments_text: str) -> str:
     except (ValueError, RecursionError):  # not JSON, >4300-digit ints, surrogates
         body = "text:" + arguments_text
     digest = hashlib.sha256((tool + "\n" + body).encode("utf-8", "surrogatepass")).hexdigest()
-    return f"{tool}:{digest[:16]}"
+    # An unknown tool's name is the model's text: keep the label short (the hash covers
+    # the whole name); registry names are shorter, so their form is the same as above.
+    return f"{preview(tool, 60)}:{digest[:16]}"
