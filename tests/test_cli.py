@@ -229,3 +229,27 @@ async def test_pending_status_and_watch_show_the_full_arguments_being_approved(
         assert unframed(description) in unframed(printed), name
     assert unframed(description) in unframed(seen["watch"])
     assert '"priority":"high"' in unframed(seen["watch"])
+
+
+async def test_a_stopped_run_exits_3_and_status_shows_its_result(temporal: Client,
+                                                                 tmp_path: Path) -> None:
+    """A stopped run's workflow fails (RunStopped); the CLI still reads its RunResult."""
+    from tests.test_honest_reasons import CALL_AS_TEXT, looping_stock_script
+
+    script = tmp_path / "loop.json"
+    script.write_text(json.dumps({"api": "responses", "turns": looping_stock_script(
+        "responses")}, ensure_ascii=False), encoding="utf-8")
+    env = env_for(temporal, tmp_path)
+    code, out, err = await cli("run", "A-001とB-002の在庫をそれぞれ調べて。", "--json",
+                               "--model-script", str(script), env=env)
+    assert code == 3, err
+    result = json.loads(out)
+    assert (result["reason"], result["text"], result["answer_looks_like_tool_call"]) == (
+        "max_steps", CALL_AS_TEXT, True)
+    code, out, err = await cli("status", result["workflow_id"], "--json", env=env)
+    assert code == 0, err
+    assert json.loads(out) == result
+    code, out, err = await cli("status", result["workflow_id"], env=env)
+    assert code == 0, err
+    assert "reason: max_steps" in out
+    assert "the answer looks like a tool call" in out
