@@ -12,7 +12,8 @@ The activity keeps per-worker caches (memory is a cache, never the source of tru
 conversations by workflow id, and tool outputs by idempotency key (filled by the tool
 activity of the same worker). On a miss - another worker, a restarted worker - it reads
 the workflow's own event history, and after continue-as-new the earlier runs'
-histories. Every rebuild is checked against the digests the workflow computed.
+histories (a reference carried across continue-as-new resolves from the run before).
+Every rebuild is checked against the digests the workflow computed.
 """
 
 from __future__ import annotations
@@ -162,18 +163,23 @@ def _mismatch(what: str) -> ApplicationError:
 async def from_history(client: Client, workflow_id: str, run_id: str,
                        before_step: int | None, base: ConversationRef | None,
                        ) -> tuple[list[Item], dict[str, str]]:
-    """(conversation before model step `before_step`, this run's tool outputs)."""
+    """(conversation before model step `before_step`, the tool outputs of this run and
+    of the runs it continued from). A run's items may refer to outputs of the run before
+    it: continue-as-new carries the unsent outputs as references."""
     run = await _read_run(client, workflow_id, run_id, before_step)
-    items = _resolve(run.items, run.outputs.get)
+    base = base or run.base
+    earlier: list[Item] = []
+    outputs: dict[str, str] = {}
+    if base is not None:
+        earlier, outputs = await from_history(client, base.workflow_id, base.run_id, None,
+                                              None)
+        if meta_of(earlier) != base.meta:
+            raise _mismatch(f"conversation of run {base.run_id}")
+    outputs.update(run.outputs)  # idempotency keys are unique across the runs
+    items = _resolve(run.items, outputs.get)
     if items is None:
         raise _mismatch(f"run {run_id}: a referenced tool output is missing;")
-    base = base or run.base
-    if base is None:
-        return items, run.outputs
-    earlier, _ = await from_history(client, base.workflow_id, base.run_id, None, None)
-    if meta_of(earlier) != base.meta:
-        raise _mismatch(f"conversation of run {base.run_id}")
-    return earlier + items, run.outputs
+    return earlier + items, outputs
 
 
 async def rebuild(cache: ConversationCache, client: Client, req: ModelRequest,

@@ -22,12 +22,10 @@ from boundloop import errors
 from boundloop.contracts import MODEL_ACTIVITY, ModelRequest
 from boundloop.core.canonical import json_bytes
 from boundloop.core.conversation import to_chat_messages
+from boundloop.core.limits import MAX_TURN_BYTES
 from boundloop.core.turn import Turn, parse_chat, parse_responses
 from boundloop.settings import Settings
 from boundloop.tools.registry import ToolRegistry
-
-#: Stay under Temporal's 2 MB payload limit with room for the envelope.
-MAX_TURN_BYTES = 1_500_000
 
 
 def model_idempotency_key(workflow_id: str, step: int) -> str:

@@ -101,14 +101,14 @@ def build_input(question: str, *, settings: Settings, model: str | None, api: st
         run_settings = RunSettings(model=model or settings.model, api=api or settings.api,
                                    limits=Limits.model_validate(limits_raw),
                                    policy=Policy.model_validate(policy_raw))
+        named = {**run_settings.limits.per_tool_max_calls, **run_settings.policy.approvers}
+        strangers = reg.unknown(list(named))
+        if strangers:
+            raise fail(f"limits/policy name tools that do not exist: {strangers}")
+        return RunInput(question=question, instructions=instructions, settings=run_settings,
+                        tools=names)
     except ValidationError as exc:
         raise fail("invalid run settings:\n" + validation_lines(exc)) from None
-    named = {**run_settings.limits.per_tool_max_calls, **run_settings.policy.approvers}
-    strangers = reg.unknown(list(named))
-    if strangers:
-        raise fail(f"limits/policy name tools that do not exist: {strangers}")
-    return RunInput(question=question, instructions=instructions, settings=run_settings,
-                    tools=names)
 
 
 def validation_lines(exc: ValidationError) -> str:

@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from boundloop.core.budget import Amount, BudgetLimits, LedgerState, Reservation
 from boundloop.core.conversation import ConversationMeta, Item
-from boundloop.core.limits import Limits, RunSettings
+from boundloop.core.limits import Limits, PromptText, RunSettings
 from boundloop.core.loop import Approval, Event, LoopState, ToolChoice
 from boundloop.core.reasons import StopReason
 
@@ -39,7 +39,12 @@ class ConversationRef(BaseModel):
 
 
 class Carried(BaseModel):
-    """What continue-as-new hands to the next run (docs/history.md)."""
+    """What continue-as-new hands to the next run (docs/history.md).
+
+    `unsent` holds the items the model has not seen yet as `new_items` hold them: a tool
+    activity's output as an `output_ref` (it lives in the previous run's history), never
+    the output itself, so the carried input does not grow with tool results.
+    """
 
     state: LoopState
     base: ConversationRef
@@ -51,8 +56,8 @@ class Carried(BaseModel):
 class RunInput(BaseModel):
     """Workflow input. `tools` is the allowed subset of the registry."""
 
-    question: str = Field(min_length=1)
-    instructions: str | None = None
+    question: PromptText = Field(min_length=1)
+    instructions: PromptText | None = None
     settings: RunSettings
     tools: list[str]
     search_attributes: bool = True

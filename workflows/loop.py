@@ -38,6 +38,7 @@ with workflow.unsafe.imports_passed_through():
     from boundloop.core.canonical import preview
     from boundloop.core.conversation import ConversationMeta, Item, user_message
     from boundloop.core.envelope import Envelope, temporary_error_exhausted, tool_timed_out
+    from boundloop.core.limits import MAX_PAYLOAD_VALUE_BYTES, payload_bytes
     from boundloop.core.reasons import NEXT_CHECK, StopReason
     from boundloop.core.turn import FunctionCall, Turn
     from boundloop.tools.catalog import registry
@@ -105,7 +106,10 @@ class BoundLoopWorkflow:
             reason = self._state.stop(StopReason.CANCELLED)
         if reason is None:  # continue-as-new was requested
             await workflow.wait_condition(workflow.all_handlers_finished)
-            workflow.continue_as_new(self._carry())
+            carry = self._carry()
+            reason = core.check_payload(self._state, "carried_state", payload_bytes(carry))
+            if reason is None:
+                workflow.continue_as_new(carry)
         self._publish()
         workflow.logger.info("run stopped", extra={"reason": reason.value,
                                                    "step": self._state.steps})
@@ -152,20 +156,28 @@ class BoundLoopWorkflow:
 
     # --- model ---------------------------------------------------------------------
 
-    async def _request_model(self, plan: core.StepPlan) -> Turn | StopReason:
-        state = self._state
-        new_items = [
+    def _wire_items(self) -> list[Item]:
+        """The unsent items as payloads carry them: a tool activity's output by reference
+        (its idempotency key), since history already holds it (docs/history.md)."""
+        return [
             {"type": "function_call_output", "call_id": item["call_id"],
              OUTPUT_REF: self._refs[item["call_id"]]}
             if item.get("type") == "function_call_output" and item["call_id"] in self._refs
             else item
             for item in self._unsent]
+
+    async def _request_model(self, plan: core.StepPlan) -> Turn | StopReason:
+        state = self._state
+        new_items = self._wire_items()
         req = ModelRequest(
             step=plan.step,
             model=state.settings.model, api=state.settings.api, tools=list(state.allowed_tools),
             tool_choice=plan.tool_choice, instructions=self._inp.instructions,
             prior=self._sent, new_items=new_items, expected=state.conversation,
             base=self._base)
+        too_large = core.check_payload(state, "model_request", payload_bytes(req))
+        if too_large is not None:
+            return too_large
         remaining = state.limits.deadline_seconds - self._processing_seconds()
         try:
             turn: Turn = await workflow.execute_activity(
@@ -262,6 +274,9 @@ class BoundLoopWorkflow:
                           call_id=p.call.call_id, step=step, arguments=p.arguments,
                           idempotency_key=p.idempotency_key,
                           max_result_bytes=state.limits.max_result_bytes)
+        too_large = core.check_payload(state, "tool_request", payload_bytes(req))
+        if too_large is not None:
+            return too_large
         workflow.logger.info("tool execution", extra={
             "step": step, "tool": p.call.name, "fingerprint": p.fingerprint})
         try:
@@ -275,6 +290,11 @@ class BoundLoopWorkflow:
                 summary=f"tool {p.call.name} · call {state.tool_executions + 1}")
         except ActivityError as err:
             cause = err.cause
+            if isinstance(cause, ApplicationError) and cause.type == errors.PAYLOADS_TOO_LARGE:
+                # The body ran; its result could not be returned (never retried).
+                workflow.logger.warning("tool result over the payload limit", extra={
+                    "step": step, "tool": p.call.name, "fingerprint": p.fingerprint})
+                return core.result_payload_too_large(state, p, self._rules)
             transient = isinstance(cause, TimeoutError) or (
                 isinstance(cause, ApplicationError) and cause.type == errors.TRANSIENT_TOOL_ERROR)
             # Every attempt timing out is told apart, with the numbers (SPEC §5).
@@ -387,21 +407,27 @@ class BoundLoopWorkflow:
         info = workflow.info()
         base = ConversationRef(workflow_id=info.workflow_id, run_id=info.run_id,
                                meta=self._sent)
-        carried = Carried(state=self._state, base=base, unsent=self._unsent,
+        carried = Carried(state=self._state, base=base, unsent=self._wire_items(),
                           processing_seconds=self._processing_seconds(),
                           waited_seconds=0.0)
         return self._inp.model_copy(update={"carried": carried})
 
     def _result(self) -> RunResult:
+        """The RunResult; when the event log would take it over the payload limit, the
+        oldest events give way (the counters and the reason are always whole)."""
         s, info = self._state, workflow.info()
         assert s.reason is not None
-        return RunResult(
+        result = RunResult(
             reason=s.reason, text=s.text, steps=s.steps, tool_executions=s.tool_executions,
             input_tokens=s.usage.input_tokens, output_tokens=s.usage.output_tokens,
             total_tokens=s.usage.total_tokens, usage_unknown=s.usage.unknown_steps > 0,
             usage_estimated=s.usage.estimated, cost_usd=self._cost(), cost_units=s.cost_units,
             events=list(s.events), workflow_id=info.workflow_id, run_id=info.run_id,
             answer_looks_like_tool_call=s.answer_looks_like_tool_call)
+        excess = payload_bytes(result) - MAX_PAYLOAD_VALUE_BYTES
+        if excess <= 0:
+            return result
+        return result.model_copy(update={"events": core.events_within(result.events, excess)})
 
 
 def _no_ref(out: Envelope | StopReason) -> tuple[Envelope, str | None] | StopReason:

@@ -9,7 +9,10 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+from pydantic_core import to_json
+
+from boundloop.errors import PAYLOAD_LIMIT_BYTES
 
 # Upper bounds keep every limit inside what Temporal timers and Python's C ints take
 # (a 1e300-second deadline would fail every workflow task); they are far above any
@@ -19,6 +22,65 @@ MAX_SECONDS = 366 * 24 * 3600.0
 PositiveInt = Annotated[int, Field(strict=True, gt=0, le=MAX_COUNT)]
 Seconds = Annotated[float, Field(strict=True, gt=0, le=MAX_SECONDS, allow_inf_nan=False)]
 USD = Annotated[float, Field(strict=True, gt=0, le=1e9, allow_inf_nan=False)]
+
+# --- payload budget -------------------------------------------------------------------
+# Every value that crosses Temporal (an activity input or result, the continue-as-new
+# input, the workflow result) is one payload, at most PAYLOAD_LIMIT_BYTES. The largest
+# allowed settings are derived here, and only here, from that limit.
+
+#: Kept free in every payload for what wraps the value a setting sizes: the payload's
+#: metadata (about 30 bytes), the JSON of the model around it (`{"envelope": …,
+#: "executed": true, "fatal": false}` for a tool result: under 100 bytes), and the
+#: small differences between our byte measure (`json.dumps`) and the data converter's
+#: JSON (float spelling). Measured: a 2,500,000-byte result is a 2,500,184-byte payload;
+#: 64 KiB leaves over 300 times that.
+PAYLOAD_MARGIN_BYTES = 64 * 1024
+#: The largest value one payload carries: 2,031,616 bytes.
+MAX_PAYLOAD_VALUE_BYTES = PAYLOAD_LIMIT_BYTES - PAYLOAD_MARGIN_BYTES
+#: `max_result_bytes` at most: one capped envelope is the tool activity's whole result.
+MAX_RESULT_BYTES = MAX_PAYLOAD_VALUE_BYTES
+#: The question and the instructions, each: both travel in the workflow input (again in
+#: every continue-as-new input, next to the carried state) and in model activity inputs.
+#: Together they keep at most a quarter of a payload, so the carried state has the rest.
+MAX_PROMPT_BYTES = 256 * 1024
+#: One model response (the model activity's result). Its text can be the run's final
+#: answer, so the workflow result keeps 512 KiB for counters and the event log beside it.
+MAX_TURN_BYTES = MAX_PAYLOAD_VALUE_BYTES - 512 * 1024
+
+
+def payload_bytes(value: BaseModel) -> int:
+    """JSON bytes of `value` as the data converter writes it (pydantic's `to_json`)."""
+    return len(to_json(value))
+
+
+def fits_payload(size: int) -> bool:
+    """Whether a value of `size` JSON bytes can cross Temporal (continue-as-new input,
+    workflow result, activity input) with the margin above."""
+    return size <= MAX_PAYLOAD_VALUE_BYTES
+
+
+def _result_cap_fits(cap: int) -> int:
+    if cap > MAX_RESULT_BYTES:
+        raise ValueError(f"{cap} is over the largest allowed value, {MAX_RESULT_BYTES}: a "
+                         "result that size would not fit Temporal's payload limit "
+                         f"({PAYLOAD_LIMIT_BYTES} bytes)")
+    return cap
+
+
+#: `max_result_bytes`: a positive integer no larger than MAX_RESULT_BYTES.
+ResultCap = Annotated[int, Field(strict=True, gt=0), AfterValidator(_result_cap_fits)]
+
+
+def _prompt_fits(text: str) -> str:
+    size = len(text.encode("utf-8", "surrogatepass"))
+    if size > MAX_PROMPT_BYTES:
+        raise ValueError(f"{size} bytes of UTF-8, over the largest allowed, {MAX_PROMPT_BYTES} "
+                         "bytes (it must fit Temporal's payload limit)")
+    return text
+
+
+#: The question or the instructions of a run: bounded so every payload holding them fits.
+PromptText = Annotated[str, AfterValidator(_prompt_fits)]
 
 
 class Price(BaseModel):
@@ -35,8 +97,11 @@ class Limits(BaseModel):
     - max_steps: model requests per run; the last one is sent with `tool_choice: "none"`.
     - max_tool_executions: tool activities that actually ran.
     - token_threshold: known total tokens; reaching it stops the run (`usage_limit`).
-    - max_result_bytes: UTF-8 bytes of one tool result envelope.
+    - max_result_bytes: UTF-8 bytes of one tool result envelope; at most
+      MAX_RESULT_BYTES, so a result the cap lets through always fits a payload.
     - max_history_bytes: UTF-8 JSON bytes of the conversation, checked before a request.
+      It bounds the HTTP request to the model, not a payload: the conversation never
+      crosses Temporal whole (each item is in history once, docs/history.md).
     - max_identical_calls: executions of one fingerprint; the next identical call is blocked.
     - per_tool_max_calls: tool name -> calls allowed per run (overrides the tool's own).
     - tool_cost_budget: cost units (declared per tool) allowed per run.
@@ -52,7 +117,7 @@ class Limits(BaseModel):
     max_steps: PositiveInt = 5
     max_tool_executions: PositiveInt = 6
     token_threshold: PositiveInt = 8000
-    max_result_bytes: PositiveInt = 4096
+    max_result_bytes: ResultCap = 4096
     max_history_bytes: PositiveInt = 64000
     max_identical_calls: PositiveInt = 2
     per_tool_max_calls: dict[str, PositiveInt] = Field(default_factory=dict)

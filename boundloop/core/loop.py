@@ -19,7 +19,7 @@ from boundloop.core.canonical import preview
 from boundloop.core.conversation import ConversationMeta, Item, function_call_output
 from boundloop.core.envelope import Envelope, ToolStatus
 from boundloop.core.fingerprint import fingerprint, invalid_fingerprint
-from boundloop.core.limits import Limits, Policy, RunSettings
+from boundloop.core.limits import Limits, Policy, RunSettings, fits_payload
 from boundloop.core.reasons import StopReason
 from boundloop.core.turn import FunctionCall, Turn, Usage
 
@@ -429,13 +429,17 @@ class ToolOutcome(BaseModel):
     from_activity: bool = Field(default=True, exclude=True)
 
 
+def _count_execution(state: LoopState, tool: str, rules: dict[str, ToolRule]) -> None:
+    state.tool_executions += 1
+    state.cost_units += rules[tool].cost_units
+
+
 def record_outcome(state: LoopState, plan: Execute, outcome: ToolOutcome,
                    rules: dict[str, ToolRule]) -> Envelope | StopReason:
     """Count the execution and cap the result; a fatal outcome stops the run."""
     tool = plan.call.name
     if outcome.executed:
-        state.tool_executions += 1
-        state.cost_units += rules[tool].cost_units
+        _count_execution(state, tool, rules)
     if outcome.fatal:
         state.log("tool_failed", tool=tool, call_id=plan.call.call_id, fp=plan.fingerprint)
         return state.stop(StopReason.TOOL_ERROR)
@@ -450,6 +454,49 @@ def record_outcome(state: LoopState, plan: Execute, outcome: ToolOutcome,
         state.force_final = True
         state.goal_reached = True
     return capped
+
+
+def result_payload_too_large(state: LoopState, plan: Execute,
+                             rules: dict[str, ToolRule]) -> StopReason:
+    """The tool ran but its result could not cross Temporal (over the payload limit).
+
+    Its body ran once and is counted; running it again would repeat its side effect
+    for a result that cannot be returned either, so the run stops with `result_limit`
+    and the event log names the tool. (A result within `max_result_bytes` always fits:
+    the cap's maximum is derived from the payload limit; this is the guard behind it.)
+    """
+    _count_execution(state, plan.call.name, rules)
+    state.log("payload_too_large:tool_result", tool=plan.call.name, call_id=plan.call.call_id,
+              fp=plan.fingerprint)
+    return state.stop(StopReason.RESULT_LIMIT)
+
+
+def check_payload(state: LoopState, what: str, size: int) -> StopReason | None:
+    """Stop before the workflow builds a payload over Temporal's limit.
+
+    `what` names the payload (`carried_state`, `model_request`, `tool_request`) in the
+    event log. The reason is `history_limit`: the run's own record (its conversation
+    bookkeeping, event log, approvals) outgrew what Temporal can carry, which, like a
+    conversation over its cap, another attempt with the same settings cannot fix.
+    """
+    if fits_payload(size):
+        return None
+    state.log(f"payload_too_large:{what}")
+    return state.stop(StopReason.HISTORY_LIMIT)
+
+
+def events_within(events: list[Event], excess: int) -> list[Event]:
+    """The event log without its oldest events worth at least `excess` JSON bytes, and
+    one `events_dropped:N` event in their place: the workflow result must fit a payload,
+    and the newest events say how the run ended."""
+    if excess <= 0 or not events:
+        return events
+    dropped, freed = 0, 0
+    while dropped < len(events) - 1 and freed < excess + 64:  # 64: the marker itself
+        freed += len(events[dropped].model_dump_json()) + 1  # +1: the comma
+        dropped += 1
+    marker = Event(step=events[dropped].step, event=f"events_dropped:{dropped}")
+    return [marker, *events[dropped:]]
 
 
 def reply_output(state: LoopState, reply: Reply) -> Envelope | StopReason:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import sqlite3
 import time
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
@@ -30,6 +32,33 @@ class XArgs(BaseModel):
 class SizeArgs(BaseModel):
     model_config = ConfigDict(extra="forbid")
     chars: int
+
+
+class BytesArgs(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    size: int
+    tag: str
+
+
+def executions(data_dir: Path, key: str | None = None) -> int:
+    """How often `counted` ran (for one idempotency key, or in all), from its store."""
+    path = data_dir / "counted.sqlite3"
+    if not path.exists():
+        return 0
+    with sqlite3.connect(path) as db:
+        where, params = ("WHERE key = ?", (key,)) if key is not None else ("", ())
+        (count,) = db.execute(f"SELECT COUNT(*) FROM runs {where}", params).fetchone()
+    return int(count)
+
+
+def counted(args: BytesArgs, ctx: ToolContext) -> Any:
+    """Records each execution in a SQLite store (a side effect), then returns `size`
+    ASCII characters of data."""
+    ctx.data_dir.mkdir(parents=True, exist_ok=True)
+    with sqlite3.connect(ctx.data_dir / "counted.sqlite3") as db:
+        db.execute("CREATE TABLE IF NOT EXISTS runs (key TEXT NOT NULL)")
+        db.execute("INSERT INTO runs (key) VALUES (?)", (ctx.idempotency_key,))
+    return {"text": "a" * args.size}
 
 
 def explode(args: XArgs, ctx: ToolContext) -> Any:
@@ -80,4 +109,7 @@ def test_registry() -> ToolRegistry:
     reg.register(ToolSpec(name="sleepy", description="Never answers in time.",
                           args_model=XArgs, fn=sleepy, max_attempts=2,
                           timeout=timedelta(seconds=0.5), initial_retry_seconds=0.05))
+    reg.register(ToolSpec(name="counted", description="Counts its executions; returns bytes.",
+                          args_model=BytesArgs, fn=counted, side_effects=True,
+                          **fast))  # type: ignore[arg-type]
     return reg
