@@ -18,7 +18,15 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from boundloop.core import envelope as env
-from boundloop.core.limits import MAX_COUNT, MAX_SECONDS, Limits, Policy, Price, RunSettings
+from boundloop.core.limits import (
+    MAX_COUNT,
+    MAX_RESULT_BYTES,
+    MAX_SECONDS,
+    Limits,
+    Policy,
+    Price,
+    RunSettings,
+)
 from boundloop.core.loop import (
     Execute,
     LoopState,
@@ -98,9 +106,14 @@ def test_per_tool_max_calls_rejects_bad_counts(value: Any) -> None:
     assert field_of(info.value) == {"per_tool_max_calls"}
 
 
+#: The largest value of each integer limit (a payload-sizing limit is bounded lower).
+INT_MAX = {**dict.fromkeys(INT_FIELDS, MAX_COUNT), "max_result_bytes": MAX_RESULT_BYTES}
+
+
 @FAST
-@given(field=st.sampled_from(INT_FIELDS), value=st.integers(min_value=1, max_value=10**9))
-def test_integer_limits_accept_positive_integers(field: str, value: int) -> None:
+@given(field=st.sampled_from(INT_FIELDS), data=st.data())
+def test_integer_limits_accept_positive_integers(field: str, data: st.DataObject) -> None:
+    value = data.draw(st.integers(min_value=1, max_value=INT_MAX[field]))
     assert getattr(Limits.model_validate({field: value}), field) == value
 
 

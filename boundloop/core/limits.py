@@ -43,6 +43,9 @@ MAX_RESULT_BYTES = MAX_PAYLOAD_VALUE_BYTES
 #: every continue-as-new input, next to the carried state) and in model activity inputs.
 #: Together they keep at most a quarter of a payload, so the carried state has the rest.
 MAX_PROMPT_BYTES = 256 * 1024
+#: The run settings (model, limits, policy with its approver lists and price table) as
+#: JSON: they travel in the workflow input and every continue-as-new input too.
+MAX_SETTINGS_BYTES = 256 * 1024
 #: One model response (the model activity's result). Its text can be the run's final
 #: answer, so the workflow result keeps 512 KiB for counters and the event log beside it.
 MAX_TURN_BYTES = MAX_PAYLOAD_VALUE_BYTES - 512 * 1024
@@ -167,4 +170,13 @@ class RunSettings(BaseModel):
             raise ValueError(
                 f"usd_budget is set but the price table has no entry for model {self.model!r}"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _fits_payload_budget(self) -> RunSettings:
+        size = payload_bytes(self)
+        if size > MAX_SETTINGS_BYTES:
+            raise ValueError(
+                f"the settings are {size} bytes of JSON, over the largest allowed, "
+                f"{MAX_SETTINGS_BYTES} bytes (they must fit Temporal's payload limit)")
         return self

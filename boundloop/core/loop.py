@@ -492,11 +492,14 @@ def events_within(events: list[Event], excess: int) -> list[Event]:
     if excess <= 0 or not events:
         return events
     dropped, freed = 0, 0
-    while dropped < len(events) - 1 and freed < excess + 64:  # 64: the marker itself
+    marker = events[0]
+    while dropped < len(events) - 1:
         freed += len(events[dropped].model_dump_json()) + 1  # +1: the comma
         dropped += 1
-    marker = Event(step=events[dropped].step, event=f"events_dropped:{dropped}")
-    return [marker, *events[dropped:]]
+        marker = Event(step=events[dropped].step, event=f"events_dropped:{dropped}")
+        if freed - len(marker.model_dump_json()) - 1 >= excess:
+            break
+    return [marker, *events[dropped:]] if dropped else events
 
 
 def reply_output(state: LoopState, reply: Reply) -> Envelope | StopReason:

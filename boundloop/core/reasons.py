@@ -45,8 +45,10 @@ NEXT_CHECK: dict[StopReason, str] = {
                             "payload_too_large, timeout",
     StopReason.INCOMPLETE: "response status was not completed (max_output_tokens, filter)",
     StopReason.EMPTY_OUTPUT: "the model returned neither text nor tool calls",
-    StopReason.HISTORY_LIMIT: "the conversation outgrew max_history_bytes",
-    StopReason.RESULT_LIMIT: "even the error envelope exceeds max_result_bytes",
+    StopReason.HISTORY_LIMIT: "the conversation outgrew max_history_bytes, or the run's record "
+                              "outgrew Temporal's payload limit (event payload_too_large:*)",
+    StopReason.RESULT_LIMIT: "even the error envelope exceeds max_result_bytes, or a tool's "
+                             "result passed Temporal's payload limit (payload_too_large:*)",
     StopReason.PROTOCOL_ERROR: "malformed model output: unknown item, bad or duplicate call id",
     StopReason.FORBIDDEN_TOOL: "the model called a tool outside the allowed set",
     StopReason.TOOL_ERROR: "a tool raised unexpectedly; see worker logs by fingerprint",
