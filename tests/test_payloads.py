@@ -11,21 +11,27 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import pytest_asyncio
 from temporalio import activity
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
 from activities.conversation import ConversationCache
 from activities.model import ModelActivities
+from boundloop import search_attributes as sa
 from boundloop.contracts import TOOL_ACTIVITY, WORKFLOW_NAME, RunInput, RunResult, ToolRequest
 from boundloop.core.envelope import success
 from boundloop.core.limits import MAX_RESULT_BYTES, Limits, RunSettings
 from boundloop.core.loop import ToolOutcome
+from boundloop.devserver import FAST_FLAGS, temporal_binary
 from boundloop.errors import PAYLOAD_LIMIT_BYTES
 from boundloop.scripted.server import ScriptedModelServer
 from boundloop.settings import Settings
@@ -35,6 +41,7 @@ from tests.conftest import RUN_TIMEOUT, RunScript, workflow_task_failures
 from tests.scripts import answer, call, outputs, resp
 from tests.support.tools import BytesArgs, counted, executions
 from tests.test_cli import cli, env_for
+from worker.main import build_worker
 from workflows.loop import BoundLoopWorkflow
 
 #: The tool result of the reproduction: 2.5 MB, over the payload limit by itself.
@@ -140,17 +147,20 @@ def many_large_results() -> list[dict[str, Any]]:
             for step in range(1, REPRODUCTION.max_steps + 1)]
 
 
-async def continue_as_new_inputs(client: Client, workflow_id: str, run_id: str) -> list[int]:
-    """Payload bytes of each continue-as-new input of the run's chain, in order."""
+async def run_chain(client: Client, workflow_id: str, run_id: str) -> tuple[list[int], int]:
+    """(payload bytes of each continue-as-new input, failed workflow tasks) over every run
+    of the chain that starts at `run_id`."""
     sizes: list[int] = []
+    failed = 0
     while True:
         last = None
         async for event in client.get_workflow_handle(
                 workflow_id, run_id=run_id).fetch_history_events():
+            failed += event.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED
             last = event
         if last is None or (last.event_type
                             != EventType.EVENT_TYPE_WORKFLOW_EXECUTION_CONTINUED_AS_NEW):
-            return sizes
+            return sizes, failed
         attrs = last.workflow_execution_continued_as_new_event_attributes
         sizes.append(sum(p.ByteSize() for p in attrs.input.payloads))
         run_id = attrs.new_execution_run_id
@@ -168,11 +178,64 @@ async def test_continue_as_new_with_large_unsent_outputs_carries_references(
     executed = CALLS_PER_TURN * (steps - 1)
     assert (r.reason, r.steps, r.tool_executions) == ("max_steps", steps, executed)
     assert executions(out.data_dir) == executed
-    sizes = await continue_as_new_inputs(temporal, out.handle.id,
-                                         out.handle.result_run_id or "")
+    sizes, failed = await run_chain(temporal, out.handle.id, out.handle.result_run_id or "")
+    assert failed == 0, "a workflow task failed"
     assert sizes, "the history should have grown past Temporal's continue-as-new suggestion"
     assert max(sizes) < PAYLOAD_LIMIT_BYTES // 10  # references, not 2.2 MB of outputs
     # The last request carries every output in full, in order, across the runs.
     last = outputs(out.bodies[-1])
     assert len(last) == executed
     assert all(len(env["data"]["text"]) == RESULT_SIZE for env in last.values())
+
+
+# --- carried state that outgrows a payload -----------------------------------------------
+
+
+@pytest_asyncio.fixture(scope="module")
+async def eager_continue_as_new(
+        tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Client]:
+    """A dev server that suggests continue-as-new after 12 history events."""
+    db = tmp_path_factory.mktemp("eager") / "temporal.db"
+    env = await WorkflowEnvironment.start_local(
+        data_converter=pydantic_data_converter, dev_server_existing_path=temporal_binary(),
+        dev_server_database_filename=str(db), search_attributes=sa.ALL,
+        dev_server_extra_args=[
+            *FAST_FLAGS,
+            "--dynamic-config-value", "limit.historyCount.suggestContinueAsNew=12",
+            "--dynamic-config-value", 'history.workflowIdReuseMinimalInterval="0s"'])
+    try:
+        yield env.client
+    finally:
+        await env.shutdown()
+
+
+async def test_carried_state_over_the_payload_limit_stops_with_history_limit(
+        eager_continue_as_new: Client, tmp_path: Path) -> None:
+    """The carried state keeps every call id (the model chooses them, any length): with
+    300,000-character ids it outgrows one payload after a few steps. The run must stop
+    with a typed reason instead of failing the continue-as-new workflow task forever."""
+    client = eager_continue_as_new
+    long_id = "x" * 300_000
+    script = [resp(call("lookup_stock", {"sku": f"A-{i:03d}"}, f"c{i}-{long_id}"),
+                   rid=f"r{i}") for i in range(1, 11)]
+    server = ScriptedModelServer(script)
+    queue = f"q-{uuid.uuid4().hex[:8]}"
+    settings = Settings(OPENAI_BASE_URL=server.start(), BOUNDLOOP_TASK_QUEUE=queue,
+                        BOUNDLOOP_DATA_DIR=tmp_path)
+    limits = Limits(max_steps=10, max_tool_executions=10, max_history_bytes=40_000_000,
+                    token_threshold=10_000_000)
+    inp = RunInput(question="q", tools=["lookup_stock"],
+                   settings=RunSettings(model="m", limits=limits))
+    try:
+        async with build_worker(client, settings):
+            handle = await client.start_workflow(WORKFLOW_NAME, inp, id=f"test-{queue}",
+                                                 task_queue=queue, result_type=RunResult)
+            result = await asyncio.wait_for(handle.result(), timeout=RUN_TIMEOUT)
+    finally:
+        server.stop()
+    assert result.reason == "history_limit"
+    assert [e.event for e in result.events[-2:]] == ["payload_too_large:carried_state",
+                                                     "stopped:history_limit"]
+    sizes, failed = await run_chain(client, handle.id, handle.result_run_id or "")
+    assert failed == 0, "a workflow task failed"
+    assert sizes and max(sizes) <= PAYLOAD_LIMIT_BYTES  # the earlier runs did continue
