@@ -80,11 +80,24 @@ class Outcome:
 RunScript = Callable[..., Awaitable[Outcome]]
 
 
-async def workflow_task_failures(handle: WorkflowHandle[Any, Any]) -> int:
+async def workflow_task_failures(handle: WorkflowHandle[Any, Any],
+                                 client: Client | None = None) -> int:
+    """Failed workflow tasks of the handle's run (a started handle: its latest run); with
+    `client`, of every run from the first one on, across continue-as-new."""
     failed = 0
-    async for event in handle.fetch_history_events():
-        if event.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED:
-            failed += 1
+    run: WorkflowHandle[Any, Any] | None = handle
+    if client is not None and handle.result_run_id:
+        run = client.get_workflow_handle(handle.id, run_id=handle.result_run_id)
+    while run is not None:
+        history, run = run, None
+        async for event in history.fetch_history_events():
+            if event.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED:
+                failed += 1
+            elif (client is not None and event.event_type
+                  == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_CONTINUED_AS_NEW):
+                attrs = event.workflow_execution_continued_as_new_event_attributes
+                run = client.get_workflow_handle(history.id,
+                                                 run_id=attrs.new_execution_run_id)
     return failed
 
 
@@ -119,7 +132,7 @@ def run_script(temporal: Client, tmp_path: Path) -> RunScript:
                 result = await asyncio.wait_for(result_of(handle), timeout=RUN_TIMEOUT)
         finally:
             server.stop()
-        assert await workflow_task_failures(handle) == 0, "a workflow task failed"
+        assert await workflow_task_failures(handle, temporal) == 0, "a workflow task failed"
         if not allow_violations:
             assert server.violations == [], server.violations
         return Outcome(result=result, server=server, handle=handle,

@@ -147,20 +147,17 @@ def many_large_results() -> list[dict[str, Any]]:
             for step in range(1, REPRODUCTION.max_steps + 1)]
 
 
-async def run_chain(client: Client, workflow_id: str, run_id: str) -> tuple[list[int], int]:
-    """(payload bytes of each continue-as-new input, failed workflow tasks) over every run
-    of the chain that starts at `run_id`."""
+async def continue_as_new_inputs(client: Client, workflow_id: str, run_id: str) -> list[int]:
+    """Payload bytes of each continue-as-new input of the chain that starts at `run_id`."""
     sizes: list[int] = []
-    failed = 0
     while True:
         last = None
         async for event in client.get_workflow_handle(
                 workflow_id, run_id=run_id).fetch_history_events():
-            failed += event.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED
             last = event
         if last is None or (last.event_type
                             != EventType.EVENT_TYPE_WORKFLOW_EXECUTION_CONTINUED_AS_NEW):
-            return sizes, failed
+            return sizes
         attrs = last.workflow_execution_continued_as_new_event_attributes
         sizes.append(sum(p.ByteSize() for p in attrs.input.payloads))
         run_id = attrs.new_execution_run_id
@@ -178,8 +175,9 @@ async def test_continue_as_new_with_large_unsent_outputs_carries_references(
     executed = CALLS_PER_TURN * (steps - 1)
     assert (r.reason, r.steps, r.tool_executions) == ("max_steps", steps, executed)
     assert executions(out.data_dir) == executed
-    sizes, failed = await run_chain(temporal, out.handle.id, out.handle.result_run_id or "")
-    assert failed == 0, "a workflow task failed"
+    # run_script checked every run of the chain for failed workflow tasks.
+    sizes = await continue_as_new_inputs(temporal, out.handle.id,
+                                         out.handle.result_run_id or "")
     assert sizes, "the history should have grown past Temporal's continue-as-new suggestion"
     assert max(sizes) < PAYLOAD_LIMIT_BYTES // 10  # references, not 2.2 MB of outputs
     # The last request carries every output in full, in order, across the runs.
@@ -236,6 +234,6 @@ async def test_carried_state_over_the_payload_limit_stops_with_history_limit(
     assert result.reason == "history_limit"
     assert [e.event for e in result.events[-2:]] == ["payload_too_large:carried_state",
                                                      "stopped:history_limit"]
-    sizes, failed = await run_chain(client, handle.id, handle.result_run_id or "")
-    assert failed == 0, "a workflow task failed"
+    assert await workflow_task_failures(handle, client) == 0, "a workflow task failed"
+    sizes = await continue_as_new_inputs(client, handle.id, handle.result_run_id or "")
     assert sizes and max(sizes) <= PAYLOAD_LIMIT_BYTES  # the earlier runs did continue
