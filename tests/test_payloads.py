@@ -27,6 +27,7 @@ from temporalio.worker import Worker
 from activities.conversation import ConversationCache
 from activities.model import ModelActivities
 from boundloop import search_attributes as sa
+from boundloop.client import result_of
 from boundloop.contracts import TOOL_ACTIVITY, WORKFLOW_NAME, RunInput, RunResult, ToolRequest
 from boundloop.core.envelope import success
 from boundloop.core.limits import MAX_RESULT_BYTES, Limits, RunSettings
@@ -121,7 +122,7 @@ async def test_tool_result_over_the_payload_limit_is_not_retried_and_names_the_t
             handle = await temporal.start_workflow(
                 WORKFLOW_NAME, inp, id=f"test-{queue}", task_queue=queue,
                 result_type=RunResult)
-            result = await asyncio.wait_for(handle.result(), timeout=RUN_TIMEOUT)
+            result = await asyncio.wait_for(result_of(handle), timeout=RUN_TIMEOUT)
     finally:
         server.stop()
     assert executions(tmp_path) == 1
@@ -228,7 +229,7 @@ async def test_carried_state_over_the_payload_limit_stops_with_history_limit(
         async with build_worker(client, settings):
             handle = await client.start_workflow(WORKFLOW_NAME, inp, id=f"test-{queue}",
                                                  task_queue=queue, result_type=RunResult)
-            result = await asyncio.wait_for(handle.result(), timeout=RUN_TIMEOUT)
+            result = await asyncio.wait_for(result_of(handle), timeout=RUN_TIMEOUT)
     finally:
         server.stop()
     assert result.reason == "history_limit"
