@@ -23,6 +23,7 @@ lint: $(STAMP)
 
 typecheck: $(STAMP)
 	$(BIN)/mypy
+	cd examples/weather_desk && MYPYPATH=../.. ../../$(BIN)/mypy --strict *.py
 
 pytest: $(STAMP)
 	$(BIN)/pytest -q

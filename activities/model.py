@@ -24,8 +24,7 @@ from boundloop.core.canonical import json_bytes
 from boundloop.core.conversation import to_chat_messages
 from boundloop.core.limits import MAX_TURN_BYTES
 from boundloop.core.turn import Turn, parse_chat, parse_responses
-from boundloop.settings import Settings
-from boundloop.tools.registry import ToolRegistry
+from boundloop.tools.registry import Toolset
 
 
 def model_idempotency_key(workflow_id: str, step: int) -> str:
@@ -33,11 +32,10 @@ def model_idempotency_key(workflow_id: str, step: int) -> str:
 
 
 class ModelActivities:
-    def __init__(self, settings: Settings, registry: ToolRegistry,
+    def __init__(self, client: openai.AsyncOpenAI, registry: Toolset[Any],
                  cache: ConversationCache | None = None) -> None:
-        key = settings.openai_api_key.get_secret_value() if settings.openai_api_key else None
-        self._client = openai.AsyncOpenAI(
-            api_key=key or "not-needed", base_url=settings.openai_base_url, max_retries=0)
+        # Temporal's retry policy is the only retry layer.
+        self._client = client.with_options(max_retries=0)
         self._registry = registry
         self.cache = cache or ConversationCache()
 

@@ -26,7 +26,7 @@ from boundloop.scripted.builders import fn_call, reasoning_item, responses_turn,
 from boundloop.scripted.server import ScriptedModelServer
 
 REPO = Path(__file__).resolve().parent.parent
-TOOLS_ENV = "bench.tools:registry"
+TOOLS_ENV = "bench.tools:tools"
 
 
 def median(values: Iterable[float]) -> float:

@@ -51,8 +51,8 @@ from boundloop.core.conversation import function_call_output
 from boundloop.core.envelope import success
 from boundloop.core.limits import Limits, RunSettings
 from boundloop.core.reasons import StopReason
-from boundloop.tools.catalog import registry
-from boundloop.tools.demo import LookupStockArgs, lookup_stock
+from boundloop.tools.demo import DemoDeps, lookup_stock
+from boundloop.tools.demo import tools as demo_tools
 from boundloop.tools.registry import ToolContext
 
 MODEL_NAME = "scripted-model"
@@ -156,12 +156,12 @@ async def _run_bare(b: Bench, n: int) -> tuple[float, list[Any]]:
 
 def _tool_body_seconds(data_dir: Path, calls: int = 200) -> float:
     """Median time of lookup_stock's own body (SQLite open + query), in this process."""
-    ctx = ToolContext(idempotency_key="k", workflow_id="w", call_id="c", step=1,
-                      data_dir=data_dir, max_result_bytes=4096)
+    ctx = ToolContext(deps=DemoDeps(data_dir=data_dir), idempotency_key="k", workflow_id="w",
+                      call_id="c", step=1, max_result_bytes=4096)
     times = []
     for i in range(calls):
         t0 = now()
-        lookup_stock(LookupStockArgs(sku=sku(i)), ctx)
+        lookup_stock(ctx, sku(i))
         times.append(now() - t0)
     return median(times)
 
@@ -184,7 +184,7 @@ async def _model_request_probe(b: Bench, sizes: tuple[int, ...],
     server = b.model.fresh()
     client = openai.AsyncOpenAI(api_key="sk-bench-not-real", base_url=b.model.base_url,
                                 max_retries=0)
-    tools = registry().openai_tools(["lookup_stock"], "responses")
+    tools = demo_tools.openai_tools(["lookup_stock"], "responses")
     out: dict[int, dict[str, float]] = {}
     for steps in sizes:
         items = _conversation(b, steps)

@@ -1,4 +1,4 @@
-"""Bench-only tools beside the demo tools (`BOUNDLOOP_TOOLS=bench.tools:registry`).
+"""Bench-only tools beside the demo tools (`BOUNDLOOP_TOOLS=bench.tools:tools`).
 
 `fetch_report(part)` returns a deterministic result of about 4 KB (its envelope is
 ~4,000 UTF-8 bytes), the size the history benchmark uses for every tool result.
@@ -9,21 +9,17 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from boundloop.core.canonical import json_bytes
-from boundloop.tools.demo import demo_registry
-from boundloop.tools.registry import ToolContext, ToolRegistry, ToolSpec
+from boundloop.tools.demo import DemoDeps
+from boundloop.tools.demo import tools as demo_tools
+from boundloop.tools.registry import Toolset
 
 #: UTF-8 JSON bytes of `fetch_report`'s data (the envelope adds ~60 bytes).
 REPORT_BYTES = 3900
 #: A limit of `max_result_bytes` that the report's envelope stays under.
 REPORT_RESULT_CAP = 5000
-
-
-class FetchReportArgs(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    part: Annotated[int, Field(ge=0, le=100_000, description="Report part number")]
 
 
 def report(part: int) -> dict[str, Any]:
@@ -46,14 +42,13 @@ def report(part: int) -> dict[str, Any]:
     return data
 
 
-def fetch_report(args: FetchReportArgs, ctx: ToolContext) -> dict[str, Any]:
-    return report(args.part)
+tools = Toolset[DemoDeps]()
+tools.include(demo_tools)
 
 
-def registry() -> ToolRegistry:
-    reg = demo_registry()
-    reg.register(ToolSpec(
-        name="fetch_report", args_model=FetchReportArgs, fn=fetch_report,
-        description="Fetch one part of the inventory report (about 4 KB).",
-        timeout=timedelta(seconds=10)))
-    return reg
+@tools.tool(timeout=timedelta(seconds=10))
+def fetch_report(
+    part: Annotated[int, Field(ge=0, le=100_000, description="Report part number")],
+) -> dict[str, Any]:
+    """Fetch one part of the inventory report (about 4 KB)."""
+    return report(part)

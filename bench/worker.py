@@ -23,7 +23,8 @@ from temporalio.worker import Worker
 from activities.tools import ToolActivities
 from bench.workflows import BareWorkflow, NaiveModel, NaiveWorkflow, bench_noop
 from boundloop.settings import Settings
-from boundloop.tools.catalog import registry
+from boundloop.tools import catalog
+from boundloop.tools.demo import DemoDeps
 from worker.main import build_worker, connect
 
 
@@ -40,9 +41,9 @@ async def serve(bench_queue: str | None, max_cached_workflows: int | None = None
         loop_worker = Worker(**changed)
     workers = [loop_worker]
     if bench_queue is not None:
-        reg = registry()
+        reg = catalog.load(settings.tools)
         naive = NaiveModel(settings.openai_base_url, reg)
-        tools = ToolActivities(reg, settings.data_dir)
+        tools = ToolActivities(reg, DemoDeps(data_dir=settings.data_dir))
         workers.append(Worker(
             client, task_queue=bench_queue, workflows=[BareWorkflow, NaiveWorkflow],
             activities=[bench_noop, naive.model, tools.tool_execute],

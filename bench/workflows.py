@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from datetime import timedelta
+from typing import Any
 
 from pydantic import BaseModel
 from temporalio import activity, workflow
@@ -20,7 +21,7 @@ with workflow.unsafe.imports_passed_through():
     from boundloop.core.conversation import Item, function_call_output, user_message
     from boundloop.core.loop import ToolChoice, ToolOutcome
     from boundloop.core.turn import Turn, parse_responses
-    from boundloop.tools.registry import ToolRegistry
+    from boundloop.tools.registry import Toolset
 
 BARE_WORKFLOW = "BenchBare"
 NAIVE_WORKFLOW = "BenchNaive"
@@ -64,7 +65,7 @@ class NaiveInput(BaseModel):
 class NaiveModel:
     """The model activity of the naive loop: same HTTP request as boundloop's."""
 
-    def __init__(self, base_url: str | None, registry: ToolRegistry) -> None:
+    def __init__(self, base_url: str | None, registry: Toolset[Any]) -> None:
         self._client = openai.AsyncOpenAI(api_key="not-needed", base_url=base_url,
                                           max_retries=0)
         self._registry = registry

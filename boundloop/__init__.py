@@ -1,0 +1,80 @@
+"""boundloop: a durable, bounded LLM tool-calling loop on Temporal.
+
+Define tools, serve them from a worker, start runs and decide their approvals:
+
+    import boundloop
+
+    tools = boundloop.Toolset[MyDeps]()
+
+    @tools.tool(side_effects=True, needs_approval=True)
+    def create_ticket(ctx: boundloop.ToolContext[MyDeps], title: str) -> dict: ...
+
+    client = await boundloop.connect("127.0.0.1:7233")
+    async with boundloop.Worker(client, tools, deps=MyDeps(...), model=AsyncOpenAI()):
+        run = await boundloop.start(client, "question", tools=tools)
+        async for event in run.events():
+            if event.event == "approval_requested":
+                await run.approve(event.call_id, approver="alice")
+        result = await run.result()
+
+See README.md ("Build your own agent") and examples/weather_desk/.
+"""
+
+from typing import TYPE_CHECKING, Any
+
+from boundloop.client import DEFAULT_TASK_QUEUE, Run, connect, get_run, start
+from boundloop.contracts import RunResult, RunStatus
+from boundloop.core.envelope import ToolStatus
+from boundloop.core.limits import Limits, Policy, Price
+from boundloop.core.loop import Approval, Event
+from boundloop.core.reasons import StopReason
+from boundloop.errors import (
+    BoundloopError,
+    DecisionRefused,
+    NoToolset,
+    ToolDefinitionError,
+    ToolFailure,
+    TransientToolError,
+)
+from boundloop.tools.registry import ToolContext, Toolset, ToolSpec
+
+if TYPE_CHECKING:
+    from worker.main import Plugin, Worker
+
+
+def __getattr__(name: str) -> Any:
+    # The worker imports the workflow and activities, which import boundloop's modules:
+    # loaded on first use, so importing any boundloop module never needs the worker.
+    if name in ("Plugin", "Worker"):
+        import worker.main
+
+        return getattr(worker.main, name)
+    raise AttributeError(f"module 'boundloop' has no attribute {name!r}")
+
+__all__ = [
+    "DEFAULT_TASK_QUEUE",
+    "Approval",
+    "BoundloopError",
+    "DecisionRefused",
+    "Event",
+    "Limits",
+    "NoToolset",
+    "Plugin",
+    "Policy",
+    "Price",
+    "Run",
+    "RunResult",
+    "RunStatus",
+    "StopReason",
+    "ToolContext",
+    "ToolDefinitionError",
+    "ToolFailure",
+    "ToolSpec",
+    "ToolStatus",
+    "Toolset",
+    "TransientToolError",
+    "Worker",
+    "connect",
+    "get_run",
+    "start",
+]

@@ -33,14 +33,13 @@ from boundloop import client as ops
 from boundloop import search_attributes as sa
 from boundloop.contracts import Decision, RunInput, RunResult, RunStatus
 from boundloop.core.limits import Limits, Policy, RunSettings
-from boundloop.core.reasons import NEXT_CHECK, StopReason
+from boundloop.core.reasons import StopReason
+from boundloop.errors import DecisionRefused
 from boundloop.settings import Settings
-from boundloop.terminal import safe
+from boundloop.terminal import console, print_event, print_result, safe
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="boundloop: a durable, bounded LLM tool-calling loop on Temporal.")
-# Piped output keeps long run ids whole (tables would cut them at 80 columns).
-console = Console(soft_wrap=True, width=None if sys.stdout.isatty() else 200)
 err = Console(stderr=True, soft_wrap=True)
 T = TypeVar("T")
 #: `run --wait` exit status when the run stopped for any reason but `completed`.
@@ -129,13 +128,13 @@ def json_object(flag: str, text: str | None) -> dict[str, Any]:
 
 
 def load_registry() -> Any:
-    from boundloop.tools.catalog import registry
+    from boundloop.tools import catalog
 
+    target = load_settings().tools
     try:
-        return registry()
+        return catalog.load(target)
     except (ImportError, AttributeError, TypeError, ValueError) as exc:
-        target = os.environ.get("BOUNDLOOP_TOOLS", "")
-        raise fail(f"cannot load the tool registry BOUNDLOOP_TOOLS={target!r}: "
+        raise fail(f"cannot load the toolset BOUNDLOOP_TOOLS={target!r}: "
                    f"{type(exc).__name__}: {exc}") from None
 
 
@@ -161,34 +160,6 @@ def load_model_script(path: Path) -> Any:
 
 
 # --- printing --------------------------------------------------------------------
-
-
-def print_event(ev: Any) -> None:
-    parts = [f"step {ev.step}", safe(ev.event)]
-    if ev.tool:
-        parts.append(safe(ev.tool))
-    if ev.call_id:
-        parts.append(f"call_id={safe(ev.call_id)}")
-    if ev.fingerprint:
-        parts.append(f"fp={ev.fingerprint.split(':')[-1][:8]}")
-    console.print("  " + " · ".join(parts), highlight=False)
-
-
-def print_result(result: RunResult, settings: Settings) -> None:
-    colour = "green" if result.reason == StopReason.COMPLETED else "yellow"
-    console.print(f"[bold {colour}]reason: {result.reason.value}[/] — "
-                  f"{NEXT_CHECK[result.reason]}")
-    console.print(f"steps {result.steps} · tool executions {result.tool_executions} · "
-                  f"tokens {result.total_tokens} (in {result.input_tokens}, out "
-                  f"{result.output_tokens}{', estimated' if result.usage_estimated else ''}"
-                  f"{', some unknown' if result.usage_unknown else ''})"
-                  + (f" · cost ${result.cost_usd:.6f}" if result.cost_usd is not None else ""))
-    if result.text:
-        console.print(f"[bold]answer:[/] {safe(result.text)}")
-    if result.answer_looks_like_tool_call:
-        console.print("[bold yellow]the answer looks like a tool call:[/] it was not "
-                      "executed, and it is not an answer to the question")
-    console.print(f"Web UI: {ops.ui_link(settings, result.workflow_id, result.run_id)}")
 
 
 def print_pending_table(rows: list[tuple[str, RunStatus]]) -> None:
@@ -239,17 +210,18 @@ def worker(
     """Run a worker: the workflow, the model activity and the tool activity."""
     from worker.main import main as worker_main
 
+    settings = load_settings()
     load_registry()
     if model_script is not None:
         from boundloop.scripted.server import ScriptedModelServer
 
         scripted = ScriptedModelServer(load_model_script(model_script))
-        os.environ["OPENAI_BASE_URL"] = scripted.start()
-        console.print(f"scripted model server at {os.environ['OPENAI_BASE_URL']}")
-    elif not load_settings().model_configured:
+        settings = settings.model_copy(update={"openai_base_url": scripted.start()})
+        console.print(f"scripted model server at {settings.openai_base_url}")
+    elif not settings.model_configured:
         err.print("[yellow]warning:[/] neither OPENAI_API_KEY nor OPENAI_BASE_URL is set: "
                   "model requests will fail (use --model-script FILE for a scripted model)")
-    worker_main()
+    worker_main(settings)
 
 
 @app.command()
@@ -295,8 +267,14 @@ def run(
 
 async def _start(client: Client, settings: Settings, inp: RunInput, workflow_id: str | None,
                  task_queue: str | None = None) -> Any:
+    run_settings = inp.settings
     try:
-        return await ops.start_run(client, settings, inp, workflow_id, task_queue)
+        run = await ops.start(client, inp.question, tools=inp.tools, model=run_settings.model,
+                              api=run_settings.api, limits=run_settings.limits,
+                              policy=run_settings.policy, instructions=inp.instructions,
+                              workflow_id=workflow_id,
+                              task_queue=task_queue or settings.task_queue)
+        return run.handle
     except WorkflowAlreadyStartedError:
         raise fail(f"workflow id {workflow_id!r} is already used by another run; "
                    "ids scope idempotency keys, so each run needs its own") from None
@@ -504,19 +482,27 @@ def _decide(run_id: str, decision: Decision) -> None:
     settings = load_settings()
 
     async def go() -> None:
-        client = await connect(settings)
+        run = ops.get_run(await connect(settings), run_id)
+        if decision.approve:
+            deciding = run.approve(decision.call_id, approver=decision.approver,
+                                   args=decision.arguments)
+        else:
+            deciding = run.reject(decision.call_id, reason=decision.reason or "",
+                                  approver=decision.approver)
         try:
-            outcome = await asyncio.wait_for(
-                ops.decide(client.get_workflow_handle(run_id), decision), timeout=UPDATE_TIMEOUT)
+            await asyncio.wait_for(deciding, timeout=UPDATE_TIMEOUT)
         except (TimeoutError, WorkflowUpdateRPCTimeoutOrCancelledError):
             raise fail(f"no worker accepted the decision within {UPDATE_TIMEOUT:.0f} s: is "
                        "`boundloop worker` running? (nothing was changed)", 1) from None
+        except DecisionRefused as exc:
+            raise fail(str(exc), 1) from None
         except WorkflowUpdateFailedError as exc:
             cause = exc.cause
             raise fail(getattr(cause, "message", str(cause)), 1) from None
         except RPCError as exc:
             raise fail(f"run {run_id}: {exc.message}", 1) from None
-        console.print(f"{safe(decision.call_id)}: {outcome}")
+        console.print(f"{safe(decision.call_id)}: "
+                      f"{'approved' if decision.approve else 'rejected'}")
 
     _run(go())
 

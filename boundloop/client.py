@@ -1,16 +1,28 @@
-"""Client-side operations shared by the CLI, the demo and tests."""
+"""The client side: connect, start a run, follow it, decide its approvals, read its result.
+
+`connect`, `start`, `get_run` and `Run` are public (exported from `boundloop`); the
+functions below them are what the CLI builds its commands from.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import Any, Literal
 
 from temporalio.api.operatorservice.v1 import ListSearchAttributesRequest
-from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureError, WorkflowHandle
+from temporalio.client import (
+    Client,
+    Interceptor,
+    WorkflowExecutionStatus,
+    WorkflowFailureError,
+    WorkflowHandle,
+    WorkflowUpdateFailedError,
+)
 from temporalio.common import WorkflowIDReusePolicy
+from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError
 
@@ -18,8 +30,115 @@ from boundloop import errors
 from boundloop import search_attributes as sa
 from boundloop.contracts import WORKFLOW_NAME, Decision, RunInput, RunResult, RunStatus
 from boundloop.core.canonical import compact_json, preview
+from boundloop.core.limits import Limits, Policy, RunSettings
 from boundloop.core.loop import Approval, Event
 from boundloop.settings import Settings
+from boundloop.tools.registry import Toolset, tool_names
+
+#: Where runs go unless told otherwise (the default of `boundloop.Worker` too).
+DEFAULT_TASK_QUEUE = "boundloop"
+
+
+# --- public API -----------------------------------------------------------------------
+
+
+async def connect(target_host: str = "127.0.0.1:7233", *, namespace: str = "default",
+                  interceptors: Sequence[Interceptor] = (), **options: Any) -> Client:
+    """A Temporal client with the pydantic data converter boundloop's payloads need.
+    `options` go to `temporalio.client.Client.connect` (tls, api_key, plugins, ...)."""
+    return await Client.connect(target_host, namespace=namespace,
+                                data_converter=pydantic_data_converter,
+                                interceptors=interceptors, **options)
+
+
+async def start(client: Client, question: str, *,
+                tools: Toolset[Any] | Sequence[str | Callable[..., Any]],
+                model: str = "gpt-5-mini", api: Literal["responses", "chat"] = "responses",
+                limits: Limits | None = None, policy: Policy | None = None,
+                instructions: str | None = None, workflow_id: str | None = None,
+                task_queue: str = DEFAULT_TASK_QUEUE) -> Run:
+    """Start a run: `question` to `model`, which may call `tools` (a toolset, or tool
+    names / tool functions of the toolset the worker on `task_queue` serves).
+
+    Limits and policy are checked here (pydantic), before anything starts. Each run needs
+    a new `workflow_id` (default: a fresh `boundloop-…` id): ids scope idempotency keys,
+    so a finished run's id is refused.
+    """
+    settings = RunSettings(model=model, api=api, limits=limits or Limits(),
+                           policy=policy or Policy())
+    inp = RunInput(question=question, instructions=instructions, settings=settings,
+                   tools=tool_names(tools))
+    return Run(await start_run(client, inp, workflow_id=workflow_id, task_queue=task_queue))
+
+
+def get_run(client: Client, workflow_id: str) -> Run:
+    """The run with this workflow id (started earlier, by anyone)."""
+    return Run(client.get_workflow_handle(workflow_id, result_type=RunResult))
+
+
+class Run:
+    """One run: read its state, decide its approvals, cancel it, wait for its result.
+
+    `status`, `pending` and `events` are answered by a worker (a query); `result` needs
+    only the server once the run has ended.
+    """
+
+    def __init__(self, handle: WorkflowHandle[Any, RunResult]) -> None:
+        self.handle = handle
+
+    @property
+    def id(self) -> str:
+        """The workflow id."""
+        return self.handle.id
+
+    async def status(self) -> RunStatus:
+        """Counters, pending approvals and the event log so far."""
+        return await query_status(self.handle)
+
+    async def pending(self) -> list[Approval]:
+        """The calls waiting for a decision, with their validated arguments."""
+        return (await self.status()).pending
+
+    async def approve(self, call_id: str, *, approver: str = "operator",
+                      args: dict[str, Any] | None = None) -> None:
+        """Approve a pending call, optionally with edited arguments (validated against
+        the tool's schema). Raises DecisionRefused when the run refuses the decision."""
+        await self._decide(Decision(call_id=call_id, approve=True, approver=approver,
+                                    arguments=args))
+
+    async def reject(self, call_id: str, *, reason: str, approver: str = "operator") -> None:
+        """Reject a pending call: it never runs; the model reads `reason`. Raises
+        DecisionRefused when the run refuses the decision."""
+        await self._decide(Decision(call_id=call_id, approve=False, approver=approver,
+                                    reason=reason))
+
+    async def _decide(self, decision: Decision) -> None:
+        try:
+            await decide(self.handle, decision)
+        except WorkflowUpdateFailedError as exc:
+            cause = exc.cause
+            if isinstance(cause, ApplicationError) and cause.type == errors.INVALID_DECISION:
+                raise errors.DecisionRefused(cause.message) from None
+            raise
+
+    async def cancel(self) -> None:
+        """Ask the run to stop; it ends with reason `cancelled`."""
+        await self.handle.cancel()
+
+    async def events(self, interval: float = 0.2) -> AsyncIterator[Event]:
+        """Each event-log line as it appears, until the run ends."""
+        async for _status, new in follow(self.handle, interval=interval):
+            for event in new:
+                yield event
+
+    async def result(self) -> RunResult:
+        """Wait for the run to end and return its RunResult, whatever its reason (a run
+        that stopped for any reason but `completed` ends as a Temporal failure carrying
+        it). A terminated or timed-out run has none: that raises Temporal's error."""
+        return await result_of(self.handle)
+
+
+# --- what the CLI builds on -----------------------------------------------------------
 
 
 async def search_attributes_registered(client: Client) -> bool:
@@ -37,9 +156,8 @@ def ui_link(settings: Settings, workflow_id: str, run_id: str | None = None) -> 
     return f"{base}/{run_id}/history" if run_id else base
 
 
-async def start_run(client: Client, settings: Settings, inp: RunInput,
-                    workflow_id: str | None = None,
-                    task_queue: str | None = None) -> WorkflowHandle[Any, RunResult]:
+async def start_run(client: Client, inp: RunInput, *, workflow_id: str | None = None,
+                    task_queue: str = DEFAULT_TASK_QUEUE) -> WorkflowHandle[Any, RunResult]:
     inp = inp.model_copy(update={"search_attributes": await search_attributes_registered(client)})
     wf_id = workflow_id or f"boundloop-{uuid.uuid4().hex[:12]}"
     limits = compact_json(inp.settings.limits.model_dump(mode="json"))
@@ -48,7 +166,7 @@ async def start_run(client: Client, settings: Settings, inp: RunInput,
     # Idempotency keys are scoped by workflow id (SPEC §7): a finished run's id is never
     # reused, or its side effects would be "already done" for the new run.
     return await client.start_workflow(
-        WORKFLOW_NAME, inp, id=wf_id, task_queue=task_queue or settings.task_queue,
+        WORKFLOW_NAME, inp, id=wf_id, task_queue=task_queue,
         result_type=RunResult, static_summary=preview(inp.question, 120),
         static_details=details, id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE)
 

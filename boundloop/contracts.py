@@ -49,8 +49,8 @@ class Carried(BaseModel):
     state: LoopState
     base: ConversationRef
     unsent: list[Item] = Field(default_factory=list)
+    #: Processing time so far (approval waits already left out).
     processing_seconds: float = 0.0
-    waited_seconds: float = 0.0
 
 
 class RunInput(BaseModel):

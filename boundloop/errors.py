@@ -35,6 +35,29 @@ INVALID_BUDGET_MESSAGE = "InvalidBudgetMessage"
 #: non-retryable type so Temporal's own status (the Web UI list) shows it; the message
 #: names the stop reason and the first detail is the RunResult (`client.result_of`).
 RUN_STOPPED = "RunStopped"
+#: A run named tools its worker's toolset does not have: the run fails at once.
+UNKNOWN_TOOLS = "UnknownTools"
+
+
+# --- exceptions boundloop raises -------------------------------------------------------
+
+
+class BoundloopError(Exception):
+    """Base of the errors boundloop's API raises (not of those tools raise)."""
+
+
+class ToolDefinitionError(BoundloopError, ValueError):
+    """A tool declaration boundloop cannot serve (raised when it is registered)."""
+
+
+class DecisionRefused(BoundloopError):
+    """The run refused an approval decision (unknown or already decided call id, an
+    approver outside the allow-list, edited arguments that fail the schema); nothing
+    changed. The message says why."""
+
+
+class NoToolset(BoundloopError):
+    """No toolset is registered for a worker's task queue in this process."""
 
 
 # --- exceptions tools raise -----------------------------------------------------------

@@ -8,10 +8,30 @@ from __future__ import annotations
 
 import json
 import logging
+import traceback
 from typing import Any
 
 FIELDS = ("step", "tool", "fingerprint", "call_id", "status", "reason", "attempt", "error",
-          "failure", "api", "items", "problem", "task_queue")
+          "failure", "api", "items", "problem", "task_queue", "traceback")
+
+
+def traceback_text(exc: BaseException, *, messages: bool = False) -> str:
+    """The exception's traceback for the worker's log: frames (file, line, function,
+    source line) and exception types, through its causes. Messages are left out unless
+    `messages` is set: they may carry raw arguments, rows or credentials."""
+    parts: list[str] = []
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        frames = "".join(traceback.format_list(traceback.extract_tb(current.__traceback__)))
+        name = type(current).__qualname__
+        head = f"{name}: {current}" if messages else name
+        parts.append(f"Traceback (most recent call last):\n{frames}{head}")
+        chained = current.__cause__ or (None if current.__suppress_context__
+                                        else current.__context__)
+        current = chained
+    return "\n\nThe above exception caused or preceded this one:\n\n".join(reversed(parts))
 
 
 def fields_of(record: logging.LogRecord) -> dict[str, Any]:
@@ -47,8 +67,11 @@ class TextFormatter(logging.Formatter):
 
     def format(self, record: logging.LogRecord) -> str:
         base = f"{self.formatTime(record)} {record.levelname} {record.name} {message(record)}"
-        extra = " ".join(f"{k}={v}" for k, v in fields_of(record).items())
-        return f"{base} {extra}".rstrip()
+        fields = fields_of(record)
+        trace = fields.pop("traceback", None)
+        extra = " ".join(f"{k}={v}" for k, v in fields.items())
+        line = f"{base} {extra}".rstrip()
+        return f"{line}\n{trace}" if trace else line
 
 
 class JsonFormatter(logging.Formatter):

@@ -20,6 +20,18 @@ class Settings(BaseSettings):
     - OPENAI_API_KEY / OPENAI_BASE_URL: the model endpoint (any OpenAI-compatible server).
     - BOUNDLOOP_MODEL / BOUNDLOOP_API: default model name and API flavour for new runs.
     - BOUNDLOOP_UI_URL: the Web UI base, for links.
+    - BOUNDLOOP_TOOLS: `package.module:attribute`, the Toolset `boundloop worker` serves
+      (default: the demo tools).
+    - BOUNDLOOP_LOG_FORMAT: worker logs as `text` or `json` lines.
+    - BOUNDLOOP_LOG_TOOL_ERRORS: also log an unexpected tool exception's message with its
+      traceback (off: messages may hold raw data).
+    - BOUNDLOOP_OTEL: `console` or `otlp` tracing (needs the `otel` extra).
+    - BOUNDLOOP_MAX_CACHED_WORKFLOWS: workflow instances a worker keeps in memory.
+    - BOUNDLOOP_STICKY_TIMEOUT_SECONDS: how long a run waits for its previous worker
+      before another takes it.
+
+    This is the only place boundloop reads the environment: the CLI reads it once and
+    hands the values to the public API, which takes them as arguments.
     """
 
     model_config = SettingsConfigDict(env_prefix="", extra="ignore", populate_by_name=True)
@@ -33,6 +45,12 @@ class Settings(BaseSettings):
     model: str = Field("gpt-5-mini", alias="BOUNDLOOP_MODEL")
     api: Literal["responses", "chat"] = Field("responses", alias="BOUNDLOOP_API")
     ui_url: str = Field("http://127.0.0.1:8233", alias="BOUNDLOOP_UI_URL")
+    tools: str | None = Field(None, alias="BOUNDLOOP_TOOLS")
+    log_format: Literal["text", "json"] = Field("text", alias="BOUNDLOOP_LOG_FORMAT")
+    log_tool_error_messages: bool = Field(False, alias="BOUNDLOOP_LOG_TOOL_ERRORS")
+    otel: Literal["", "console", "otlp"] = Field("", alias="BOUNDLOOP_OTEL")
+    max_cached_workflows: int = Field(100, gt=0, alias="BOUNDLOOP_MAX_CACHED_WORKFLOWS")
+    sticky_timeout_seconds: float = Field(10.0, gt=0, alias="BOUNDLOOP_STICKY_TIMEOUT_SECONDS")
 
     @property
     def model_configured(self) -> bool:

@@ -1,4 +1,5 @@
-"""Printing untrusted text (model output, call ids, questions) on a terminal.
+"""Printing on a terminal: untrusted text made safe, events and RunResults (for the CLI
+and the demo alike).
 
 Rich reads `[...]` as markup and a terminal obeys escape sequences: model text such as
 `[/INST]` would crash a print, `[link=…]` would become a hyperlink, and ANSI codes
@@ -9,8 +10,19 @@ would restyle the screen. Everything that did not come from boundloop goes throu
 from __future__ import annotations
 
 import re
+import sys
+from typing import Any
 
+from rich.console import Console
 from rich.markup import escape
+
+from boundloop.client import ui_link
+from boundloop.contracts import RunResult
+from boundloop.core.reasons import NEXT_CHECK, StopReason
+from boundloop.settings import Settings
+
+# Piped output keeps long run ids whole (tables would cut them at 80 columns).
+console = Console(soft_wrap=True, width=None if sys.stdout.isatty() else 200)
 
 # C0/C1 controls (ANSI escapes) and bidi overrides/isolates (text that reads backwards).
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
@@ -19,3 +31,31 @@ _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2
 def safe(text: object) -> str:
     """`text` with control characters replaced (U+FFFD) and rich markup escaped."""
     return escape(_CONTROL.sub("\ufffd", str(text)))
+
+
+def print_event(ev: Any) -> None:
+    parts = [f"step {ev.step}", safe(ev.event)]
+    if ev.tool:
+        parts.append(safe(ev.tool))
+    if ev.call_id:
+        parts.append(f"call_id={safe(ev.call_id)}")
+    if ev.fingerprint:
+        parts.append(f"fp={ev.fingerprint.split(':')[-1][:8]}")
+    console.print("  " + " · ".join(parts), highlight=False)
+
+
+def print_result(result: RunResult, settings: Settings) -> None:
+    colour = "green" if result.reason == StopReason.COMPLETED else "yellow"
+    console.print(f"[bold {colour}]reason: {result.reason.value}[/] — "
+                  f"{NEXT_CHECK[result.reason]}")
+    console.print(f"steps {result.steps} · tool executions {result.tool_executions} · "
+                  f"tokens {result.total_tokens} (in {result.input_tokens}, out "
+                  f"{result.output_tokens}{', estimated' if result.usage_estimated else ''}"
+                  f"{', some unknown' if result.usage_unknown else ''})"
+                  + (f" · cost ${result.cost_usd:.6f}" if result.cost_usd is not None else ""))
+    if result.text:
+        console.print(f"[bold]answer:[/] {safe(result.text)}")
+    if result.answer_looks_like_tool_call:
+        console.print("[bold yellow]the answer looks like a tool call:[/] it was not "
+                      "executed, and it is not an answer to the question")
+    console.print(f"Web UI: {ui_link(settings, result.workflow_id, result.run_id)}")

@@ -8,13 +8,11 @@ payloads. Needs the `otel` extra: `pip install -e '.[otel]'`.
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 
-def client_interceptors(mode: str | None = None) -> list[Any]:
-    """Interceptors for Client.connect: [] when tracing is off."""
-    mode = mode if mode is not None else os.environ.get("BOUNDLOOP_OTEL", "")
+def client_interceptors(mode: str) -> list[Any]:
+    """Interceptors for Client.connect: [] when tracing is off (`mode` empty)."""
     if not mode:
         return []
     from opentelemetry import trace

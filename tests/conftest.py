@@ -7,15 +7,13 @@ Every workflow test runs the real BoundLoop workflow on the dev server from
 from __future__ import annotations
 
 import asyncio
-import os
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-os.environ["BOUNDLOOP_TOOLS"] = "tests.support.tools:test_registry"
-
+import openai
 import pytest
 import pytest_asyncio
 from temporalio.api.enums.v1 import EventType
@@ -24,15 +22,15 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
 from activities.conversation import ConversationCache
+from boundloop import Worker
 from boundloop import search_attributes as sa
 from boundloop.client import result_of
 from boundloop.contracts import WORKFLOW_NAME, RunInput, RunResult
 from boundloop.core.limits import Limits, Policy, RunSettings
 from boundloop.devserver import FAST_FLAGS, temporal_binary
 from boundloop.scripted.server import ScriptedModelServer
-from boundloop.settings import Settings
-from boundloop.tools.demo import list_tickets
-from worker.main import build_worker
+from boundloop.tools.demo import DemoDeps, list_tickets
+from tests.support.tools import tools as test_tools
 
 #: Generous bound on one scripted run, so a regression fails instead of hanging.
 RUN_TIMEOUT = 120.0
@@ -101,6 +99,14 @@ async def workflow_task_failures(handle: WorkflowHandle[Any, Any],
     return failed
 
 
+def test_worker(client: Client, queue: str, base_url: str, data_dir: Path, *,
+                cache: ConversationCache | None = None) -> Worker[DemoDeps]:
+    """A worker serving the demo and test tools against the scripted model at `base_url`."""
+    model = openai.AsyncOpenAI(base_url=base_url, api_key="sk-test-not-real")
+    return Worker(client, test_tools, deps=DemoDeps(data_dir=data_dir), model=model,
+                  task_queue=queue, conversation_cache=cache if cache is not None else 512)
+
+
 @pytest.fixture
 def run_script(temporal: Client, tmp_path: Path) -> RunScript:
     """Run one workflow against a script; asserts no strict-mode violation and no
@@ -116,14 +122,13 @@ def run_script(temporal: Client, tmp_path: Path) -> RunScript:
         server = ScriptedModelServer(turns)
         base_url = server.start()
         queue = f"q-{uuid.uuid4().hex[:8]}"
-        settings = Settings(OPENAI_BASE_URL=base_url, OPENAI_API_KEY="sk-test-not-real",
-                            BOUNDLOOP_TASK_QUEUE=queue, BOUNDLOOP_DATA_DIR=tmp_path / "data")
+        data_dir = tmp_path / "data"
         run_settings = RunSettings(model="scripted-model", api=api,  # type: ignore[arg-type]
                                    limits=limits or Limits(), policy=policy or Policy())
         inp = RunInput(question=question, instructions=instructions, settings=run_settings,
                        tools=tools if tools is not None else DEMO_TOOLS)
         try:
-            async with build_worker(temporal, settings, cache=cache):
+            async with test_worker(temporal, queue, base_url, data_dir, cache=cache):
                 handle = await temporal.start_workflow(
                     WORKFLOW_NAME, inp, id=f"test-{uuid.uuid4().hex[:12]}", task_queue=queue,
                     result_type=RunResult)
@@ -135,7 +140,6 @@ def run_script(temporal: Client, tmp_path: Path) -> RunScript:
         assert await workflow_task_failures(handle, temporal) == 0, "a workflow task failed"
         if not allow_violations:
             assert server.violations == [], server.violations
-        return Outcome(result=result, server=server, handle=handle,
-                       data_dir=settings.data_dir)
+        return Outcome(result=result, server=server, handle=handle, data_dir=data_dir)
 
     return run

@@ -36,7 +36,7 @@ from boundloop.core.fingerprint import fingerprint
 from boundloop.core.limits import Limits, Policy, RunSettings
 from boundloop.core.loop import Execute, LoopState, Reply, StepPlan, ToolRule, plan_calls
 from boundloop.core.turn import Turn, Usage
-from boundloop.tools.demo import CreateTicketArgs, LookupStockArgs, SearchDocsArgs
+from boundloop.tools.demo import tools as demo_tools
 from tests.support import strategies
 
 FAST = settings(max_examples=60, deadline=None)
@@ -46,6 +46,11 @@ json_values = strategies.json_values(
     | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=12),
     keys=6, width=3, leaves=8)
 items_st = st.lists(st.dictionaries(st.text(max_size=8), json_values, max_size=4), max_size=6)
+
+CreateTicketArgs = demo_tools.get("create_ticket").args_model
+LookupStockArgs = demo_tools.get("lookup_stock").args_model
+SearchDocsArgs = demo_tools.get("search_docs").args_model
+
 
 
 def compact(value: Any) -> str:
@@ -352,7 +357,7 @@ def test_check_refuses_already_decided_call_ids(first: bool, second: bool) -> No
     state, _ = pending_state()
     decision = Decision(call_id="call_t", approve=first, reason=None if first else "no")
     assert approvals.check(state, decision, RULES) is None
-    approvals.apply(state, decision, T0 + timedelta(minutes=1))
+    approvals.apply(state, decision, T0 + timedelta(minutes=1), RULES)
     why = assert_refused_without_change(state, Decision(call_id="call_t", approve=second,
                                                         approver="bob"))
     assert ("approved" if first else "rejected") in why
@@ -406,7 +411,7 @@ def test_a_valid_approval_is_accepted_and_apply_records_it() -> None:
     before = state.model_dump()
     assert approvals.check(state, decision, RULES) is None
     assert state.model_dump() == before  # check never changes state
-    approvals.apply(state, decision, T0 + timedelta(seconds=30))
+    approvals.apply(state, decision, T0 + timedelta(seconds=30), RULES)
     approval = approvals.find(state, "call_t")
     assert approval is not None
     assert approval.status == "approved" and approval.approver == "alice"
@@ -421,7 +426,7 @@ def test_an_approval_with_edited_arguments_executes_the_edited_call() -> None:
     edited = {**TICKET, "priority": "low"}
     decision = Decision(call_id="call_t", approve=True, arguments=edited)
     assert approvals.check(state, decision, RULES) is None
-    approvals.apply(state, decision, T0)
+    approvals.apply(state, decision, T0, RULES)
     approval = approvals.find(state, "call_t")
     assert approval is not None and approval.arguments == edited
     final = approvals.approved_plan(plan, approval)
@@ -434,7 +439,7 @@ def test_a_rejection_is_recorded_and_an_identical_call_is_refused_without_asking
     state, _ = pending_state()
     decision = Decision(call_id="call_t", approve=False, reason="not now")
     assert approvals.check(state, decision, RULES) is None
-    approvals.apply(state, decision, T0)
+    approvals.apply(state, decision, T0, RULES)
     approval = approvals.find(state, "call_t")
     assert approval is not None and approval.status == "rejected"
     assert approval.reason == "not now"

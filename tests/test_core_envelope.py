@@ -31,7 +31,7 @@ from boundloop.core.loop import (
 )
 from boundloop.core.reasons import StopReason
 from boundloop.core.turn import FunctionCall
-from boundloop.tools.demo import LookupStockArgs
+from boundloop.tools.demo import tools as demo_tools
 from tests.support import strategies
 
 FAST = settings(max_examples=150, deadline=None)
@@ -46,6 +46,9 @@ envelopes = st.builds(
     error_code=st.none() | st.sampled_from(["NOT_FOUND", "在庫なし", "X"]),
     message=st.text(max_size=60),
 )
+
+LookupStockArgs = demo_tools.get("lookup_stock").args_model
+
 
 
 def size(envelope: Envelope) -> int:

@@ -34,7 +34,7 @@ from boundloop.core.loop import (
 )
 from boundloop.core.reasons import StopReason
 from boundloop.core.turn import MISSING_NAME, Turn, Usage, parse_chat, parse_responses
-from boundloop.tools.demo import LookupStockArgs
+from boundloop.tools.demo import tools as demo_tools
 from tests.support import strategies
 
 RULES = strategies.demo_rules()
@@ -80,6 +80,9 @@ usage_responses = st.fixed_dictionaries({
 usage_chat = st.fixed_dictionaries({
     "prompt_tokens": st.integers(0, 5000), "completion_tokens": st.integers(0, 5000)},
     optional={"total_tokens": st.integers(0, 10000)})
+
+LookupStockArgs = demo_tools.get("lookup_stock").args_model
+
 
 
 @st.composite

@@ -5,7 +5,8 @@ model server, and worker *processes* (`python -m worker.main`), then kills one o
 with SIGKILL. What must hold: no approval is lost, no side effect is repeated, no model
 request is repeated, and the RunResult is the one an uncrashed run gives.
 
-Workers start with a 1 s sticky schedule-to-start timeout (BOUNDLOOP_STICKY_TIMEOUT_SECONDS):
+Workers serve tests/support/crash_tools.py and start with a 1 s sticky schedule-to-start
+timeout (the worker setting BOUNDLOOP_STICKY_TIMEOUT_SECONDS):
 a decision sent after a crash first goes to the dead worker's sticky queue, and would
 otherwise wait Temporal's default 10 s before any other worker may take it.
 
@@ -19,15 +20,12 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
 from temporalio.client import Client, WorkflowHandle
 from temporalio.contrib.pydantic import pydantic_data_converter
 
@@ -38,49 +36,17 @@ from boundloop.contracts import WORKFLOW_NAME, Decision, RunInput, RunResult
 from boundloop.core.limits import Limits, Policy, RunSettings
 from boundloop.devserver import DevServer, free_port
 from boundloop.scripted.server import ScriptedModelServer
-from boundloop.tools.demo import CRASH_AFTER_WRITE_ENV, list_tickets
-from boundloop.tools.registry import ToolContext, ToolRegistry, ToolSpec
+from boundloop.tools.demo import list_tickets
 from tests.conftest import workflow_task_failures
 from tests.scripts import answer, call, outputs, resp
-from worker.main import STICKY_TIMEOUT_ENV
+from tests.support.crash_tools import CRASH_AFTER_WRITE_ENV
 
 ROOT = Path(__file__).resolve().parent.parent
 DEMO_TOOLS = ["lookup_stock", "search_docs", "create_ticket"]
 TICKET = {"title": "Printer on fire", "description": "3F printer smokes", "priority": "high"}
+CRASH_TOOLS = "tests.support.crash_tools:tools"
 #: Every wait in these tests is bounded by this (seconds); none is an assertion on time.
 WAIT = 40.0
-
-
-# --- a tool that blocks until the test releases it (case 4) ---------------------------
-
-
-class HoldArgs(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    x: str
-
-
-def hold(args: HoldArgs, ctx: ToolContext) -> Any:
-    """Read-only; appends its idempotency key to `hold-entered`, then waits for
-    `hold-release` to exist. Bounded: gives up (unexpected error) after 60 s."""
-    ctx.data_dir.mkdir(parents=True, exist_ok=True)
-    with (ctx.data_dir / "hold-entered").open("a", encoding="utf-8") as f:
-        f.write(ctx.idempotency_key + "\n")
-    end = time.monotonic() + 60
-    while not (ctx.data_dir / "hold-release").exists():
-        if time.monotonic() > end:
-            raise RuntimeError("hold was never released")
-        time.sleep(0.05)
-    return {"held": args.x}
-
-
-def crash_registry() -> ToolRegistry:
-    """The demo tools plus `hold` (BOUNDLOOP_TOOLS=tests.test_crash:crash_registry)."""
-    from tests.support.tools import test_registry
-
-    reg = test_registry()
-    reg.register(ToolSpec(name="hold", description="Blocks until released.", args_model=HoldArgs,
-                          fn=hold, timeout=timedelta(seconds=3), initial_retry_seconds=0.1))
-    return reg
 
 
 # --- the harness ----------------------------------------------------------------------
@@ -89,7 +55,7 @@ def crash_registry() -> ToolRegistry:
 class Cluster:
     """One dev server, one scripted model server, worker processes on one task queue."""
 
-    def __init__(self, tmp: Path, *, tools_target: str | None, queue: str | None = None,
+    def __init__(self, tmp: Path, *, tools_target: str = CRASH_TOOLS, queue: str | None = None,
                  ) -> None:
         self.tmp = tmp
         self.data_dir = tmp / "data"
@@ -131,10 +97,10 @@ class Cluster:
             "OPENAI_BASE_URL": self._base_url,
             "OPENAI_API_KEY": "sk-test-not-real",
             "BOUNDLOOP_DATA_DIR": str(self.data_dir),
-            STICKY_TIMEOUT_ENV: "1",
+            "BOUNDLOOP_STICKY_TIMEOUT_SECONDS": "1",
+            "BOUNDLOOP_TOOLS": self.tools_target,
+            "PYTHONPATH": str(ROOT),  # `boundloop worker` imports the tests' toolset too
         })
-        if self.tools_target:
-            env["BOUNDLOOP_TOOLS"] = self.tools_target
         if crash_after_ticket_write:
             env[CRASH_AFTER_WRITE_ENV] = "1"
         log = (self.tmp / f"worker-{len(self.workers)}.log").open("ab")
@@ -178,7 +144,7 @@ class Cluster:
 
 
 @asynccontextmanager
-async def cluster(tmp: Path, *, tools_target: str | None = None,
+async def cluster(tmp: Path, *, tools_target: str = CRASH_TOOLS,
                   queue: str | None = None) -> AsyncIterator[Cluster]:
     c = Cluster(tmp, tools_target=tools_target, queue=queue)
     try:
@@ -320,7 +286,7 @@ async def test_server_killed_while_waiting_for_approval_keeps_it(tmp_path: Path)
 async def test_worker_killed_during_tool_does_not_ask_the_model_again(tmp_path: Path) -> None:
     """Case 4: the model answered with a call, the tool is running, the worker dies. A
     new worker retries the tool; the model gets exactly one request per step."""
-    async with cluster(tmp_path, tools_target="tests.test_crash:crash_registry") as c:
+    async with cluster(tmp_path) as c:
         first = c.start_worker()
         handle = await c.start_run([
             resp(call("hold", {"x": "1"}, "c1")),

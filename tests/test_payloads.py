@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import openai
 import pytest
 import pytest_asyncio
 from temporalio import activity
@@ -36,11 +37,13 @@ from boundloop.devserver import FAST_FLAGS, temporal_binary
 from boundloop.errors import PAYLOAD_LIMIT_BYTES
 from boundloop.scripted.server import ScriptedModelServer
 from boundloop.settings import Settings
-from boundloop.tools.catalog import registry
+from boundloop.tools import catalog
+from boundloop.tools.demo import DemoDeps
 from boundloop.tools.registry import ToolContext
 from tests.conftest import RUN_TIMEOUT, RunScript, workflow_task_failures
 from tests.scripts import answer, call, outputs, resp
-from tests.support.tools import BytesArgs, counted, executions
+from tests.support.tools import counted, executions
+from tests.support.tools import tools as test_tools
 from tests.test_cli import cli, env_for
 from worker.main import build_worker
 from workflows.loop import BoundLoopWorkflow
@@ -102,20 +105,21 @@ async def test_tool_result_over_the_payload_limit_is_not_retried_and_names_the_t
 
     @activity.defn(name=TOOL_ACTIVITY)
     async def uncapped_tool(req: ToolRequest) -> ToolOutcome:
-        ctx = ToolContext(idempotency_key=req.idempotency_key, workflow_id="",
-                          call_id=req.call_id, step=req.step, data_dir=tmp_path,
+        ctx = ToolContext(deps=DemoDeps(data_dir=tmp_path), idempotency_key=req.idempotency_key,
+                          workflow_id="", call_id=req.call_id, step=req.step,
                           max_result_bytes=req.max_result_bytes)
-        data = counted(BytesArgs.model_validate(req.arguments), ctx)
+        data = counted(ctx, **req.arguments)
         return ToolOutcome(envelope=success(data))  # not capped
 
     server = ScriptedModelServer([
         resp(call("counted", {"size": OVER_THE_LIMIT, "tag": "a"}, "c1")), answer("unused")])
     queue = f"q-{uuid.uuid4().hex[:8]}"
-    settings = Settings(OPENAI_BASE_URL=server.start(), BOUNDLOOP_TASK_QUEUE=queue,
-                        BOUNDLOOP_DATA_DIR=tmp_path)
-    model = ModelActivities(settings, registry(), ConversationCache())
+    model = ModelActivities(openai.AsyncOpenAI(base_url=server.start(), api_key="sk-x"),
+                            test_tools, ConversationCache())
     inp = RunInput(question="q", tools=["counted"], settings=RunSettings(
         model="m", limits=Limits(max_result_bytes=MAX_RESULT_BYTES)))
+    # A worker built by hand: its task queue's toolset is registered by hand too.
+    catalog.register(queue, test_tools)
     try:
         async with Worker(temporal, task_queue=queue, workflows=[BoundLoopWorkflow],
                           activities=[model.model_request, uncapped_tool]):
@@ -124,6 +128,7 @@ async def test_tool_result_over_the_payload_limit_is_not_retried_and_names_the_t
                 result_type=RunResult)
             result = await asyncio.wait_for(result_of(handle), timeout=RUN_TIMEOUT)
     finally:
+        catalog.unregister(queue, test_tools)
         server.stop()
     assert executions(tmp_path) == 1
     assert (result.reason, result.tool_executions) == ("result_limit", 1)

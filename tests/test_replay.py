@@ -17,9 +17,9 @@ from temporalio.client import WorkflowHistory
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer
 
-from boundloop import errors
+from boundloop import Plugin, errors
 from tests.make_histories import HISTORIES, RUNS, workflow_id
-from workflows.loop import BoundLoopWorkflow
+from tests.support.crash_tools import tools
 
 E = EventType
 
@@ -44,7 +44,8 @@ def test_every_representative_history_is_committed() -> None:
 
 @pytest.mark.parametrize("name", ALL_FILES)
 async def test_history_replays_without_nondeterminism(name: str) -> None:
-    replayer = Replayer(workflows=[BoundLoopWorkflow], data_converter=pydantic_data_converter)
+    replayer = Replayer(workflows=[], data_converter=pydantic_data_converter,
+                        plugins=[Plugin(tools, deps=None)])
     result = await replayer.replay_workflow(load(name))
     assert result.replay_failure is None
 

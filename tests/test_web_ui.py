@@ -106,16 +106,19 @@ async def runs(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[UiRuns
         # The worker stays up while the browser looks: the UI reads current details
         # through a query that a worker answers.
         async with build_worker(client, settings):
-            done = await start_run(client, settings, RunInput(
-                question=COMPLETED_QUESTION, settings=run_settings, tools=DEMO_TOOLS))
+            done = await start_run(client, RunInput(
+                question=COMPLETED_QUESTION, settings=run_settings, tools=DEMO_TOOLS),
+                task_queue=settings.task_queue)
             completed = await result_of(done)
             assert completed.reason == "completed"
-            loop = await start_run(client, settings, RunInput(
-                question=STOPPED_QUESTION, settings=run_settings, tools=DEMO_TOOLS))
+            loop = await start_run(client, RunInput(
+                question=STOPPED_QUESTION, settings=run_settings, tools=DEMO_TOOLS),
+                task_queue=settings.task_queue)
             stopped = await result_of(loop)
             assert (stopped.reason, stopped.answer_looks_like_tool_call) == ("max_steps", True)
-            waiting = await start_run(client, settings, RunInput(
-                question=WAITING_QUESTION, settings=run_settings, tools=DEMO_TOOLS))
+            waiting = await start_run(client, RunInput(
+                question=WAITING_QUESTION, settings=run_settings, tools=DEMO_TOOLS),
+                task_queue=settings.task_queue)
             try:
                 async def visible() -> bool:
                     return (await listed(client, WAITING_QUERY) == {waiting.id}

@@ -1,18 +1,27 @@
 """The boundloop worker: the workflow, the model activity and the tool activity.
 
-Run with `boundloop worker` (or `python -m worker.main`). Settings come from the
-environment (boundloop/settings.py).
+- `Plugin(toolset, deps=..., model=...)` adds boundloop to a Temporal worker you already
+  run (`temporalio.worker.Worker(client, task_queue=..., plugins=[plugin])`), or to a
+  Replayer.
+- `Worker(client, toolset, deps=..., model=...)` is a Temporal worker with the plugin and
+  boundloop's defaults (bounded workflow cache, a short-enough sticky timeout).
+- `main()` (`boundloop worker`, `python -m worker.main`) is the command-line edge: it
+  reads the environment (boundloop/settings.py) and serves the BOUNDLOOP_TOOLS toolset.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import os
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import timedelta
+from typing import Any, Generic, TypeVar
 
+import openai
+import temporalio.worker
 from temporalio.client import Client
-from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.contrib.pydantic import PydanticPayloadConverter, pydantic_data_converter
+from temporalio.plugin import SimplePlugin
 from temporalio.runtime import (
     LogForwardingConfig,
     LoggingConfig,
@@ -20,22 +29,21 @@ from temporalio.runtime import (
     TelemetryConfig,
     TelemetryFilter,
 )
-from temporalio.worker import Worker
+from temporalio.worker import ReplayerConfig, WorkerConfig
 
 from activities.conversation import ConversationCache
 from activities.model import ModelActivities
 from activities.tools import ToolActivities
+from boundloop.client import DEFAULT_TASK_QUEUE
+from boundloop.errors import BoundloopError
 from boundloop.logs import configure
 from boundloop.settings import Settings
-from boundloop.tools.catalog import registry
+from boundloop.tools import catalog
+from boundloop.tools.registry import Toolset
 from boundloop.tracing import client_interceptors
 from workflows.loop import BoundLoopWorkflow
 
-#: How long a workflow task waits on this worker's sticky queue before any worker may
-#: take it (Temporal's default 10 s). Crash tests shorten it: a killed worker's sticky
-#: queue would otherwise delay the next decision by the full timeout.
-STICKY_TIMEOUT_ENV = "BOUNDLOOP_STICKY_TIMEOUT_SECONDS"
-
+Deps = TypeVar("Deps")
 
 _core_logs_forwarded = False
 
@@ -43,7 +51,7 @@ _core_logs_forwarded = False
 def forward_core_logs() -> None:
     """Send the SDK core's own log lines through Python logging (stderr, our format)
     instead of letting them reach stdout, where they would corrupt `--json` output.
-    Once per process, before the first client."""
+    Once per process, before the first client (the CLI calls it)."""
     global _core_logs_forwarded
     if _core_logs_forwarded:
         return
@@ -54,48 +62,140 @@ def forward_core_logs() -> None:
     Runtime.set_default(runtime, error_if_already_set=False)
 
 
+class Plugin(SimplePlugin, Generic[Deps]):
+    """boundloop's workflow and activities for a worker (or Replayer) you build.
+
+    - toolset: the tools this worker serves; the workflow reads their rules from it.
+    - deps: handed to every tool as `ctx.deps`.
+    - model: the OpenAI (or compatible) client the model activity uses; its retries are
+      turned off (Temporal's retry policy is the only retry layer). Not needed for a
+      Replayer.
+    - log_tool_error_messages: log an unexpected tool exception's message with its
+      traceback (default off: messages may hold raw arguments or data).
+    - conversation_cache: conversations (and tool outputs x8) kept in memory for the
+      next model request; a miss rebuilds it from the run's history (0: always).
+
+    The client must use the pydantic data converter (`boundloop.connect` sets it, as
+    does passing this plugin to `Client.connect`).
+    """
+
+    def __init__(self, toolset: Toolset[Deps], *, deps: Deps,
+                 model: openai.AsyncOpenAI | None = None,
+                 log_tool_error_messages: bool = False,
+                 conversation_cache: int | ConversationCache = 512) -> None:
+        self.toolset = toolset
+        cache = (conversation_cache if isinstance(conversation_cache, ConversationCache)
+                 else ConversationCache(capacity=conversation_cache))
+        tools = ToolActivities(toolset, deps, cache,
+                               log_error_messages=log_tool_error_messages)
+        activities: list[Callable[..., Any]] = [tools.tool_execute]
+        if model is not None:
+            activities.append(ModelActivities(model, toolset, cache).model_request)
+        super().__init__("boundloop", data_converter=pydantic_data_converter,
+                         workflows=[BoundLoopWorkflow], activities=activities)
+
+    def configure_worker(self, config: WorkerConfig) -> WorkerConfig:
+        converter = config["client"].data_converter
+        if not issubclass(converter.payload_converter_class, PydanticPayloadConverter):
+            raise BoundloopError("the client does not use the pydantic data converter: "
+                                 "connect with boundloop.connect(...) or pass "
+                                 "data_converter=pydantic_data_converter to Client.connect")
+        config = super().configure_worker(config)
+        catalog.register(config.get("task_queue"), self.toolset)
+        return config
+
+    async def run_worker(self, worker: temporalio.worker.Worker,
+                         next: Callable[[temporalio.worker.Worker], Awaitable[None]]) -> None:
+        try:
+            await super().run_worker(worker, next)
+        finally:
+            catalog.unregister(worker.task_queue, self.toolset)
+
+    def configure_replayer(self, config: ReplayerConfig) -> ReplayerConfig:
+        # A Replayer replays histories of any task queue.
+        catalog.register(None, self.toolset)
+        return super().configure_replayer(config)
+
+
+class Worker(temporalio.worker.Worker, Generic[Deps]):
+    """A Temporal worker serving boundloop runs with `toolset`.
+
+    - client: from `boundloop.connect` (the pydantic data converter).
+    - toolset, deps, model, log_tool_error_messages, conversation_cache: see `Plugin`.
+    - task_queue: where `boundloop.start(..., task_queue=...)` sends runs.
+    - max_cached_workflows: workflow instances kept in memory (default 100); a run parked
+      on approval beyond it is evicted and replays its short history when the decision
+      arrives, so 1,000 parked runs cost little memory.
+    - sticky_timeout: how long a run's next workflow task waits for the worker that ran
+      the previous one before any worker may take it (Temporal's default 10 s); after a
+      worker crash, a decision waits this long.
+    - max_concurrent_activities: model requests and tool executions at once (default 64).
+    - plugins: more Temporal worker plugins.
+    """
+
+    def __init__(self, client: Client, toolset: Toolset[Deps], *, deps: Deps,
+                 model: openai.AsyncOpenAI, task_queue: str = DEFAULT_TASK_QUEUE,
+                 max_cached_workflows: int = 100,
+                 sticky_timeout: timedelta = timedelta(seconds=10),
+                 max_concurrent_activities: int = 64,
+                 log_tool_error_messages: bool = False,
+                 conversation_cache: int | ConversationCache = 512,
+                 plugins: Sequence[temporalio.worker.Plugin] = ()) -> None:
+        self.plugin = Plugin(toolset, deps=deps, model=model,
+                             log_tool_error_messages=log_tool_error_messages,
+                             conversation_cache=conversation_cache)
+        super().__init__(client, task_queue=task_queue, plugins=[self.plugin, *plugins],
+                         max_cached_workflows=max_cached_workflows,
+                         sticky_queue_schedule_to_start_timeout=sticky_timeout,
+                         max_concurrent_activities=max_concurrent_activities)
+
+
+# --- the command-line edge -------------------------------------------------------------
+
+
 async def connect(settings: Settings) -> Client:
-    """A client with the pydantic data converter (SPEC §2)."""
+    """The client the CLI uses: settings' address and namespace, the pydantic data
+    converter, tracing per BOUNDLOOP_OTEL."""
     forward_core_logs()
     return await Client.connect(settings.temporal_address, namespace=settings.temporal_namespace,
                                 data_converter=pydantic_data_converter,
-                                interceptors=client_interceptors())
+                                interceptors=client_interceptors(settings.otel))
 
 
-def build_worker(client: Client, settings: Settings, *,
-                 cache: ConversationCache | None = None) -> Worker:
-    """The worker. Both activities share one cache: the tool activity leaves its output
-    there for the next model request (docs/history.md).
-
-    `BOUNDLOOP_MAX_CACHED_WORKFLOWS` (default 100) bounds the workflow instances kept in
-    memory: a run parked on approval beyond it is evicted and replays its (short)
-    history when the decision arrives, so 1,000 parked runs cost little memory.
-    """
-    reg = registry()
-    cache = cache if cache is not None else ConversationCache()
-    model = ModelActivities(settings, reg, cache)
-    tools = ToolActivities(reg, settings.data_dir, cache)
-    sticky = float(os.environ.get(STICKY_TIMEOUT_ENV) or 10.0)
-    return Worker(
-        client, task_queue=settings.task_queue, workflows=[BoundLoopWorkflow],
-        activities=[model.model_request, tools.tool_execute],
-        max_concurrent_activities=64,
-        max_cached_workflows=int(os.environ.get("BOUNDLOOP_MAX_CACHED_WORKFLOWS") or 100),
-        sticky_queue_schedule_to_start_timeout=timedelta(seconds=sticky),
-    )
+def model_client(settings: Settings) -> openai.AsyncOpenAI:
+    key = settings.openai_api_key.get_secret_value() if settings.openai_api_key else None
+    return openai.AsyncOpenAI(api_key=key or "not-needed", base_url=settings.openai_base_url,
+                              max_retries=0)
 
 
-async def run_worker(settings: Settings | None = None) -> None:
-    settings = settings or Settings()
+def build_worker(client: Client, settings: Settings, *, toolset: Toolset[Any] | None = None,
+                 cache: ConversationCache | None = None) -> Worker[Any]:
+    """The worker `boundloop worker` runs: the BOUNDLOOP_TOOLS toolset (the demo tools by
+    default), each tool getting the demo's dependencies (its data directory). A toolset
+    with other dependencies runs in its own worker script (examples/weather_desk/)."""
+    from boundloop.tools.demo import DemoDeps
+
+    return Worker(client, toolset or catalog.load(settings.tools),
+                  deps=DemoDeps(data_dir=settings.data_dir), model=model_client(settings),
+                  task_queue=settings.task_queue,
+                  max_cached_workflows=settings.max_cached_workflows,
+                  sticky_timeout=timedelta(seconds=settings.sticky_timeout_seconds),
+                  log_tool_error_messages=settings.log_tool_error_messages,
+                  conversation_cache=cache if cache is not None else 512)
+
+
+async def run_worker(settings: Settings) -> None:
     client = await connect(settings)
     worker = build_worker(client, settings)
     logging.getLogger(__name__).info("worker started", extra={"task_queue": settings.task_queue})
     await worker.run()
 
 
-def main() -> None:
-    configure(os.environ.get("BOUNDLOOP_LOG_FORMAT", "text"))
-    asyncio.run(run_worker())
+def main(settings: Settings | None = None) -> None:
+    """Serve until interrupted; `settings` default to the environment's."""
+    settings = settings or Settings()
+    configure(settings.log_format)
+    asyncio.run(run_worker(settings))
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import builtins
+import dataclasses
 from datetime import timedelta
 
 from temporalio import workflow
@@ -41,7 +42,7 @@ with workflow.unsafe.imports_passed_through():
     from boundloop.core.limits import MAX_PAYLOAD_VALUE_BYTES, payload_bytes
     from boundloop.core.reasons import NEXT_CHECK, StopReason
     from boundloop.core.turn import FunctionCall, Turn
-    from boundloop.tools.catalog import registry
+    from boundloop.tools import catalog
 
 #: Model requests: Temporal is the only retry layer (SDK clients use max_retries=0).
 MODEL_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), backoff_coefficient=2.0,
@@ -66,10 +67,11 @@ class BoundLoopWorkflow:
     @workflow.init
     def __init__(self, inp: RunInput) -> None:
         self._inp = inp
-        # A custom BOUNDLOOP_TOOLS module must load outside the sandbox (one class
-        # identity for ToolRegistry), also when a Replayer builds the workflow first.
-        with workflow.unsafe.imports_passed_through():
-            self._rules = registry().rules(inp.tools)
+        # The toolset of this worker's task queue (registered by the boundloop plugin;
+        # the catalog is passed through the sandbox, so it is the worker's own table).
+        self._toolset = catalog.toolset_for(workflow.info().task_queue)
+        self._unknown = self._toolset.unknown(list(inp.tools))
+        self._rules = self._toolset.rules([t for t in inp.tools if t not in self._unknown])
         carried = inp.carried
         if carried is not None:
             self._state = carried.state
@@ -77,24 +79,25 @@ class BoundLoopWorkflow:
             self._base: ConversationRef | None = carried.base
             self._sent = carried.base.meta
             self._processing_before = carried.processing_seconds
-            self._waited = carried.waited_seconds
         else:
             self._state = core.LoopState(settings=inp.settings, allowed_tools=list(inp.tools))
             self._unsent = []
             self._base = None
             self._sent = ConversationMeta()
             self._processing_before = 0.0
-            self._waited = 0.0
+        self._waited = 0.0  # approval waits of this run (excluded from processing time)
         self._published: tuple[object, ...] = ()
         self._refs: dict[str, str] = {}  # call_id -> idempotency key of its tool output
         self._started = workflow.now()
-        self._lock = asyncio.Lock()
-        self._waiting = False
 
     # --- run -----------------------------------------------------------------------
 
     @workflow.run
     async def run(self, inp: RunInput) -> RunResult:
+        if self._unknown:
+            raise ApplicationError(f"the worker's toolset has no tools {self._unknown}; it has "
+                                   f"{self._toolset.names()}", type=errors.UNKNOWN_TOOLS,
+                                   non_retryable=True)
         if inp.carried is None:
             first = [user_message(inp.question)]
             self._unsent = first
@@ -243,7 +246,6 @@ class BoundLoopWorkflow:
         limit = timedelta(seconds=state.limits.approval_timeout_seconds)
         left = approvals.time_left(approval, workflow.now(), limit)
         began = workflow.now()
-        self._waiting = True
         self._publish()
         try:
             await workflow.wait_condition(lambda: approval.status != "pending", timeout=left)
@@ -254,7 +256,6 @@ class BoundLoopWorkflow:
             return state.stop(StopReason.APPROVAL_TIMEOUT)
         finally:
             self._waited += (workflow.now() - began).total_seconds()
-            self._waiting = approvals.pending_count(state) > 0
         if approval.status == "rejected":
             refusal = approvals.rejection(state, approval)
             return _no_ref(core.reply_output(state, core.Reply(
@@ -266,8 +267,7 @@ class BoundLoopWorkflow:
     async def _execute(self, step: int,
                        p: core.Execute) -> tuple[Envelope, str | None] | StopReason:
         state = self._state
-        with workflow.unsafe.imports_passed_through():
-            spec = registry().get(p.call.name)
+        spec = self._toolset.get(p.call.name)
         timeout = state.limits.tool_timeout_seconds
         per_attempt = timedelta(seconds=timeout) if timeout else spec.timeout
         req = ToolRequest(tool=p.call.name,
@@ -283,10 +283,8 @@ class BoundLoopWorkflow:
             outcome: core.ToolOutcome = await workflow.execute_activity(
                 TOOL_ACTIVITY, req, result_type=core.ToolOutcome,
                 start_to_close_timeout=per_attempt,
-                retry_policy=RetryPolicy(
-                    initial_interval=timedelta(seconds=spec.initial_retry_seconds),
-                    maximum_attempts=spec.max_attempts,
-                    non_retryable_error_types=[errors.PAYLOADS_TOO_LARGE]),
+                retry_policy=dataclasses.replace(spec.retry, non_retryable_error_types=[
+                    *(spec.retry.non_retryable_error_types or ()), errors.PAYLOADS_TOO_LARGE]),
                 summary=f"tool {p.call.name} · call {state.tool_executions + 1}")
         except ActivityError as err:
             cause = err.cause
@@ -298,7 +296,7 @@ class BoundLoopWorkflow:
             transient = isinstance(cause, TimeoutError) or (
                 isinstance(cause, ApplicationError) and cause.type == errors.TRANSIENT_TOOL_ERROR)
             # Every attempt timing out is told apart, with the numbers (SPEC §5).
-            exhausted = (tool_timed_out(per_attempt.total_seconds(), spec.max_attempts)
+            exhausted = (tool_timed_out(per_attempt.total_seconds(), spec.retry.maximum_attempts)
                          if isinstance(cause, TimeoutError) else temporary_error_exhausted())
             outcome = core.ToolOutcome(envelope=exhausted, fatal=not transient,
                                        from_activity=False)
@@ -326,12 +324,12 @@ class BoundLoopWorkflow:
             workflow.logger.warning("approval signal ignored", extra={
                 "call_id": preview(decision.call_id, 60), "problem": problem})
             return
-        approvals.apply(self._state, decision, workflow.now())
+        approvals.apply(self._state, decision, workflow.now(), self._rules)
         self._publish()
 
     @workflow.update
     def decide(self, decision: Decision) -> str:
-        approvals.apply(self._state, decision, workflow.now())
+        approvals.apply(self._state, decision, workflow.now(), self._rules)
         self._publish()
         return "approved" if decision.approve else "rejected"
 
@@ -408,8 +406,7 @@ class BoundLoopWorkflow:
         base = ConversationRef(workflow_id=info.workflow_id, run_id=info.run_id,
                                meta=self._sent)
         carried = Carried(state=self._state, base=base, unsent=self._wire_items(),
-                          processing_seconds=self._processing_seconds(),
-                          waited_seconds=0.0)
+                          processing_seconds=self._processing_seconds())
         return self._inp.model_copy(update={"carried": carried})
 
     def _result(self) -> RunResult:

@@ -13,10 +13,17 @@ from typing import Any, Protocol
 from pydantic import ValidationError
 
 from boundloop.core import envelope as env
-from boundloop.core.canonical import preview
+from boundloop.core.canonical import compact_json, preview
 from boundloop.core.envelope import Envelope
 from boundloop.core.fingerprint import fingerprint
-from boundloop.core.loop import Approval, Execute, LoopState, ToolRule
+from boundloop.core.loop import (
+    Approval,
+    Execute,
+    LoopState,
+    ToolRule,
+    parse_arguments,
+    validation_problems,
+)
 
 
 class DecisionLike(Protocol):
@@ -77,16 +84,21 @@ def check(state: LoopState, decision: DecisionLike, rules: dict[str, ToolRule]) 
         if not decision.approve:
             return "edited arguments are only accepted with an approval"
         try:
-            rules[approval.tool].args_model.model_validate(decision.arguments, strict=True)
+            edited(rules[approval.tool], decision.arguments)
         except ValidationError as exc:
-            problems = "; ".join(
-                f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}"
-                for e in exc.errors(include_url=False, include_input=False)[:5])
-            return f"edited arguments do not match the {approval.tool} schema: {problems}"
+            return (f"edited arguments do not match the {approval.tool} schema: "
+                    f"{validation_problems(exc)}")
     return None
 
 
-def apply(state: LoopState, decision: DecisionLike, now: datetime) -> None:
+def edited(rule: ToolRule, arguments: dict[str, Any]) -> dict[str, Any]:
+    """Edited arguments validated like the model's own (from their JSON text) and in the
+    same normal form. Raises ValidationError."""
+    return parse_arguments(rule.args_model, compact_json(arguments)).model_dump(mode="json")
+
+
+def apply(state: LoopState, decision: DecisionLike, now: datetime,
+          rules: dict[str, ToolRule]) -> None:
     """Record a decision that `check` accepted."""
     approval = find(state, decision.call_id)
     assert approval is not None and approval.status == "pending"
@@ -95,7 +107,7 @@ def apply(state: LoopState, decision: DecisionLike, now: datetime) -> None:
     approval.reason = decision.reason
     approval.decided_at = now.isoformat()
     if decision.arguments is not None:
-        approval.arguments = decision.arguments
+        approval.arguments = edited(rules[approval.tool], decision.arguments)
     state.log(f"approval_{approval.status}", tool=approval.tool, call_id=approval.call_id,
               fp=approval.fingerprint)
 

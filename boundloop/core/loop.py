@@ -8,6 +8,7 @@ to call the model, execute a tool, ask a human or stop lives here.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -33,7 +34,8 @@ class ToolRule:
     name: str
     args_model: type[BaseModel]
     side_effects: bool = False
-    needs_approval: bool = False
+    #: True, or a pure predicate over the validated argument model (runs in the workflow).
+    needs_approval: bool | Callable[[Any], bool] = False
     cost_units: int = 0
     max_calls: int | None = None
 
@@ -220,7 +222,22 @@ def idempotency_key(workflow_id: str, step: int, index: int) -> str:
     return f"{workflow_id}/step-{step}/call-{index}"
 
 
-def _validate_arguments(call: FunctionCall, rule: ToolRule) -> dict[str, Any] | Envelope:
+def parse_arguments(model: type[BaseModel], text: str) -> BaseModel:
+    """Validate arguments from their JSON text, in strict mode: what JSON can only carry
+    as strings (dates, datetimes, UUIDs, enums, decimals) is accepted in that form, but
+    `"3"` is still not an int. The workflow, the approval check and the tool activity all
+    validate through here. Raises pydantic's ValidationError."""
+    return model.model_validate_json(text, strict=True)
+
+
+def validation_problems(exc: ValidationError) -> str:
+    """The first problems of a ValidationError, without the input values."""
+    return "; ".join(
+        f"{'.'.join(str(p) for p in e['loc']) or '(root)'}: {e['msg']}"
+        for e in exc.errors(include_url=False, include_input=False)[:5])
+
+
+def _validate_arguments(call: FunctionCall, rule: ToolRule) -> BaseModel | Envelope:
     if call.truncated:
         return env.invalid_input(
             "ARGUMENTS_TRUNCATED",
@@ -241,12 +258,26 @@ def _validate_arguments(call: FunctionCall, rule: ToolRule) -> dict[str, Any] | 
             "INVALID_ARGUMENTS",
             f"arguments must be a JSON object, got {preview(call.arguments)!r}.")
     try:
-        model = rule.args_model.model_validate(parsed, strict=True)
+        return parse_arguments(rule.args_model, call.arguments)
     except ValidationError as exc:
         return env.invalid_input("INVALID_ARGUMENTS", preview(
             f"arguments do not match the {rule.name} schema: {_schema_problems(exc, rule)}",
             600))
-    return model.model_dump(mode="json")
+
+
+def needs_approval(rule: ToolRule, args: BaseModel, policy: Policy) -> bool:
+    """The policy, the tool's flag or its predicate. A predicate that raises asks for
+    approval: when in doubt, a person decides."""
+    if policy.approval == "never":
+        return False
+    if policy.approval == "always" and rule.side_effects:
+        return True
+    if isinstance(rule.needs_approval, bool):
+        return rule.needs_approval
+    try:
+        return bool(rule.needs_approval(args))
+    except Exception:
+        return True
 
 
 #: Keywords of a JSON schema: arguments made of them are the schema echoed back.
@@ -341,11 +372,12 @@ def _plan_one(state: LoopState, call: FunctionCall, rules: dict[str, ToolRule],
             state, "unknown_tool", call, fp,
             env.unknown_tool(preview(call.name, 60), state.allowed_tools))
     rule = rules[call.name]
-    args = _validate_arguments(call, rule)
-    if isinstance(args, Envelope):
+    model = _validate_arguments(call, rule)
+    if isinstance(model, Envelope):
         fp = invalid_fingerprint(call.name, call.arguments)
         return _refused_repeat(state, call, fp) or _count_refusal(
-            state, "invalid_input", call, fp, args)
+            state, "invalid_input", call, fp, model)
+    args = model.model_dump(mode="json")
     fp = fingerprint(call.name, args)
     if fp in state.rejected_fingerprints:
         state.log("refused_rejected_again", tool=call.name, call_id=call.call_id, fp=fp)
@@ -368,11 +400,8 @@ def _plan_one(state: LoopState, call: FunctionCall, rules: dict[str, ToolRule],
             "Answer the user with the results you have."))
     state.identical_calls[fp] = state.identical_calls.get(fp, 0) + 1
     state.per_tool_calls[call.name] = state.per_tool_calls.get(call.name, 0) + 1
-    approval = state.policy.approval
-    needs = approval != "never" and (
-        rule.needs_approval or (approval == "always" and rule.side_effects))
     return Execute(call=call, arguments=args, fingerprint=fp, idempotency_key=key,
-                   needs_approval=needs)
+                   needs_approval=needs_approval(rule, model, state.policy))
 
 
 def _refused_repeat(state: LoopState, call: FunctionCall, fp: str) -> Reply | None:

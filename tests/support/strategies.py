@@ -7,7 +7,12 @@ from typing import Any
 from hypothesis import strategies as st
 
 from boundloop.core.loop import ToolRule
-from boundloop.tools.demo import CreateTicketArgs, LookupStockArgs, SearchDocsArgs
+from boundloop.tools.demo import tools as demo_tools
+
+CreateTicketArgs = demo_tools.get("create_ticket").args_model
+LookupStockArgs = demo_tools.get("lookup_stock").args_model
+SearchDocsArgs = demo_tools.get("search_docs").args_model
+
 
 
 def json_values(scalars: st.SearchStrategy[Any] | None = None, *, text: int = 20,

@@ -1,4 +1,4 @@
-"""Test-only tools, registered beside the demo tools (BOUNDLOOP_TOOLS in conftest)."""
+"""Test-only tools, served beside the demo tools by the tests' workers."""
 
 from __future__ import annotations
 
@@ -8,36 +8,23 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
+from temporalio.common import RetryPolicy
 
-from boundloop.core.envelope import ToolStatus
-from boundloop.tools.demo import demo_registry
-from boundloop.tools.registry import (
-    ToolContext,
-    ToolFailure,
-    ToolRegistry,
-    ToolSpec,
-    TransientToolError,
-)
+from boundloop import ToolContext, ToolFailure, Toolset, ToolStatus, TransientToolError
+from boundloop.tools.demo import DemoDeps
+from boundloop.tools.demo import tools as demo_tools
 
 SECRET_DETAIL = "private DB detail: password=hunter2"
 SLEEPY_SECONDS = 2.0
+FAST = {"timeout": timedelta(seconds=5)}
 
 
-class XArgs(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    x: str
+def retry(attempts: int = 3) -> RetryPolicy:
+    return RetryPolicy(initial_interval=timedelta(seconds=0.05), maximum_attempts=attempts)
 
 
-class SizeArgs(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    chars: int
-
-
-class BytesArgs(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    size: int
-    tag: str
+tools = Toolset[DemoDeps]()
+tools.include(demo_tools)
 
 
 def executions(data_dir: Path, key: str | None = None) -> int:
@@ -51,65 +38,56 @@ def executions(data_dir: Path, key: str | None = None) -> int:
     return int(count)
 
 
-def counted(args: BytesArgs, ctx: ToolContext) -> Any:
-    """Records each execution in a SQLite store (a side effect), then returns `size`
-    ASCII characters of data."""
-    ctx.data_dir.mkdir(parents=True, exist_ok=True)
-    with sqlite3.connect(ctx.data_dir / "counted.sqlite3") as db:
+@tools.tool(side_effects=True, retry=retry(), **FAST)
+def counted(ctx: ToolContext[DemoDeps], size: int, tag: str) -> Any:
+    """Counts its executions; returns bytes. Records each execution in a SQLite store
+    (a side effect), then returns `size` ASCII characters of data."""
+    data_dir = ctx.deps.data_dir
+    data_dir.mkdir(parents=True, exist_ok=True)
+    with sqlite3.connect(data_dir / "counted.sqlite3") as db:
         db.execute("CREATE TABLE IF NOT EXISTS runs (key TEXT NOT NULL)")
         db.execute("INSERT INTO runs (key) VALUES (?)", (ctx.idempotency_key,))
-    return {"text": "a" * args.size}
+    return {"text": "a" * size}
 
 
-def explode(args: XArgs, ctx: ToolContext) -> Any:
+@tools.tool(retry=retry(2), **FAST)
+def explode(x: str) -> Any:
+    """Always raises."""
     raise RuntimeError(SECRET_DETAIL)
 
 
-def huge(args: SizeArgs, ctx: ToolContext) -> Any:
-    return {"text": "あ" * args.chars}
+@tools.tool(retry=retry(), **FAST)
+def huge(chars: int) -> Any:
+    """Returns a large text."""
+    return {"text": "あ" * chars}
 
 
-def flaky(args: XArgs, ctx: ToolContext) -> Any:
+@tools.tool(retry=retry(2), **FAST)
+def flaky(x: str) -> Any:
+    """Always fails transiently."""
     raise TransientToolError("upstream 503")
 
 
-def declared(args: XArgs, ctx: ToolContext) -> Any:
-    raise ToolFailure(ToolStatus.NOT_FOUND, "NO_SUCH_ORDER", f"order {args.x} does not exist")
+@tools.tool(retry=retry(), **FAST)
+def declared(x: str) -> Any:
+    """Fails with a declared error."""
+    raise ToolFailure(ToolStatus.NOT_FOUND, "NO_SUCH_ORDER", f"order {x} does not exist")
 
 
-def finish(args: XArgs, ctx: ToolContext) -> Any:
-    return {"done": args.x}
+@tools.tool(terminal=True, retry=retry(), **FAST)
+def finish(x: str) -> Any:
+    """Terminal success."""
+    return {"done": x}
 
 
-def echo(args: XArgs, ctx: ToolContext) -> Any:
-    return {"echo": args.x}
+@tools.tool(max_calls=2, cost_units=2, retry=retry(), **FAST)
+def echo(ctx: ToolContext[DemoDeps], x: str) -> Any:
+    """Echoes x."""
+    return {"echo": x}
 
 
-def sleepy(args: XArgs, ctx: ToolContext) -> Any:
+@tools.tool(timeout=timedelta(seconds=0.5), retry=retry(2))
+def sleepy(x: str) -> Any:
+    """Never answers in time."""
     time.sleep(SLEEPY_SECONDS)  # well past its 0.5 s timeout, on every attempt
-    return {"late": args.x}
-
-
-def test_registry() -> ToolRegistry:
-    reg = demo_registry()
-    fast = {"timeout": timedelta(seconds=5), "initial_retry_seconds": 0.05}
-    reg.register(ToolSpec(name="explode", description="Always raises.", args_model=XArgs,
-                          fn=explode, max_attempts=2, **fast))  # type: ignore[arg-type]
-    reg.register(ToolSpec(name="huge", description="Returns a large text.",
-                          args_model=SizeArgs, fn=huge, **fast))  # type: ignore[arg-type]
-    reg.register(ToolSpec(name="flaky", description="Always fails transiently.",
-                          args_model=XArgs, fn=flaky, max_attempts=2,
-                          **fast))  # type: ignore[arg-type]
-    reg.register(ToolSpec(name="declared", description="Fails with a declared error.",
-                          args_model=XArgs, fn=declared, **fast))  # type: ignore[arg-type]
-    reg.register(ToolSpec(name="finish", description="Terminal success.", args_model=XArgs,
-                          fn=finish, terminal=True, **fast))  # type: ignore[arg-type]
-    reg.register(ToolSpec(name="echo", description="Echoes x.", args_model=XArgs, fn=echo,
-                          max_calls=2, cost_units=2, **fast))  # type: ignore[arg-type]
-    reg.register(ToolSpec(name="sleepy", description="Never answers in time.",
-                          args_model=XArgs, fn=sleepy, max_attempts=2,
-                          timeout=timedelta(seconds=0.5), initial_retry_seconds=0.05))
-    reg.register(ToolSpec(name="counted", description="Counts its executions; returns bytes.",
-                          args_model=BytesArgs, fn=counted, side_effects=True,
-                          **fast))  # type: ignore[arg-type]
-    return reg
+    return {"late": x}

@@ -1,0 +1,32 @@
+"""House rules the code itself can check: no import circle between the CLI and the
+demo, no test-only switch in product code."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def imported(path: Path) -> set[str]:
+    """Every module `path` imports, at the top or inside a function."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            names.add(node.module)
+        elif isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+    return names
+
+
+def test_the_demo_does_not_import_the_cli() -> None:
+    assert "boundloop.cli" not in imported(ROOT / "boundloop" / "demo.py")
+
+
+def test_no_test_only_switch_in_product_code() -> None:
+    found = [str(p.relative_to(ROOT))
+             for package in ("boundloop", "activities", "workflows", "worker")
+             for p in (ROOT / package).rglob("*.py")
+             if "BOUNDLOOP_TEST" in p.read_text(encoding="utf-8")]
+    assert found == []
