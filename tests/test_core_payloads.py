@@ -39,7 +39,7 @@ from boundloop.core.loop import (
 from boundloop.core.reasons import StopReason
 from boundloop.core.turn import FunctionCall
 from boundloop.errors import PAYLOAD_LIMIT_BYTES
-from tests.support.tools import XArgs
+from tests.support.tools import tools as test_tools
 
 
 def temporal_size(value: object) -> int:
@@ -117,7 +117,8 @@ def test_check_payload_stops_with_history_limit_naming_the_payload() -> None:
 
 def test_a_tool_result_over_the_payload_limit_counts_once_and_names_the_tool() -> None:
     state = _state()
-    rules = {"echo": ToolRule(name="echo", args_model=XArgs, cost_units=2)}
+    rules = {"echo": ToolRule(name="echo", args_model=test_tools.get("echo").args_model,
+                              cost_units=2)}
     plan = Execute(call=FunctionCall(call_id="c1", name="echo", arguments='{"x":"1"}'),
                    arguments={"x": "1"}, fingerprint="echo:1", idempotency_key="wf/step-1/call-0")
     assert result_payload_too_large(state, plan, rules) == StopReason.RESULT_LIMIT
