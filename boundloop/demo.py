@@ -81,12 +81,12 @@ async def _follow(handle: Any, settings: Settings, interactive: bool) -> RunResu
 
 
 async def run_demo(settings: Settings, *, interactive: bool) -> int:
-    from boundloop.cli import print_result
+    from boundloop.cli import connect, exit_code, print_result
     from boundloop.scripted.server import ScriptedModelServer
-    from worker.main import build_worker, connect
+    from worker.main import build_worker
 
     server: DevServer | None = None
-    if "TEMPORAL_ADDRESS" in os.environ:
+    if os.environ.get("TEMPORAL_ADDRESS"):  # empty means unset
         console.print(f"Temporal: {settings.temporal_address} (TEMPORAL_ADDRESS)")
     elif port_open("127.0.0.1", 7233):
         console.print("Temporal: the dev server already listening on 127.0.0.1:7233")
@@ -123,7 +123,7 @@ async def run_demo(settings: Settings, *, interactive: bool) -> int:
                 console.print(f"run {handle.id}")
                 result = await _follow(handle, settings, interactive)
                 print_result(result, settings)
-                code = code or (0 if result.reason == "completed" else 1)
+                code = code or exit_code(result)
             tickets = list_tickets(settings.data_dir)
             if tickets:
                 last = tickets[-1]

@@ -11,7 +11,7 @@ import logging
 from typing import Any
 
 FIELDS = ("step", "tool", "fingerprint", "call_id", "status", "reason", "attempt", "error",
-          "failure", "api", "items", "problem", "task_queue")
+          "failure", "detail", "api", "items", "problem", "task_queue")
 
 
 def fields_of(record: logging.LogRecord) -> dict[str, Any]:
