@@ -88,7 +88,6 @@ class BoundLoopWorkflow:
         self._refs: dict[str, str] = {}  # call_id -> idempotency key of its tool output
         self._started = workflow.now()
         self._lock = asyncio.Lock()
-        self._waiting = False
 
     # --- run -----------------------------------------------------------------------
 
@@ -241,18 +240,21 @@ class BoundLoopWorkflow:
         limit = timedelta(seconds=state.limits.approval_timeout_seconds)
         left = approvals.time_left(approval, workflow.now(), limit)
         began = workflow.now()
-        self._waiting = True
         self._publish()
         try:
             await workflow.wait_condition(lambda: approval.status != "pending", timeout=left)
+            timed_out = False
         except builtins.TimeoutError:
+            timed_out = True
+        # Not in a `finally`: a worker that shuts down or evicts this run closes the
+        # coroutine outside the workflow's event loop, where no workflow API may run (a
+        # cancelled run ends right away, so its last wait need not be counted).
+        self._waited += (workflow.now() - began).total_seconds()
+        if timed_out:
             approval.status = "timed_out"
             state.log("approval_timed_out", tool=p.call.name, call_id=p.call.call_id,
                       fp=p.fingerprint)
             return state.stop(StopReason.APPROVAL_TIMEOUT)
-        finally:
-            self._waited += (workflow.now() - began).total_seconds()
-            self._waiting = approvals.pending_count(state) > 0
         if approval.status == "rejected":
             refusal = approvals.rejection(state, approval)
             return _no_ref(core.reply_output(state, core.Reply(
