@@ -353,6 +353,8 @@ async def _start(client: Client, settings: Settings, inp: RunInput, workflow_id:
         raise fail(f"workflow id {workflow_id!r} is already used by another run; "
                    "ids scope idempotency keys, so each run needs its own") from None
     except RPCError as exc:
+        if exc.status == RPCStatusCode.UNAVAILABLE:
+            raise
         raise fail(f"the server refused the run: {exc.message}") from None
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import socket
 import subprocess
 import sys
 import uuid
@@ -108,3 +109,80 @@ async def test_runs_parked_on_approval_survive_eviction_and_shutdown_without_wor
     text = log.read_text(encoding="utf-8", errors="replace")
     assert "Not in workflow event loop" not in text, text[-3000:]
     assert "Exception ignored" not in text, text[-3000:]
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def forward(port: int, target: str) -> asyncio.Server:
+    """A TCP forwarder on `port` to `target` (host:port): Temporal "coming up" there."""
+    host, _, target_port = target.rpartition(":")
+
+    async def pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while data := await reader.read(65536):
+                writer.write(data)
+                await writer.drain()
+        except ConnectionError:
+            pass
+        finally:
+            writer.close()
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_reader, up_writer = await asyncio.open_connection(host, int(target_port))
+        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
+
+    return await asyncio.start_server(handle, "127.0.0.1", port)
+
+
+async def test_worker_started_before_temporal_retries_in_one_line_then_connects(
+        temporal: Client, tmp_path: Path) -> None:
+    port = closed_port()
+    log = tmp_path / "worker.log"
+    env = worker_env(tmp_path, TEMPORAL_ADDRESS=f"127.0.0.1:{port}",
+                     BOUNDLOOP_TASK_QUEUE=f"late-{uuid.uuid4().hex[:8]}",
+                     OPENAI_BASE_URL="http://127.0.0.1:9/v1", BOUNDLOOP_MODEL="gpt-4.1")
+    retry = f"cannot reach Temporal at 127.0.0.1:{port} (connection refused); retrying in"
+    with process([BOUNDLOOP, "worker"], env, log) as worker:
+        await log_has(log, retry, count=2)  # keeps retrying
+        assert worker.poll() is None
+        server = await forward(port, temporal.service_client.config.target_host)
+        try:
+            await log_has(log, "worker started")
+            assert worker.poll() is None
+        finally:
+            server.close()
+    text = log.read_text(encoding="utf-8")
+    assert "Traceback" not in text, text
+    retries = [line for line in text.splitlines() if "cannot reach Temporal" in line]
+    assert len(retries) >= 2 and all(retry in line for line in retries), retries
+    # BOUNDLOOP_MODEL is read where runs start: a worker given it says so.
+    assert "BOUNDLOOP_MODEL is set in this worker's environment" in text
+
+
+async def test_worker_refuses_a_base_url_without_a_scheme_in_one_line(tmp_path: Path) -> None:
+    env = worker_env(tmp_path, TEMPORAL_ADDRESS=f"127.0.0.1:{closed_port()}",
+                     OPENAI_BASE_URL="localhost:11434/v1")
+    for command in ([BOUNDLOOP, "worker"], [sys.executable, "-m", "worker.main"]):
+        proc = await asyncio.create_subprocess_exec(
+            *command, cwd=ROOT, env=env, stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE)
+        out, err = await asyncio.wait_for(proc.communicate(), timeout=WAIT)
+        lines = [line for line in (out + err).decode().splitlines() if line.strip()]
+        assert proc.returncode == 2, lines
+        assert lines == ["error: OPENAI_BASE_URL must be an http:// or https:// URL such as "
+                         "http://127.0.0.1:11434/v1, not 'localhost:11434/v1'"], lines
+
+
+def test_an_empty_setting_means_unset(monkeypatch: Any) -> None:
+    from boundloop.settings import Settings
+
+    monkeypatch.setenv("OPENAI_BASE_URL", "")  # docker-compose's ${OPENAI_BASE_URL:-}
+    monkeypatch.setenv("BOUNDLOOP_API", "")
+    monkeypatch.setenv("TEMPORAL_ADDRESS", "")
+    settings = Settings()
+    assert settings.openai_base_url is None and not settings.model_configured
+    assert (settings.api, settings.temporal_address) == ("responses", "127.0.0.1:7233")
