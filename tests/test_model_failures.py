@@ -7,6 +7,7 @@ server, and the scripted server answering error statuses or answering too late.
 from __future__ import annotations
 
 import asyncio
+import logging
 import socket
 import uuid
 from pathlib import Path
@@ -18,6 +19,7 @@ from temporalio.client import Client
 from boundloop.contracts import WORKFLOW_NAME, RunInput, RunResult
 from boundloop.core import model_failures as mf
 from boundloop.core.limits import Limits, Policy, RunSettings
+from boundloop.logs import TextFormatter
 from boundloop.scripted.server import ScriptedModelServer
 from boundloop.settings import Settings
 from tests.conftest import RUN_TIMEOUT, workflow_task_failures
@@ -95,7 +97,9 @@ def error_turn(status: int) -> dict[str, Any]:
     (401, "authentication"), (403, "authentication"), (404, "model or route not found"),
     (400, "request rejected"), (429, "rate limited"), (500, "provider error")])
 async def test_http_status_names_its_kind_and_class(
-        temporal: Client, tmp_path: Path, status: int, cls: str) -> None:
+        temporal: Client, tmp_path: Path, status: int, cls: str,
+        caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO)
     # More error turns than any retry policy sends, so every attempt gets this status.
     server = ScriptedModelServer([error_turn(status)] * 12)
     url = server.start()
@@ -107,6 +111,11 @@ async def test_http_status_names_its_kind_and_class(
     assert kind == f"http_{status}"
     assert f"HTTP {status} ({cls})" in detail
     assert url.split("//")[1].split("/")[0] in detail
+    # The worker log names the kind for each failed attempt, and never the body.
+    lines = [TextFormatter().format(r) for r in caplog.records]
+    assert any("model request failed" in line and f"failure=http_{status}" in line
+               for line in lines if "temporalio.activity" in line), lines
+    assert not [line for line in lines if SECRET in line]
 
 
 async def test_a_model_that_answers_too_late_names_the_timeout(
