@@ -35,7 +35,7 @@ from boundloop.contracts import Decision, RunInput, RunResult, RunStatus
 from boundloop.core import model_failures as mf
 from boundloop.core.limits import Limits, Policy, RunSettings
 from boundloop.core.reasons import NEXT_CHECK, StopReason
-from boundloop.settings import Settings, one_line
+from boundloop.settings import Settings, one_line, worker_settings_problem
 from boundloop.terminal import safe
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
@@ -605,7 +605,11 @@ def demo(interactive: Annotated[bool, typer.Option(
     """The main job, end to end on the embedded dev server."""
     from boundloop.demo import run_demo
 
-    code = _run(run_demo(load_settings(), interactive=interactive))
+    settings = load_settings()
+    problem = worker_settings_problem(settings)  # the demo runs a worker of its own
+    if problem is not None:
+        raise fail(problem)
+    code = _run(run_demo(settings, interactive=interactive))
     raise typer.Exit(code)
 
 
