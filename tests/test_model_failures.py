@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from temporalio.client import Client
 
+from boundloop.client import result_of
 from boundloop.contracts import WORKFLOW_NAME, RunInput, RunResult
 from boundloop.core import model_failures as mf
 from boundloop.core.limits import Limits, Policy, RunSettings
@@ -46,7 +47,7 @@ async def run_against(temporal: Client, tmp_path: Path, base_url: str,
         handle = await temporal.start_workflow(
             WORKFLOW_NAME, inp, id=f"test-{uuid.uuid4().hex[:12]}", task_queue=queue,
             result_type=RunResult)
-        result = await asyncio.wait_for(handle.result(), timeout=RUN_TIMEOUT)
+        result = await asyncio.wait_for(result_of(handle), timeout=RUN_TIMEOUT)
     assert await workflow_task_failures(handle) == 0
     return result
 
