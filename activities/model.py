@@ -23,6 +23,7 @@ from boundloop.contracts import MODEL_ACTIVITY, ModelRequest
 from boundloop.core.canonical import json_bytes
 from boundloop.core.conversation import to_chat_messages
 from boundloop.core.limits import MAX_TURN_BYTES
+from boundloop.core.model_failures import ModelFailure
 from boundloop.core.turn import Turn, parse_chat, parse_responses
 from boundloop.tools.registry import Toolset
 
@@ -82,10 +83,12 @@ class ModelActivities:
             raw = await self._client.post(path, cast_to=httpx.Response, body=body,
                                           options={"headers": headers, "timeout": seconds})
         except openai.APIError as exc:
+            error = to_application_error(exc, seconds)
+            failure = ModelFailure.from_details(error.details)
             activity.logger.warning("model request failed", extra={
                 "step": req.step, "error": type(exc).__name__,
-                "status": getattr(exc, "status_code", None)})
-            raise to_application_error(exc) from None
+                "failure": failure.kind if failure else None, "detail": error.message})
+            raise error from None
         try:
             return json.loads(raw.content)
         except (ValueError, RecursionError):  # bad JSON, bad UTF-8, >4300-digit ints

@@ -2,18 +2,23 @@
 
 408, 409, 429, 5xx and connection failures are retryable, honouring `Retry-After`
 (seconds or an HTTP date) and `retry-after-ms`; any other 4xx is non-retryable and
-stops the run with `model_error`. Messages carry the status only: provider error
-bodies may echo keys or prompts.
+stops the run with `model_error`. Each failure is named (`classify`: connection refused,
+DNS, TLS, HTTP status, timeout, with the host and port) in the error's message and
+details; provider error bodies never are: they may echo keys or prompts.
 """
 
 from __future__ import annotations
 
+import socket
+import ssl
 from datetime import UTC, datetime, timedelta
 from email.utils import parsedate_to_datetime
 
 import openai
 from temporalio.exceptions import ApplicationError
 
+from boundloop.core import model_failures as mf
+from boundloop.core.model_failures import ModelFailure
 from boundloop.errors import MODEL_REQUEST_REJECTED, MODEL_REQUEST_RETRYABLE
 
 RETRYABLE_STATUS = frozenset({408, 409, 429})
@@ -45,19 +50,53 @@ def retry_after(headers: dict[str, str] | None, now: datetime | None = None) -> 
     return timedelta(seconds=min(delay, 300.0))
 
 
-def to_application_error(exc: Exception) -> ApplicationError:
-    """The ApplicationError the model activity raises for `exc`."""
+def classify(exc: Exception, timeout_seconds: float) -> ModelFailure:
+    """The operator's name for a failed request: the kind and a one-line detail with the
+    host and port (from the request URL, never its path, query or credentials)."""
+    request = getattr(exc, "request", None)
+    url = getattr(request, "url", None)
+    target = mf.endpoint(getattr(url, "host", None), getattr(url, "port", None),
+                         getattr(url, "scheme", None))
+    if isinstance(exc, openai.APIStatusError):
+        return mf.http_failure(exc.status_code, target)
+    if isinstance(exc, openai.APITimeoutError):
+        return mf.timeout_failure(timeout_seconds, target)
+    if isinstance(exc, openai.APIConnectionError):
+        return mf.connection_failure(_connection_kind(exc), target)
+    return ModelFailure(kind=mf.WORKER_ERROR, detail=f"model request failed: "
+                                                     f"{type(exc).__name__}")
+
+
+def _connection_kind(exc: BaseException) -> str:
+    """Walk the cause chain (SDK -> httpx -> httpcore -> OSError) to the socket's error."""
+    seen: set[int] = set()
+    cur: BaseException | None = exc
+    while cur is not None and id(cur) not in seen:
+        seen.add(id(cur))
+        if isinstance(cur, ssl.SSLError):
+            return mf.TLS
+        if isinstance(cur, socket.gaierror):
+            return mf.DNS
+        if isinstance(cur, ConnectionRefusedError):
+            return mf.CONNECTION_REFUSED
+        cur = cur.__cause__ or cur.__context__
+    return mf.CONNECTION
+
+
+def to_application_error(exc: Exception, timeout_seconds: float = 60.0) -> ApplicationError:
+    """The ApplicationError the model activity raises for `exc`: its message is the
+    failure's detail, its first detail the `ModelFailure` (for the workflow's event log)."""
+    failure = classify(exc, timeout_seconds)
+    details = [failure.model_dump()]
     if isinstance(exc, openai.APIStatusError):
         status = exc.status_code
         retryable = status in RETRYABLE_STATUS or status >= 500
         return ApplicationError(
-            f"model request failed: HTTP {status}",
+            failure.detail, *details,
             type=MODEL_REQUEST_RETRYABLE if retryable else MODEL_REQUEST_REJECTED,
             non_retryable=not retryable,
             next_retry_delay=retry_after(dict(exc.response.headers)) if retryable else None)
-    if isinstance(exc, openai.APITimeoutError):
-        return ApplicationError("model request timed out", type=MODEL_REQUEST_RETRYABLE)
-    if isinstance(exc, openai.APIConnectionError):
-        return ApplicationError("model request could not connect", type=MODEL_REQUEST_RETRYABLE)
-    return ApplicationError(f"model request failed: {type(exc).__name__}",
-                            type=MODEL_REQUEST_REJECTED, non_retryable=True)
+    if isinstance(exc, openai.APIConnectionError):  # timeouts included
+        return ApplicationError(failure.detail, *details, type=MODEL_REQUEST_RETRYABLE)
+    return ApplicationError(failure.detail, *details, type=MODEL_REQUEST_REJECTED,
+                            non_retryable=True)

@@ -27,7 +27,7 @@ from temporalio.client import (
     WorkflowUpdateRPCTimeoutOrCancelledError,
 )
 from temporalio.exceptions import WorkflowAlreadyStartedError
-from temporalio.service import RPCError
+from temporalio.service import RPCError, RPCStatusCode
 
 from boundloop import client as ops
 from boundloop import search_attributes as sa
@@ -35,25 +35,42 @@ from boundloop.contracts import Decision, RunInput, RunResult, RunStatus
 from boundloop.core.limits import Limits, Policy, RunSettings
 from boundloop.core.reasons import StopReason
 from boundloop.errors import DecisionRefused
-from boundloop.settings import Settings
-from boundloop.terminal import console, print_event, print_result, safe
+from boundloop.settings import Settings, one_line, worker_settings_problem
+from boundloop.terminal import STOPPED_EXIT, console, exit_code, print_event, print_result, safe
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="boundloop: a durable, bounded LLM tool-calling loop on Temporal.")
 err = Console(stderr=True, soft_wrap=True)
 T = TypeVar("T")
-#: `run --wait` exit status when the run stopped for any reason but `completed`.
-STOPPED_EXIT = 3
+
+# Exit codes, the same for every command (README "Exit codes").
+#: Done; for `run --wait`, `watch`, `status`, `demo`: the run completed.
+EXIT_OK = 0
+#: The command could not do it: a decision refused, no worker answered, a port in use.
+EXIT_FAILED = 1
+#: Invalid input (flags, settings, limits, a script, an unknown run): nothing changed.
+EXIT_INVALID = 2
+#: The run ended without completing: a stop reason other than `completed`, or
+#: terminated / timed out by Temporal (boundloop.terminal.STOPPED_EXIT).
+#: Temporal could not be reached.
+EXIT_UNREACHABLE = 4
+
 #: How long the CLI waits for a worker to answer a query or accept an update.
 QUERY_TIMEOUT = 10.0
 UPDATE_TIMEOUT = 30.0
 
 
 def _run(coro: Coroutine[Any, Any, T]) -> T:
-    return asyncio.run(coro)
+    try:
+        return asyncio.run(coro)
+    except RPCError as exc:  # a call after connecting: the server went away or refused
+        if exc.status == RPCStatusCode.UNAVAILABLE:
+            raise fail(f"lost the connection to Temporal: {exc.message}",
+                       EXIT_UNREACHABLE) from None
+        raise fail(f"Temporal refused the request: {exc.message}", EXIT_FAILED) from None
 
 
-def fail(message: str, code: int = 2) -> typer.Exit:
+def fail(message: str, code: int = EXIT_INVALID) -> typer.Exit:
     err.print(f"[bold red]error:[/] {safe(message)}")
     return typer.Exit(code)
 
@@ -62,17 +79,31 @@ def load_settings() -> Settings:
     try:
         return Settings()
     except ValidationError as exc:
-        raise fail(f"invalid settings: {exc}") from None
+        raise fail(f"invalid settings: {one_line(exc)}") from None
 
 
 async def connect(settings: Settings) -> Client:
     from worker.main import connect as worker_connect
+    from worker.main import unreachable_reason
 
     try:
         return await worker_connect(settings)
     except RuntimeError as exc:
-        raise fail(f"cannot reach Temporal at {settings.temporal_address}: {exc}. "
-                   "Start it with `boundloop server`.") from None
+        raise fail(f"cannot reach Temporal at {settings.temporal_address} "
+                   f"({unreachable_reason(exc)}): start it with `boundloop server` or set "
+                   "TEMPORAL_ADDRESS", EXIT_UNREACHABLE) from None
+
+
+async def run_result(handle: Any) -> RunResult:
+    """The RunResult however the run ended (`ops.result_of`), or exit 3 when Temporal
+    ended it without one (terminated, timed out)."""
+    try:
+        return await ops.result_of(handle)
+    except WorkflowFailureError as exc:
+        desc = await handle.describe()
+        state = desc.status.name.lower() if desc.status else "ended"
+        raise fail(f"{handle.id} was {state} without a RunResult: "
+                   f"{getattr(exc.cause, 'message', exc.cause)}", STOPPED_EXIT) from None
 
 
 # --- settings from flags ---------------------------------------------------------
@@ -189,7 +220,7 @@ def server(
     try:
         srv.start()
     except RuntimeError as exc:
-        raise fail(str(exc)) from None
+        raise fail(str(exc), EXIT_FAILED) from None
     console.print(f"Temporal dev server on {srv.address}, Web UI http://127.0.0.1:{ui_port} "
                   f"(database {srv.data_dir / 'temporal.db'}). Ctrl-C stops it.")
     signal.signal(signal.SIGTERM, lambda *_: srv.stop())
@@ -279,6 +310,8 @@ async def _start(client: Client, settings: Settings, inp: RunInput, workflow_id:
         raise fail(f"workflow id {workflow_id!r} is already used by another run; "
                    "ids scope idempotency keys, so each run needs its own") from None
     except RPCError as exc:
+        if exc.status == RPCStatusCode.UNAVAILABLE:
+            raise
         raise fail(f"the server refused the run: {exc.message}") from None
 
 
@@ -344,12 +377,12 @@ async def _follow(handle: Any, settings: Settings, as_json: bool) -> int:
             if not as_json:
                 for ev in events:
                     print_event(ev)
-    result = await ops.result_of(handle)
+    result = await run_result(handle)
     if as_json:
         print(result.model_dump_json())
     else:
         print_result(result, settings)
-    return 0 if result.reason == StopReason.COMPLETED else STOPPED_EXIT
+    return exit_code(result)
 
 
 @app.command()
@@ -358,25 +391,19 @@ def status(run_id: Annotated[str, typer.Argument(help="Workflow id")],
     """Show a run: counters, pending approvals, events; the RunResult once it ended."""
     settings = load_settings()
 
-    async def go() -> None:
+    async def go() -> int:
         client = await connect(settings)
         handle = client.get_workflow_handle(run_id, result_type=RunResult)
-        try:
-            desc = await handle.describe()
-        except RPCError as exc:
-            raise fail(f"no run {run_id!r}: {exc.message}") from None
+        desc = await describe(handle)
         if desc.status in (WorkflowExecutionStatus.COMPLETED, WorkflowExecutionStatus.FAILED):
-            try:
-                result = await ops.result_of(handle)
-            except WorkflowFailureError as exc:
-                raise fail(f"{run_id} failed without a RunResult: {exc.cause}", 1) from None
+            result = await run_result(handle)
             if as_json:
                 print(result.model_dump_json())
             else:
                 for ev in result.events:
                     print_event(ev)
                 print_result(result, settings)
-            return
+            return exit_code(result)
         try:
             st = await asyncio.wait_for(ops.query_status(handle), timeout=QUERY_TIMEOUT)
         except (RPCError, TimeoutError):
@@ -386,18 +413,29 @@ def status(run_id: Annotated[str, typer.Argument(help="Workflow id")],
                        f"(BoundloopStatus {attrs.get(sa.STATUS) or '-'}, steps "
                        f"{attrs.get(sa.STEPS) or 0}); no worker answered the status query "
                        f"— is `boundloop worker` running for task queue {desc.task_queue}?",
-                       1) from None
+                       EXIT_FAILED) from None
         if as_json:
             print(st.model_dump_json())
-            return
-        console.print(f"{safe(run_id)}: [bold]{st.status}[/] · steps {st.steps} · tool executions "
-                      f"{st.tool_executions} · tokens {st.total_tokens}")
-        for ev in st.events:
-            print_event(ev)
-        if st.pending:
-            print_pending_table([(run_id, st)])
+        else:
+            console.print(f"{safe(run_id)}: [bold]{st.status}[/] · steps {st.steps} · tool "
+                          f"executions {st.tool_executions} · tokens {st.total_tokens}")
+            for ev in st.events:
+                print_event(ev)
+            if st.pending:
+                print_pending_table([(run_id, st)])
+        # Open: 0. Closed by Temporal (terminated, timed out) without a RunResult: 3.
+        return EXIT_OK if desc.status == WorkflowExecutionStatus.RUNNING else STOPPED_EXIT
 
-    _run(go())
+    raise typer.Exit(_run(go()))
+
+
+async def describe(handle: Any) -> Any:
+    try:
+        return await handle.describe()
+    except RPCError as exc:
+        if exc.status == RPCStatusCode.NOT_FOUND:
+            raise fail(f"no run {handle.id!r}: {exc.message}") from None
+        raise
 
 
 @app.command()
@@ -405,23 +443,18 @@ def watch(run_id: Annotated[str, typer.Argument(help="Workflow id")]) -> None:
     """Follow a run live (steps, tool executions, tokens, cost, approvals) until it ends."""
     settings = load_settings()
 
-    async def go() -> None:
+    async def go() -> int:
         from boundloop.live import watch as live_watch
 
         client = await connect(settings)
         handle = client.get_workflow_handle(run_id, result_type=RunResult)
-        try:
-            await handle.describe()
-        except RPCError as exc:
-            raise fail(f"no run {run_id!r}: {exc.message}") from None
+        await describe(handle)
         await live_watch(handle)
-        try:
-            result = await ops.result_of(handle)
-        except WorkflowFailureError as exc:
-            raise fail(f"{run_id} ended without a RunResult: {exc.cause}", 1) from None
+        result = await run_result(handle)
         print_result(result, settings)
+        return exit_code(result)
 
-    _run(go())
+    raise typer.Exit(_run(go()))
 
 
 @app.command("list")
@@ -493,14 +526,18 @@ def _decide(run_id: str, decision: Decision) -> None:
             await asyncio.wait_for(deciding, timeout=UPDATE_TIMEOUT)
         except (TimeoutError, WorkflowUpdateRPCTimeoutOrCancelledError):
             raise fail(f"no worker accepted the decision within {UPDATE_TIMEOUT:.0f} s: is "
-                       "`boundloop worker` running? (nothing was changed)", 1) from None
+                       "`boundloop worker` running? (nothing was changed)", EXIT_FAILED) from None
         except DecisionRefused as exc:
-            raise fail(str(exc), 1) from None
+            raise fail(str(exc), EXIT_FAILED) from None
         except WorkflowUpdateFailedError as exc:
             cause = exc.cause
-            raise fail(getattr(cause, "message", str(cause)), 1) from None
+            raise fail(getattr(cause, "message", str(cause)), EXIT_FAILED) from None
         except RPCError as exc:
-            raise fail(f"run {run_id}: {exc.message}", 1) from None
+            if exc.status == RPCStatusCode.NOT_FOUND:
+                raise fail(f"no run {run_id!r}: {exc.message}") from None
+            if exc.status == RPCStatusCode.UNAVAILABLE:
+                raise
+            raise fail(f"run {run_id}: {exc.message}", EXIT_FAILED) from None
         console.print(f"{safe(decision.call_id)}: "
                       f"{'approved' if decision.approve else 'rejected'}")
 
@@ -533,7 +570,11 @@ def demo(interactive: Annotated[bool, typer.Option(
     """The main job, end to end on the embedded dev server."""
     from boundloop.demo import run_demo
 
-    code = _run(run_demo(load_settings(), interactive=interactive))
+    settings = load_settings()
+    problem = worker_settings_problem(settings)  # the demo runs a worker of its own
+    if problem is not None:
+        raise fail(problem)
+    code = _run(run_demo(settings, interactive=interactive))
     raise typer.Exit(code)
 
 

@@ -76,6 +76,7 @@ async def _follow(run: Run, interactive: bool) -> RunResult:
 
 async def run_demo(settings: Settings, *, interactive: bool) -> int:
     from boundloop.scripted.server import ScriptedModelServer
+    from boundloop.terminal import exit_code
     from worker.main import build_worker, connect
 
     server: DevServer | None = None
@@ -115,7 +116,7 @@ async def run_demo(settings: Settings, *, interactive: bool) -> int:
                 console.print(f"run {run.id}")
                 result = await _follow(run, interactive)
                 print_result(result, settings)
-                code = code or (0 if result.reason == "completed" else 1)
+                code = code or exit_code(result)
             tickets = list_tickets(settings.data_dir)
             if tickets:
                 last = tickets[-1]

@@ -12,7 +12,7 @@ import traceback
 from typing import Any
 
 FIELDS = ("step", "tool", "fingerprint", "call_id", "status", "reason", "attempt", "error",
-          "failure", "api", "items", "problem", "task_queue", "traceback")
+          "failure", "detail", "api", "items", "problem", "task_queue", "traceback")
 
 
 def traceback_text(exc: BaseException, *, messages: bool = False) -> str:

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from pathlib import Path
 from typing import Literal
+from urllib.parse import urlsplit
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -34,7 +35,9 @@ class Settings(BaseSettings):
     hands the values to the public API, which takes them as arguments.
     """
 
-    model_config = SettingsConfigDict(env_prefix="", extra="ignore", populate_by_name=True)
+    # An empty variable means unset (compose files pass `${VAR:-}` as ""), never "".
+    model_config = SettingsConfigDict(env_prefix="", extra="ignore", populate_by_name=True,
+                                      env_ignore_empty=True)
 
     temporal_address: str = Field("127.0.0.1:7233", alias="TEMPORAL_ADDRESS")
     temporal_namespace: str = Field("default", alias="TEMPORAL_NAMESPACE")
@@ -55,3 +58,39 @@ class Settings(BaseSettings):
     @property
     def model_configured(self) -> bool:
         return self.openai_api_key is not None or self.openai_base_url is not None
+
+
+#: Settings read only where runs start (`boundloop run`), never by a worker: a worker
+#: given one would silently ignore it. Value: where it takes effect instead.
+CLIENT_SETTINGS = {
+    "BOUNDLOOP_MODEL": "the model of new runs: set it where runs start, or `run --model`",
+    "BOUNDLOOP_API": "the API of new runs: set it where runs start, or `run --api`",
+    "BOUNDLOOP_UI_URL": "the Web UI links the CLI prints",
+}
+
+
+def client_settings_given(settings: Settings) -> list[str]:
+    """One warning per client-side setting given to a worker (read from its environment)."""
+    given = {Settings.model_fields[name].alias for name in settings.model_fields_set}
+    return [f"{name} is set in this worker's environment but only the CLI reads it "
+            f"({where}); it has no effect here"
+            for name, where in CLIENT_SETTINGS.items() if name in given]
+
+
+def worker_settings_problem(settings: Settings) -> str | None:
+    """Why a worker must not start with these settings, in one line, or None."""
+    url = settings.openai_base_url
+    if url is not None:
+        parts = urlsplit(url.strip())
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            shown = url if "@" not in url else "…@" + url.rsplit("@", 1)[1]  # no credentials
+            return (f"OPENAI_BASE_URL must be an http:// or https:// URL such as "
+                    f"http://127.0.0.1:11434/v1, not {shown!r}")
+    return None
+
+
+def one_line(exc: ValidationError) -> str:
+    """A settings ValidationError as `VARIABLE: problem; …` (pydantic's text is 3 lines
+    per error)."""
+    return "; ".join(f"{'.'.join(str(p) for p in e['loc']) or '(value)'}: {e['msg']}"
+                     for e in exc.errors())

@@ -18,6 +18,7 @@ from rich.markup import escape
 
 from boundloop.client import ui_link
 from boundloop.contracts import RunResult
+from boundloop.core import model_failures as mf
 from boundloop.core.reasons import NEXT_CHECK, StopReason
 from boundloop.settings import Settings
 
@@ -41,13 +42,28 @@ def print_event(ev: Any) -> None:
         parts.append(f"call_id={safe(ev.call_id)}")
     if ev.fingerprint:
         parts.append(f"fp={ev.fingerprint.split(':')[-1][:8]}")
+    if ev.detail:
+        parts.append(safe(ev.detail))
     console.print("  " + " · ".join(parts), highlight=False)
+
+
+def print_model_failure(events: list[Any]) -> None:
+    """The last failed model request's kind, what happened and the hint that fixes it."""
+    for ev in reversed(events):
+        if ev.event.startswith(mf.EVENT_PREFIX):
+            kind = ev.event.removeprefix(mf.EVENT_PREFIX)
+            console.print(f"model request failed: {safe(kind)}"
+                          + (f" — {safe(ev.detail)}" if ev.detail else ""), highlight=False)
+            console.print(f"hint: {safe(mf.hint(kind))}", highlight=False)
+            return
 
 
 def print_result(result: RunResult, settings: Settings) -> None:
     colour = "green" if result.reason == StopReason.COMPLETED else "yellow"
     console.print(f"[bold {colour}]reason: {result.reason.value}[/] — "
                   f"{NEXT_CHECK[result.reason]}")
+    if result.reason == StopReason.MODEL_ERROR:
+        print_model_failure(result.events)
     console.print(f"steps {result.steps} · tool executions {result.tool_executions} · "
                   f"tokens {result.total_tokens} (in {result.input_tokens}, out "
                   f"{result.output_tokens}{', estimated' if result.usage_estimated else ''}"
@@ -59,3 +75,12 @@ def print_result(result: RunResult, settings: Settings) -> None:
         console.print("[bold yellow]the answer looks like a tool call:[/] it was not "
                       "executed, and it is not an answer to the question")
     console.print(f"Web UI: {ui_link(settings, result.workflow_id, result.run_id)}")
+
+
+#: Exit status of a command that waited for or read a run that ended without completing.
+STOPPED_EXIT = 3
+
+
+def exit_code(result: RunResult) -> int:
+    """0 when the run completed, 3 when it stopped for any other reason."""
+    return 0 if result.reason == StopReason.COMPLETED else STOPPED_EXIT

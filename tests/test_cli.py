@@ -246,10 +246,87 @@ async def test_a_stopped_run_exits_3_and_status_shows_its_result(temporal: Clien
     result = json.loads(out)
     assert (result["reason"], result["text"], result["answer_looks_like_tool_call"]) == (
         "max_steps", CALL_AS_TEXT, True)
+    # `status` of a stopped run exits 3 like `run --wait` (one exit-code table).
     code, out, err = await cli("status", result["workflow_id"], "--json", env=env)
-    assert code == 0, err
+    assert code == 3, err
     assert json.loads(out) == result
     code, out, err = await cli("status", result["workflow_id"], env=env)
-    assert code == 0, err
+    assert code == 3, err
     assert "reason: max_steps" in out
     assert "the answer looks like a tool call" in out
+
+
+async def test_a_failed_model_request_is_named_with_its_hint_and_exits_3(
+        temporal: Client, tmp_path: Path) -> None:
+    env = env_for(temporal, tmp_path)
+    script = tmp_path / "unknown-model.json"
+    script.write_text(json.dumps([{"status": 404, "body": {"error": {
+        "message": "The model `gpt-9` does not exist (sk-secret-in-body)"}}}]),
+        encoding="utf-8")
+    run_id = f"cli-404-{tmp_path.name[-8:]}"
+    code, out, err = await cli("run", "hi", "--id", run_id, "--model-script", str(script),
+                               env=env)
+    assert code == 3, (out, err)
+    assert "reason: model_error" in out
+    assert "model request failed: http_404 — HTTP 404 (model or route not found) from " \
+           "127.0.0.1:" in out
+    assert "hint: check the run's model name" in out
+    assert "sk-secret" not in out + err
+    # The same from `status` and `watch` of the ended run: kind, hint, exit 3.
+    for command in ("status", "watch"):
+        code, out, err = await cli(command, run_id, env=env)
+        assert code == 3, (command, out, err)
+        assert "model_failed:http_404" in out or command == "watch"
+        assert "hint: check the run's model name" in out, (command, out)
+
+
+async def test_a_worker_with_a_wrong_base_url_names_connection_refused(
+        temporal: Client, tmp_path: Path) -> None:
+    import socket
+    import subprocess
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = env_for(temporal, tmp_path)
+    env.update({"BOUNDLOOP_TASK_QUEUE": f"cli-{tmp_path.name[-8:]}",
+                "OPENAI_BASE_URL": f"http://127.0.0.1:{port}/v1", "OPENAI_API_KEY": "sk-x"})
+    env.pop("BOUNDLOOP_TOOLS", None)
+    log = tmp_path / "worker.log"
+    with log.open("ab") as sink:
+        worker = subprocess.Popen([*CLI, "worker"], cwd=ROOT, env=env, stdout=sink,
+                                  stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    try:
+        code, out, err = await cli("run", "A-001の在庫は？", "--wait", env=env)
+    finally:
+        worker.kill()
+        worker.wait(timeout=10)
+    assert code == 3, (out, err)
+    assert f"model request failed: connection_refused — connection refused by " \
+           f"127.0.0.1:{port}" in out, out
+    assert "hint: nothing listens there: check OPENAI_BASE_URL on the worker" in out
+    assert "failure=connection_refused" in log.read_text(encoding="utf-8")
+
+
+async def test_exit_codes_are_one_table(temporal: Client, tmp_path: Path) -> None:
+    """0 completed/ok, 2 invalid input, 3 a run that did not complete (other tests),
+    4 Temporal unreachable: the same for every command."""
+    env = env_for(temporal, tmp_path)
+    run_id = f"cli-ok-{tmp_path.name[-8:]}"
+    code, _out, err = await cli("run", "A-001とB-002の在庫をそれぞれ調べて。", "--id", run_id,
+                                "--model-script", "examples/scripts/seed000_stock.json",
+                                env=env)
+    assert code == 0, err
+    for args in (["status", run_id], ["watch", run_id], ["list"], ["pending"]):
+        code, out, err = await cli(*args, env=env)
+        assert code == 0, (args, out, err)
+    code, _out, err = await cli("status", "no-such-run", env=env)
+    assert code == 2 and "no run 'no-such-run'" in err
+    away = env_for(None, tmp_path)  # TEMPORAL_ADDRESS=127.0.0.1:1
+    for args in (["status", run_id], ["watch", run_id], ["list"], ["pending"],
+                 ["approve", run_id, "c1"], ["reject", run_id, "c1", "--reason", "no"],
+                 ["run", "hi"]):
+        code, out, err = await cli(*args, env=away)
+        assert code == 4, (args, out, err)
+        assert "cannot reach Temporal at 127.0.0.1:1 (connection refused)" in err, (args, err)
+        assert "Traceback" not in err

@@ -37,7 +37,7 @@ needs_compose = pytest.mark.skipif(
 #: Worker variables the stack sets itself rather than passing through.
 FIXED = {"TEMPORAL_ADDRESS": "temporal:7233", "BOUNDLOOP_DATA_DIR": "/data"}
 #: Fixed too, with a default the shell may override.
-STACK_DEFAULTS = {"TEMPORAL_NAMESPACE": "default", "BOUNDLOOP_UI_URL": "http://localhost:8080"}
+STACK_DEFAULTS = {"TEMPORAL_NAMESPACE": "default"}
 
 
 def compose_config(**env: str) -> dict[str, Any]:
@@ -59,13 +59,14 @@ def services() -> dict[str, dict[str, Any]]:
     return result
 
 
-def readme_settings() -> list[str]:
-    """The variables of README.md's configuration table."""
+def readme_settings(read_by: tuple[str, ...] = ("worker", "both")) -> list[str]:
+    """The variables of README.md's configuration table that `read_by` read."""
     text = (ROOT / "README.md").read_text(encoding="utf-8")
-    table = text.split("### Configuration", 1)[1].split("\n\n", 2)[1]
-    names = re.findall(r"^\| `([A-Z][A-Z0-9_]*)` \|", table, flags=re.MULTILINE)
-    assert names, "README.md lost its configuration table"
-    return names
+    section = text.split("### Configuration", 1)[1].split("\n### ", 1)[0]
+    rows = re.findall(r"^\| `([A-Z][A-Z0-9_]*)` \| (worker|client|both) \|", section,
+                      flags=re.MULTILINE)
+    assert rows, "README.md lost its configuration table"
+    return [name for name, reader in rows if reader in read_by]
 
 
 def mounts(service: dict[str, Any]) -> dict[str, tuple[str, bool]]:
@@ -195,6 +196,9 @@ def test_worker_settings_pass_through_only_when_set() -> None:
         assert unset[name] is None, (name, unset[name])
     assert {k: unset[k] for k in FIXED} == FIXED
     assert {k: unset[k] for k in STACK_DEFAULTS} == STACK_DEFAULTS
+    # Client settings (read where runs start) never reach a worker, which would ignore them.
+    client_only = readme_settings(("client",))
+    assert client_only and not [name for name in client_only if name in unset]
 
     values = {name: f"value-of-{name.lower()}" for name in settings}
     set_ = compose_config(**values)["services"]["worker"]["environment"]

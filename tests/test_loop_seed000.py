@@ -75,7 +75,7 @@ async def test_model_error_stops_without_leaking(run_script: RunScript) -> None:
     assert (r.reason, r.steps, r.tool_executions) == ("model_error", 1, 0)
     assert "SECRET123" not in r.model_dump_json()
     assert len(out.requests) == 1  # 401 is not retried
-    assert "model_failed:rejected" in [e.event for e in r.events]
+    assert "model_failed:http_401" in [e.event for e in r.events]
 
 
 async def test_retryable_model_error_is_retried_by_temporal(run_script: RunScript) -> None:

@@ -12,13 +12,16 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import sys
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import timedelta
 from typing import Any, Generic, TypeVar
 
 import openai
 import temporalio.worker
+from pydantic import ValidationError
 from temporalio.client import Client
 from temporalio.contrib.pydantic import PydanticPayloadConverter, pydantic_data_converter
 from temporalio.plugin import SimplePlugin
@@ -37,7 +40,12 @@ from activities.tools import ToolActivities
 from boundloop.client import DEFAULT_TASK_QUEUE
 from boundloop.errors import BoundloopError
 from boundloop.logs import configure
-from boundloop.settings import Settings
+from boundloop.settings import (
+    Settings,
+    client_settings_given,
+    one_line,
+    worker_settings_problem,
+)
 from boundloop.tools import catalog
 from boundloop.tools.registry import Toolset
 from boundloop.tracing import client_interceptors
@@ -184,18 +192,62 @@ def build_worker(client: Client, settings: Settings, *, toolset: Toolset[Any] | 
                   conversation_cache=cache if cache is not None else 512)
 
 
+def unreachable_reason(exc: BaseException) -> str:
+    """Why Client.connect failed, in a few words (its message is a long transport dump)."""
+    text = str(exc)
+    if "ConnectionRefused" in text or "Connection refused" in text:
+        return "connection refused"
+    if "dns error" in text or "failed to lookup" in text:
+        return "the host name does not resolve"
+    if "timed out" in text.lower() or "deadline" in text.lower():
+        return "timed out"
+    return "connection failed"
+
+
+async def connect_with_retry(settings: Settings, *, first_delay: float = 1.0,
+                             max_delay: float = 30.0) -> Client:
+    """Connect, retrying with backoff while Temporal is unreachable: a worker started
+    before its server (or during a restart) waits for it instead of exiting."""
+    log = logging.getLogger(__name__)
+    delay, attempt = first_delay, 1
+    while True:
+        try:
+            return await connect(settings)
+        except RuntimeError as exc:
+            log.warning(f"cannot reach Temporal at {settings.temporal_address} "
+                        f"({unreachable_reason(exc)}); retrying in {delay:g} s",
+                        extra={"attempt": attempt})
+        await asyncio.sleep(delay)
+        delay, attempt = min(delay * 2, max_delay), attempt + 1
+
+
 async def run_worker(settings: Settings) -> None:
-    client = await connect(settings)
+    log = logging.getLogger(__name__)
+    for warning in client_settings_given(settings):
+        log.warning(warning)
+    client = await connect_with_retry(settings)
     worker = build_worker(client, settings)
-    logging.getLogger(__name__).info("worker started", extra={"task_queue": settings.task_queue})
+    log.info("worker started", extra={"task_queue": settings.task_queue})
     await worker.run()
 
 
 def main(settings: Settings | None = None) -> None:
-    """Serve until interrupted; `settings` default to the environment's."""
-    settings = settings or Settings()
+    """`boundloop worker`: serve until interrupted; settings default to the environment's.
+    One line per problem, no traceback."""
+    if settings is None:
+        try:
+            settings = Settings()
+        except ValidationError as exc:
+            configure("text")
+            sys.stderr.write(f"error: invalid settings: {one_line(exc)}\n")
+            raise SystemExit(2) from None
     configure(settings.log_format)
-    asyncio.run(run_worker(settings))
+    problem = worker_settings_problem(settings)
+    if problem is not None:
+        sys.stderr.write(f"error: {problem}\n")
+        raise SystemExit(2)
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(run_worker(settings))
 
 
 if __name__ == "__main__":

@@ -36,6 +36,7 @@ with workflow.unsafe.imports_passed_through():
     )
     from boundloop.core import approvals
     from boundloop.core import loop as core
+    from boundloop.core import model_failures as mf
     from boundloop.core.canonical import preview
     from boundloop.core.conversation import ConversationMeta, Item, user_message
     from boundloop.core.envelope import Envelope, temporary_error_exhausted, tool_timed_out
@@ -52,13 +53,11 @@ MODEL_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), backoff_coeffic
                               errors.PAYLOADS_TOO_LARGE])
 
 
-#: Model failure kinds named in the event log (what to check differs for each).
+#: Failure kinds of model activity errors that carry no `ModelFailure` of their own.
 MODEL_FAILURES = {
-    errors.MODEL_REQUEST_REJECTED: "rejected",  # a 4xx other than 408/409/429: key, model, request
-    errors.MODEL_REQUEST_RETRYABLE: "retries_exhausted",  # 408/409/429/5xx or connection, 4 tries
-    errors.MODEL_RESPONSE_TOO_LARGE: "payload_too_large",  # over Temporal's payload limit
-    errors.PAYLOADS_TOO_LARGE: "payload_too_large",
-    errors.CONVERSATION_MISMATCH: "conversation_mismatch",
+    errors.MODEL_RESPONSE_TOO_LARGE: mf.PAYLOAD_TOO_LARGE,  # over Temporal's payload limit
+    errors.PAYLOADS_TOO_LARGE: mf.PAYLOAD_TOO_LARGE,
+    errors.CONVERSATION_MISMATCH: mf.CONVERSATION_MISMATCH,
 }
 
 
@@ -195,11 +194,10 @@ class BoundLoopWorkflow:
             if (err.retry_state == RetryState.TIMEOUT
                     or self._processing_seconds() >= state.limits.deadline_seconds):
                 return state.stop(StopReason.DEADLINE)
-            cause = err.cause.type if isinstance(err.cause, ApplicationError) else None
-            kind = MODEL_FAILURES.get(cause or "", "timeout")
+            failure = _model_failure(err, state.limits.model_timeout_seconds)
             workflow.logger.warning("model request failed", extra={
-                "step": plan.step, "failure": kind})
-            state.log(f"model_failed:{kind}")
+                "step": plan.step, "failure": failure.kind, "detail": failure.detail})
+            state.log(f"{mf.EVENT_PREFIX}{failure.kind}", detail=failure.detail)
             return state.stop(StopReason.MODEL_ERROR)
         self._unsent, self._refs = [], {}
         state.log("model_returned")
@@ -249,13 +247,18 @@ class BoundLoopWorkflow:
         self._publish()
         try:
             await workflow.wait_condition(lambda: approval.status != "pending", timeout=left)
+            timed_out = False
         except builtins.TimeoutError:
+            timed_out = True
+        # Not in a `finally`: a worker that shuts down or evicts this run closes the
+        # coroutine outside the workflow's event loop, where no workflow API may run (a
+        # cancelled run ends right away, so its last wait need not be counted).
+        self._waited += (workflow.now() - began).total_seconds()
+        if timed_out:
             approval.status = "timed_out"
             state.log("approval_timed_out", tool=p.call.name, call_id=p.call.call_id,
                       fp=p.fingerprint)
             return state.stop(StopReason.APPROVAL_TIMEOUT)
-        finally:
-            self._waited += (workflow.now() - began).total_seconds()
         if approval.status == "rejected":
             refusal = approvals.rejection(state, approval)
             return _no_ref(core.reply_output(state, core.Reply(
@@ -425,6 +428,21 @@ class BoundLoopWorkflow:
         if excess <= 0:
             return result
         return result.model_copy(update={"events": core.events_within(result.events, excess)})
+
+
+def _model_failure(err: ActivityError, timeout_seconds: float) -> mf.ModelFailure:
+    """The failure the model activity named, or one named from Temporal's own error."""
+    cause = err.cause
+    if isinstance(cause, TimeoutError):  # start-to-close: the attempt outlived its timeout
+        return mf.timeout_failure(timeout_seconds)
+    if isinstance(cause, ApplicationError):
+        named = mf.ModelFailure.from_details(cause.details)
+        if named is not None:
+            return named
+        kind = MODEL_FAILURES.get(cause.type or "", mf.WORKER_ERROR)
+        return mf.ModelFailure(kind=kind, detail=f"model activity failed: {cause.type}")
+    return mf.ModelFailure(kind=mf.WORKER_ERROR,
+                           detail=f"model activity failed: {type(cause).__name__}")
 
 
 def _no_ref(out: Envelope | StopReason) -> tuple[Envelope, str | None] | StopReason:

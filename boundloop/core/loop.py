@@ -50,6 +50,9 @@ class Event(BaseModel):
     tool: str | None = None
     call_id: str | None = None
     fingerprint: str | None = None
+    #: One line for an operator, never a secret or provider text (e.g. a failed model
+    #: request's `HTTP 404 (model or route not found) from host:port`).
+    detail: str | None = None
 
 
 class UsageTotals(BaseModel):
@@ -111,9 +114,9 @@ class LoopState(BaseModel):
         return self.settings.policy
 
     def log(self, event: str, *, tool: str | None = None, call_id: str | None = None,
-            fp: str | None = None) -> None:
+            fp: str | None = None, detail: str | None = None) -> None:
         self.events.append(Event(step=self.steps, event=event, tool=tool, call_id=call_id,
-                                 fingerprint=fp))
+                                 fingerprint=fp, detail=detail))
 
     def stop(self, reason: StopReason, text: str | None = None) -> StopReason:
         self.reason = reason

@@ -40,9 +40,9 @@ NEXT_CHECK: dict[StopReason, str] = {
     StopReason.USAGE_UNKNOWN: "a response had no usable usage; check provider billing",
     StopReason.BUDGET_LIMIT: "the USD or tool cost budget was reached",
     StopReason.DEADLINE: "processing time ran out (approval waits excluded)",
-    StopReason.MODEL_ERROR: "the event log's model_failed:<kind>: rejected (key, model name, "
-                            "request), retries_exhausted (provider down, rate limits), "
-                            "payload_too_large, timeout",
+    StopReason.MODEL_ERROR: "the model request failed: the event log's model_failed:<kind> "
+                            "says why (connection_refused, dns, tls, http_<status>, timeout, "
+                            "…) and the CLI prints the hint that fixes it",
     StopReason.INCOMPLETE: "response status was not completed (max_output_tokens, filter)",
     StopReason.EMPTY_OUTPUT: "the model returned neither text nor tool calls",
     StopReason.HISTORY_LIMIT: "the conversation outgrew max_history_bytes, or the run's record "
