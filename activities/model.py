@@ -1,9 +1,12 @@
 """The model activity: one model request per activity (SPEC §2), both OpenAI APIs.
 
-The SDK client runs with `max_retries=0`; Temporal's retry policy is the only retry
-layer (activities/model_errors.py). Each request carries an `Idempotency-Key` header
-derived from the workflow id and the step. The raw response body is parsed by the pure
-core (`boundloop.core.turn`), so malformed output becomes a typed fault, not a crash.
+The SDK client runs with `max_retries=0`. A failed request is raised as a typed
+`ApplicationError` (activities/model_errors.py) that the workflow counts against the
+request's attempts; Temporal itself only retries attempts lost to a dead worker, which
+the heartbeats detect (docs/durability.md, "Crashes and retries"). Each request
+carries an `Idempotency-Key` header derived from the workflow id and the step. The raw
+response body is parsed by the pure core (`boundloop.core.turn`), so malformed output
+becomes a typed fault, not a crash.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities.conversation import ConversationCache, rebuild
+from activities.heartbeat import heartbeating
 from activities.model_errors import to_application_error
 from boundloop import errors
 from boundloop.contracts import MODEL_ACTIVITY, ModelRequest
@@ -35,19 +39,33 @@ def model_idempotency_key(workflow_id: str, step: int) -> str:
 class ModelActivities:
     def __init__(self, client: openai.AsyncOpenAI, registry: Toolset[Any],
                  cache: ConversationCache | None = None) -> None:
-        # Temporal's retry policy is the only retry layer.
+        # The workflow's counted attempts are the only retry layer.
         self._client = client.with_options(max_retries=0)
         self._registry = registry
         self.cache = cache or ConversationCache()
 
     @activity.defn(name=MODEL_ACTIVITY)
     async def model_request(self, req: ModelRequest) -> Turn:
+        async with heartbeating():
+            try:
+                return await self._request(req)
+            except ApplicationError:
+                raise
+            except Exception as exc:  # our own bug or Temporal unreachable: not the provider
+                activity.logger.error("model activity failed", extra={
+                    "step": req.step, "error": type(exc).__name__})
+                raise ApplicationError(f"model activity failed: {type(exc).__name__}",
+                                       type=errors.MODEL_ACTIVITY_FAILED) from None
+
+    async def _request(self, req: ModelRequest) -> Turn:
         info = activity.info()
         wf_id, run_id = info.workflow_id or "", info.workflow_run_id or ""
         items = await rebuild(self.cache, activity.client(), req, wf_id, run_id)
         activity.logger.info("model request", extra={
             "step": req.step, "api": req.api, "items": len(items), "attempt": info.attempt})
-        body = await self._send(req, wf_id, items, info.start_to_close_timeout)
+        timeout = req.timeout_seconds or (
+            info.start_to_close_timeout.total_seconds() if info.start_to_close_timeout else 60.0)
+        body = await self._send(req, wf_id, items, timeout)
         turn = parse_chat(body, req.step) if req.api == "chat" else parse_responses(body)
         size = json_bytes(turn.model_dump(mode="json"))
         if size > MAX_TURN_BYTES:
@@ -60,13 +78,12 @@ class ModelActivities:
         return turn
 
     async def _send(self, req: ModelRequest, workflow_id: str, items: list[Any],
-                    timeout: Any) -> Any:
+                    seconds: float) -> Any:
         """POST the request with the SDK's client (auth, base URL, error types) and return
         the parsed JSON body. The body is built here and sent as-is: the SDK's per-item
         type transform of `input` costs O(conversation) on the event loop each step
         (docs/benchmarks.md)."""
         headers = {"Idempotency-Key": model_idempotency_key(workflow_id, req.step)}
-        seconds = timeout.total_seconds() if timeout else 60.0
         tools = self._registry.openai_tools(req.tools, req.api)
         body: dict[str, Any] = {"model": req.model}
         if req.api == "chat":

@@ -1,46 +1,61 @@
 """The tool activity: one tool execution per activity, result capped inside it.
 
-Expected failures (`ToolFailure`) become envelopes; `TransientToolError` is retried by
-Temporal; anything else is logged on the worker with its traceback (frames; the
-exception's message only when the operator opts in, since it may hold raw data) and
-raised without its message or cause (`from None`), so no exception text reaches
-history, the model or the RunResult.
+Expected failures (`ToolFailure`) become envelopes. A tool's own failures - it raised
+`TransientToolError`, it raised something unexpected, it ran past its timeout - are
+raised as typed `ApplicationError`s the workflow counts against the tool's attempts;
+only attempts lost to a dead worker are retried by Temporal itself (docs/durability.md,
+"Crashes and retries"). An unexpected exception is logged on the worker with its
+traceback (frames; the exception's message only when the operator opts in, since it may
+hold raw data) and raised without its message or cause (`from None`), so no exception
+text reaches history, the model or the RunResult.
+
+Every failure says in its details whether the tool's body started (`{"started": ...}`),
+and so do the heartbeats: the workflow counts a tool execution only when it did.
+`async` tools are awaited on the worker's event loop (a cancel or timeout cancels
+them); sync tools run on the worker's own bounded threads (activities/threads.py).
 """
 
 from __future__ import annotations
 
 import asyncio
+import threading
+from collections.abc import Callable
 from typing import Any
 
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities.conversation import ConversationCache
+from activities.heartbeat import heartbeating
+from activities.threads import ToolThreads
 from boundloop.contracts import TOOL_ACTIVITY, ToolRequest
 from boundloop.core.canonical import compact_json
 from boundloop.core.envelope import cap_envelope, result_too_large, success
 from boundloop.core.fingerprint import fingerprint
 from boundloop.core.loop import ToolOutcome, parse_arguments
 from boundloop.errors import (
+    TOOL_TIMED_OUT,
     TRANSIENT_TOOL_ERROR,
     UNEXPECTED_TOOL_ERROR,
     ToolFailure,
     TransientToolError,
 )
 from boundloop.logs import traceback_text
-from boundloop.tools.registry import ToolContext, Toolset
+from boundloop.tools.registry import ToolContext, Toolset, ToolSpec
 
 
 class ToolActivities:
     """`deps` is handed to every tool as `ctx.deps`. `log_error_messages` adds the
-    exception messages to the traceback logged for an unexpected exception."""
+    exception messages to the traceback logged for an unexpected exception. `threads`
+    run the sync tools."""
 
     def __init__(self, registry: Toolset[Any], deps: Any,
-                 cache: ConversationCache | None = None, *,
+                 cache: ConversationCache | None = None, *, threads: ToolThreads,
                  log_error_messages: bool = False) -> None:
         self._registry = registry
         self._deps = deps
         self._cache = cache
+        self._threads = threads
         self._log_error_messages = log_error_messages
 
     @activity.defn(name=TOOL_ACTIVITY)
@@ -49,28 +64,44 @@ class ToolActivities:
         fp = fingerprint(req.tool, req.arguments)
         log = {"tool": req.tool, "step": req.step, "fingerprint": fp,
                "attempt": activity.info().attempt}
-        args = parse_arguments(spec.args_model, compact_json(req.arguments))
-        ctx = ToolContext(deps=self._deps, idempotency_key=req.idempotency_key,
-                          workflow_id=activity.info().workflow_id or "",
-                          call_id=req.call_id, step=req.step,
-                          max_result_bytes=req.max_result_bytes, heartbeat=activity.heartbeat,
-                          is_cancelled=activity.is_cancelled)
-        call = spec.bind(args, ctx)
-        try:
-            data = await call() if spec.is_async else await asyncio.to_thread(call)
-            envelope = success(data, terminal=spec.terminal)
-        except ToolFailure as failure:
-            envelope = failure.envelope
-        except TransientToolError:
-            activity.logger.warning("tool transient failure", extra=log)
-            raise ApplicationError(f"{req.tool}: transient failure",
-                                   type=TRANSIENT_TOOL_ERROR) from None
-        except Exception as exc:
-            activity.logger.error("tool raised unexpectedly", extra={
-                **log, "error": type(exc).__name__,
-                "traceback": traceback_text(exc, messages=self._log_error_messages)})
-            raise ApplicationError(f"{req.tool} raised {type(exc).__name__}",
-                                   type=UNEXPECTED_TOOL_ERROR) from None
+        started = threading.Event()
+        stopped = threading.Event()  # the attempt is over: cancelled or timed out
+        timeout = req.timeout_seconds or spec.timeout.total_seconds()
+
+        def details() -> tuple[Any, ...]:
+            return ({"started": started.is_set()},)
+
+        def beat(*extra: Any) -> None:  # a tool's own heartbeat keeps ours first
+            activity.heartbeat(*details(), *extra)
+
+        def failure(message: str, type_: str) -> ApplicationError:
+            return ApplicationError(message, *details(), type=type_)
+
+        async with heartbeating(details):
+            try:
+                args = parse_arguments(spec.args_model, compact_json(req.arguments))
+                ctx = ToolContext(deps=self._deps, idempotency_key=req.idempotency_key,
+                                  workflow_id=activity.info().workflow_id or "",
+                                  call_id=req.call_id, step=req.step,
+                                  max_result_bytes=req.max_result_bytes, heartbeat=beat,
+                                  is_cancelled=stopped.is_set)
+                data = await self._call(spec, spec.bind(args, ctx), started, stopped,
+                                        timeout, log)
+                envelope = success(data, terminal=spec.terminal)
+            except ToolFailure as exc:
+                envelope = exc.envelope
+            except TransientToolError:
+                activity.logger.warning("tool transient failure", extra=log)
+                raise failure(f"{req.tool}: transient failure", TRANSIENT_TOOL_ERROR) from None
+            except TimeoutError:
+                raise failure(f"{req.tool}: timed out after {timeout:g} s",
+                              TOOL_TIMED_OUT) from None
+            except Exception as exc:
+                activity.logger.error("tool raised unexpectedly", extra={
+                    **log, "error": type(exc).__name__,
+                    "traceback": traceback_text(exc, messages=self._log_error_messages)})
+                raise failure(f"{req.tool} raised {type(exc).__name__}",
+                              UNEXPECTED_TOOL_ERROR) from None
         # If even RESULT_TOO_LARGE is over the cap, the workflow stops with result_limit.
         capped = cap_envelope(envelope, req.max_result_bytes) or result_too_large(
             envelope.output_bytes(), req.max_result_bytes)
@@ -80,3 +111,41 @@ class ToolActivities:
         if self._cache is not None:  # the next model request refers to this output
             self._cache.put_output(req.idempotency_key, capped.to_output())
         return ToolOutcome(envelope=capped)
+
+    async def _call(self, spec: ToolSpec, call: Callable[[], Any], started: threading.Event,
+                    stopped: threading.Event, timeout: float, log: dict[str, Any]) -> Any:
+        """The tool's body within `timeout`. On a timeout or a cancel, `stopped` is set
+        (the tool's `ctx.is_cancelled()`); an async body is cancelled, a sync one that
+        already runs keeps its thread until it returns (logged), one still waiting for a
+        thread never starts."""
+        if spec.is_async:
+            started.set()
+            try:
+                return await asyncio.wait_for(call(), timeout)
+            except (TimeoutError, asyncio.CancelledError) as exc:
+                stopped.set()
+                self._log_stop(exc, log, thread_left=False)
+                raise
+
+        def body() -> Any:
+            started.set()
+            return call()
+
+        future = self._threads.submit(body)
+        try:
+            return await asyncio.wait_for(asyncio.wrap_future(future), timeout)
+        except (TimeoutError, asyncio.CancelledError) as exc:
+            stopped.set()
+            future.cancel()  # a body still waiting for a thread never starts
+            self._log_stop(exc, log, thread_left=not future.done())
+            raise
+
+    def _log_stop(self, exc: BaseException, log: dict[str, Any], *, thread_left: bool) -> None:
+        what = "tool timed out" if isinstance(exc, TimeoutError) else "tool cancelled"
+        if thread_left:
+            # Python cannot stop a thread: it runs to its end, seeing is_cancelled() true.
+            activity.logger.warning(f"{what}; its thread runs on until the tool returns",
+                                    extra={**log, "busy_threads": self._threads.busy,
+                                           "threads": self._threads.size})
+        else:
+            activity.logger.warning(what, extra=log)

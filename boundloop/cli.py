@@ -31,7 +31,7 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from boundloop import client as ops
 from boundloop import search_attributes as sa
-from boundloop.contracts import Decision, RunInput, RunResult, RunStatus
+from boundloop.contracts import CancelRequest, Decision, RunInput, RunResult, RunStatus
 from boundloop.core.limits import Limits, Policy, RunSettings
 from boundloop.core.reasons import StopReason
 from boundloop.errors import DecisionRefused
@@ -562,6 +562,36 @@ def reject(run_id: str, call_id: str,
            ) -> None:
     """Reject a pending call; the model is told not to retry it."""
     _decide(run_id, Decision(call_id=call_id, approve=False, approver=approver, reason=reason))
+
+
+@app.command()
+def cancel(run_id: Annotated[str, typer.Argument(help="Workflow id")],
+           reason: Annotated[str | None, typer.Option(
+               "--reason", help="Why (kept in the run's event log and result)")] = None,
+           ) -> None:
+    """Cancel a run in any state: it stops with `cancelled`; a running tool or model
+    request is told to stop (docs/durability.md, "Cancels")."""
+    try:
+        request = CancelRequest(reason=reason)
+    except ValidationError as exc:
+        raise fail(f"--reason: {validation_lines(exc)}") from None
+    settings = load_settings()
+
+    async def go() -> None:
+        client = await connect(settings)
+        handle = client.get_workflow_handle(run_id)
+        try:
+            desc = await handle.describe()
+            if desc.status != WorkflowExecutionStatus.RUNNING:
+                name = desc.status.name.lower() if desc.status else "closed"
+                raise fail(f"run {run_id} is not running ({name}); nothing was changed", 1)
+            await ops.cancel(handle, request.reason)
+        except RPCError as exc:
+            raise fail(f"run {run_id}: {exc.message}", 1) from None
+        console.print(f"{safe(run_id)}: cancel requested; the run stops with `cancelled` "
+                      f"(follow it with `boundloop watch {safe(run_id)}`)")
+
+    _run(go())
 
 
 @app.command()

@@ -28,7 +28,14 @@ from temporalio.service import RPCError
 
 from boundloop import errors
 from boundloop import search_attributes as sa
-from boundloop.contracts import WORKFLOW_NAME, Decision, RunInput, RunResult, RunStatus
+from boundloop.contracts import (
+    WORKFLOW_NAME,
+    CancelRequest,
+    Decision,
+    RunInput,
+    RunResult,
+    RunStatus,
+)
 from boundloop.core.canonical import compact_json, preview
 from boundloop.core.limits import Limits, Policy, RunSettings
 from boundloop.core.loop import Approval, Event
@@ -224,6 +231,15 @@ async def decide(handle: WorkflowHandle[Any, Any], decision: Decision) -> str:
     """Send a decision through the validated `decide` update (errors raise)."""
     result: str = await handle.execute_update("decide", decision, result_type=str)
     return result
+
+
+async def cancel(handle: WorkflowHandle[Any, Any], reason: str | None) -> None:
+    """Cancel a run, with the operator's reason. The reason goes first, as a signal: the
+    server records it before the cancel request, so the workflow has it when the cancel
+    arrives (a reason sent to a run that then cannot be cancelled changes nothing)."""
+    if reason is not None:
+        await handle.signal("cancel_reason", CancelRequest(reason=reason))
+    await handle.cancel()
 
 
 async def pending_runs(client: Client, unanswered: list[str] | None = None,

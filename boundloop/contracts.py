@@ -83,6 +83,8 @@ class ModelRequest(BaseModel):
     new_items: list[Item]
     expected: ConversationMeta
     base: ConversationRef | None = Field(default=None, exclude_if=_none)
+    #: The provider's time for one attempt (None: the activity's start-to-close).
+    timeout_seconds: float | None = Field(default=None, exclude_if=_none)
 
 
 class ToolRequest(BaseModel):
@@ -94,6 +96,8 @@ class ToolRequest(BaseModel):
     arguments: dict[str, Any]
     idempotency_key: str
     max_result_bytes: int
+    #: One attempt's limit, enforced by the activity (None: the tool's own timeout).
+    timeout_seconds: float | None = Field(default=None, exclude_if=_none)
 
 
 class Decision(BaseModel):
@@ -106,6 +110,14 @@ class Decision(BaseModel):
     approver: str = Field(default="operator", min_length=1, max_length=100)
     reason: str | None = Field(default=None, max_length=1000)
     arguments: dict[str, Any] | None = None  # edited arguments (approval only)
+
+
+class CancelRequest(BaseModel):
+    """The `cancel_reason` signal `boundloop cancel` sends before cancelling a run."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    reason: str | None = Field(default=None, min_length=1, max_length=500)
 
 
 class RunResult(BaseModel):
@@ -127,6 +139,8 @@ class RunResult(BaseModel):
     run_id: str = ""
     #: The final text is (or holds in a code fence) a JSON tool call; never executed.
     answer_looks_like_tool_call: bool = False
+    #: The operator's reason when the run was cancelled with one (`boundloop cancel`).
+    cancel_reason: str | None = Field(default=None, exclude_if=_none)
 
 
 class RunStatus(BaseModel):

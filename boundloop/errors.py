@@ -21,10 +21,14 @@ MODEL_RESPONSE_TOO_LARGE = "ModelResponseTooLarge"
 MODEL_REQUEST_REJECTED = "ModelRequestRejected"
 #: 408/409/429/5xx, connection failures and provider timeouts: retried.
 MODEL_REQUEST_RETRYABLE = "ModelRequestRetryable"
+#: The model activity failed in our own code (not the provider): counted as an attempt.
+MODEL_ACTIVITY_FAILED = "ModelActivityFailed"
 #: The rebuilt conversation does not match what the workflow expects.
 CONVERSATION_MISMATCH = "ConversationMismatch"
 #: A tool raised `TransientToolError`: retried.
 TRANSIENT_TOOL_ERROR = "TransientToolError"
+#: A tool ran past its timeout (the tool activity's own, so not a lost worker): retried.
+TOOL_TIMED_OUT = "ToolTimedOut"
 #: A tool raised something unexpected: the run stops with `tool_error`.
 UNEXPECTED_TOOL_ERROR = "UnexpectedToolError"
 #: An approval decision the `decide` update's validator refused.

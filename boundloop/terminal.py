@@ -69,6 +69,8 @@ def print_result(result: RunResult, settings: Settings) -> None:
                   f"{result.output_tokens}{', estimated' if result.usage_estimated else ''}"
                   f"{', some unknown' if result.usage_unknown else ''})"
                   + (f" · cost ${result.cost_usd:.6f}" if result.cost_usd is not None else ""))
+    if result.cancel_reason:
+        console.print(f"[bold]cancelled:[/] {safe(result.cancel_reason)}")
     if result.text:
         console.print(f"[bold]answer:[/] {safe(result.text)}")
     if result.answer_looks_like_tool_call:

@@ -118,8 +118,10 @@ def run_script(temporal: Client, tmp_path: Path) -> RunScript:
                   instructions: str | None = None, allow_violations: bool = False,
                   cache: ConversationCache | None = None,
                   during: Callable[[WorkflowHandle[Any, Any]], Awaitable[None]] | None = None,
+                  model: ScriptedModelServer | None = None,
                   ) -> Outcome:
-        server = ScriptedModelServer(turns)
+        # `model`: a server the test made itself, to watch requests while the run goes on.
+        server = model if model is not None else ScriptedModelServer(turns)
         base_url = server.start()
         queue = f"q-{uuid.uuid4().hex[:8]}"
         data_dir = tmp_path / "data"

@@ -19,6 +19,7 @@ from typing import Any
 
 from temporalio.client import WorkflowHandle
 
+from boundloop import client as ops
 from boundloop.contracts import Decision, RunResult
 from tests.scripts import answer, call, reasoning, resp
 from tests.test_crash import (
@@ -62,6 +63,15 @@ async def crash_then_approve(c: Cluster, handle: WorkflowHandle[Any, RunResult])
     await approve(handle, call_id)
 
 
+async def cancel_while_waiting(c: Cluster, handle: WorkflowHandle[Any, RunResult]) -> None:
+    await pending_call(handle)
+    await ops.cancel(handle, "wrong customer")
+
+
+#: A provider failure the workflow retries itself (a durable timer, then a new attempt).
+BUSY = {"status": 503, "headers": {"Retry-After": "0"},
+        "body": {"error": {"message": "overloaded", "type": "server_error"}}}
+
 #: name -> (script, what the operator does while the run is open). Call ids differ between
 #: histories: the scripted server remembers each call's reasoning item across runs.
 RUNS: dict[str, tuple[list[dict[str, Any]], Act]] = {
@@ -85,6 +95,15 @@ RUNS: dict[str, tuple[list[dict[str, Any]], Act]] = {
         resp(call("create_ticket", TICKET, "k2"), rid="kr2"),
         answer("チケットを作成しました。", rid="kr3"),
     ], crash_then_approve),
+    "retried": ([
+        BUSY,
+        resp(call("lookup_stock", {"sku": "A-001"}, "r1"), rid="rr1"),
+        answer("A-001は12個です。", rid="rr2"),
+    ], nothing),
+    "cancelled": ([
+        resp(call("create_ticket", TICKET, "x1"), rid="xr1"),
+        answer("never sent", rid="xr2"),
+    ], cancel_while_waiting),
 }
 
 

@@ -311,3 +311,62 @@ async def test_worker_killed_during_tool_does_not_ask_the_model_again(tmp_path: 
         assert outputs(c.model.requests[1].body)["c1"]["data"] == {"held": "1"}
         assert c.model.violations == []
         assert await workflow_task_failures(handle) == 0
+
+
+async def test_worker_killed_four_times_during_one_model_request_still_completes(
+        tmp_path: Path) -> None:
+    """Case 5: kill -9 the worker four times while the same model request is in flight
+    (4 is the model request's whole retry budget). Lost attempts are not provider
+    failures: the fifth attempt is answered and the run completes normally."""
+    async with cluster(tmp_path) as c:
+        held = answer("never delivered", delay_seconds=WAIT)  # its worker dies first
+        worker = c.start_worker()
+        handle = await c.start_run([held, held, held, held, answer("在庫があります。")],
+                                   limits=Limits(model_timeout_seconds=3.0))
+        for kills in range(1, 5):
+            async def arrived(n: int = kills) -> bool:
+                return len(c.model.requests) >= n
+
+            await until(arrived, f"model attempt {kills}")
+            c.kill(worker)
+            worker = c.start_worker()
+        result = await result_of(handle)
+
+        assert (result.reason, result.steps, result.text) == ("completed", 1, "在庫があります。")
+        assert not [e.event for e in result.events if e.event.startswith("model_failed")]
+        assert len(c.model.requests) == 5
+        assert len({r.headers.get("idempotency-key") for r in c.model.requests}) == 1
+        assert c.model.violations == []
+        assert await workflow_task_failures(handle) == 0
+
+
+async def test_worker_killed_during_every_tool_attempt_is_not_a_tool_failure(
+        tmp_path: Path) -> None:
+    """Case 6: kill -9 the worker in each of the tool's 3 attempts. A lost attempt is
+    not a failure of the tool: the fourth attempt returns, the model gets its result."""
+    async with cluster(tmp_path) as c:
+        worker = c.start_worker()
+        handle = await c.start_run([resp(call("hold", {"x": "1"}, "c1")), answer("done")],
+                                   tools=["hold"])
+        entered = c.data_dir / "hold-entered"
+
+        def attempts() -> int:
+            return len(entered.read_text(encoding="utf-8").split()) if entered.exists() else 0
+
+        for kills in range(1, 4):
+            async def started(n: int = kills) -> bool:
+                return attempts() >= n
+
+            await until(started, f"tool attempt {kills}")
+            c.kill(worker)
+            worker = c.start_worker()
+        (c.data_dir / "hold-release").touch()
+        result = await result_of(handle)
+
+        assert (result.reason, result.steps, result.tool_executions) == ("completed", 2, 1)
+        envelope = outputs(c.model.requests[1].body)["c1"]
+        assert (envelope["status"], envelope["data"]) == ("success", {"held": "1"})
+        keys = entered.read_text(encoding="utf-8").split()
+        assert len(keys) == 4 and len(set(keys)) == 1, "one call, retried with the same key"
+        assert c.model.violations == []
+        assert await workflow_task_failures(handle) == 0

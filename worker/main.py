@@ -35,7 +35,9 @@ from temporalio.runtime import (
 from temporalio.worker import ReplayerConfig, WorkerConfig
 
 from activities.conversation import ConversationCache
+from activities.heartbeat import HEARTBEAT_EVERY
 from activities.model import ModelActivities
+from activities.threads import ToolThreads
 from activities.tools import ToolActivities
 from boundloop.client import DEFAULT_TASK_QUEUE
 from boundloop.errors import BoundloopError
@@ -52,6 +54,8 @@ from boundloop.tracing import client_interceptors
 from workflows.loop import BoundLoopWorkflow
 
 Deps = TypeVar("Deps")
+#: Activities one worker runs at once unless told otherwise.
+ACTIVITY_SLOTS = 64
 
 _core_logs_forwarded = False
 
@@ -94,7 +98,10 @@ class Plugin(SimplePlugin, Generic[Deps]):
         self.toolset = toolset
         cache = (conversation_cache if isinstance(conversation_cache, ConversationCache)
                  else ConversationCache(capacity=conversation_cache))
-        tools = ToolActivities(toolset, deps, cache,
+        # Sync tools get threads of their own, as many as the worker's activity slots
+        # (sized in configure_worker): not asyncio's small shared pool.
+        self.threads = ToolThreads(ACTIVITY_SLOTS)
+        tools = ToolActivities(toolset, deps, cache, threads=self.threads,
                                log_error_messages=log_tool_error_messages)
         activities: list[Callable[..., Any]] = [tools.tool_execute]
         if model is not None:
@@ -109,6 +116,12 @@ class Plugin(SimplePlugin, Generic[Deps]):
                                  "connect with boundloop.connect(...) or pass "
                                  "data_converter=pydantic_data_converter to Client.connect")
         config = super().configure_worker(config)
+        self.threads.size = config.get("max_concurrent_activities") or ACTIVITY_SLOTS
+        # Send each heartbeat at once (not up to 80% of the heartbeat timeout later): a
+        # cancel reaches a running activity within about a second.
+        config["max_heartbeat_throttle_interval"] = min(
+            config.get("max_heartbeat_throttle_interval") or timedelta(seconds=60),
+            timedelta(seconds=HEARTBEAT_EVERY))
         catalog.register(config.get("task_queue"), self.toolset)
         return config
 
@@ -145,7 +158,7 @@ class Worker(temporalio.worker.Worker, Generic[Deps]):
                  model: openai.AsyncOpenAI, task_queue: str = DEFAULT_TASK_QUEUE,
                  max_cached_workflows: int = 100,
                  sticky_timeout: timedelta = timedelta(seconds=10),
-                 max_concurrent_activities: int = 64,
+                 max_concurrent_activities: int = ACTIVITY_SLOTS,
                  log_tool_error_messages: bool = False,
                  conversation_cache: int | ConversationCache = 512,
                  plugins: Sequence[temporalio.worker.Plugin] = ()) -> None:

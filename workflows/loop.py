@@ -10,12 +10,17 @@ from __future__ import annotations
 
 import asyncio
 import builtins
-import dataclasses
 from datetime import timedelta
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
-from temporalio.exceptions import ActivityError, ApplicationError, RetryState, TimeoutError
+from temporalio.exceptions import (
+    ActivityError,
+    ApplicationError,
+    RetryState,
+    TimeoutError,
+    is_cancelled_exception,
+)
 
 with workflow.unsafe.imports_passed_through():
     from boundloop import errors
@@ -25,6 +30,7 @@ with workflow.unsafe.imports_passed_through():
         OUTPUT_REF,
         TOOL_ACTIVITY,
         WORKFLOW_NAME,
+        CancelRequest,
         Carried,
         ConversationRef,
         Decision,
@@ -34,7 +40,7 @@ with workflow.unsafe.imports_passed_through():
         RunStatus,
         ToolRequest,
     )
-    from boundloop.core import approvals
+    from boundloop.core import approvals, retries
     from boundloop.core import loop as core
     from boundloop.core import model_failures as mf
     from boundloop.core.canonical import preview
@@ -45,12 +51,37 @@ with workflow.unsafe.imports_passed_through():
     from boundloop.core.turn import FunctionCall, Turn
     from boundloop.tools import catalog
 
-#: Model requests: Temporal is the only retry layer (SDK clients use max_retries=0).
-MODEL_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), backoff_coefficient=2.0,
-                          maximum_interval=timedelta(seconds=30), maximum_attempts=4,
-                          non_retryable_error_types=[
-                              errors.MODEL_REQUEST_REJECTED, errors.MODEL_RESPONSE_TOO_LARGE,
-                              errors.PAYLOADS_TOO_LARGE])
+#: Both activities heartbeat every second: an attempt whose worker died is noticed
+#: within this and retried by Temporal (not counted), and a cancel reaches the attempt.
+HEARTBEAT_TIMEOUT = timedelta(seconds=5)
+#: Start-to-close beyond the provider's or tool's own timeout (which the activity
+#: enforces and reports as a counted failure): only a wedged worker reaches it.
+WEDGED_MARGIN = 10.0
+#: The patch under which failures are counted by the workflow (runs that started before
+#: it had Temporal count them, and stopped at the first failure Temporal returned).
+COUNTED_RETRIES = "counted-retries"
+
+
+def _worker_lost(counted: list[str]) -> RetryPolicy:
+    """Temporal retries only attempts lost to our own workers (heartbeat or start-to-close
+    timeouts), without limit: schedule-to-close, the time left before the run's deadline,
+    bounds them. Every failure type the activity raises is the workflow's to count
+    (boundloop.core.retries), so a crash never uses up an attempt."""
+    # 1 s apart, no growth: the heartbeat timeout already spaces lost attempts.
+    return RetryPolicy(initial_interval=timedelta(seconds=1), backoff_coefficient=1.0,
+                       maximum_attempts=0,
+                       non_retryable_error_types=[*counted, errors.PAYLOADS_TOO_LARGE])
+
+
+#: Provider failures (HTTP, connection, provider timeout) and failures of our own code,
+#: each counted against MODEL_BACKOFF; the others end the request at once.
+MODEL_RETRYABLE = (errors.MODEL_REQUEST_RETRYABLE, errors.MODEL_ACTIVITY_FAILED)
+MODEL_RETRY = _worker_lost([*MODEL_RETRYABLE, errors.MODEL_REQUEST_REJECTED,
+                            errors.MODEL_RESPONSE_TOO_LARGE, errors.CONVERSATION_MISMATCH])
+#: A tool's own failures, each counted against the tool's attempts.
+TOOL_RETRYABLE = (errors.TRANSIENT_TOOL_ERROR, errors.TOOL_TIMED_OUT,
+                  errors.UNEXPECTED_TOOL_ERROR)
+TOOL_RETRY = _worker_lost(list(TOOL_RETRYABLE))
 
 
 #: Failure kinds of model activity errors that carry no `ModelFailure` of their own.
@@ -58,6 +89,7 @@ MODEL_FAILURES = {
     errors.MODEL_RESPONSE_TOO_LARGE: mf.PAYLOAD_TOO_LARGE,  # over Temporal's payload limit
     errors.PAYLOADS_TOO_LARGE: mf.PAYLOAD_TOO_LARGE,
     errors.CONVERSATION_MISMATCH: mf.CONVERSATION_MISMATCH,
+    errors.MODEL_ACTIVITY_FAILED: mf.WORKER_ERROR,  # our own code failed (worker log)
 }
 
 
@@ -88,6 +120,8 @@ class BoundLoopWorkflow:
         self._published: tuple[object, ...] = ()
         self._refs: dict[str, str] = {}  # call_id -> idempotency key of its tool output
         self._started = workflow.now()
+        self._cancel_reason: str | None = None
+        self._model_in_flight = False  # a cancel now leaves the step unfinished
 
     # --- run -----------------------------------------------------------------------
 
@@ -105,7 +139,8 @@ class BoundLoopWorkflow:
         try:
             reason = await self._loop()
         except asyncio.CancelledError:
-            reason = self._state.stop(StopReason.CANCELLED)
+            reason = core.cancelled(self._state, self._cancel_reason,
+                                    step_unfinished=self._model_in_flight)
         if reason is None:  # continue-as-new was requested
             await workflow.wait_condition(workflow.all_handlers_finished)
             carry = self._carry()
@@ -180,28 +215,61 @@ class BoundLoopWorkflow:
         too_large = core.check_payload(state, "model_request", payload_bytes(req))
         if too_large is not None:
             return too_large
-        remaining = state.limits.deadline_seconds - self._processing_seconds()
-        try:
-            turn: Turn = await workflow.execute_activity(
-                MODEL_ACTIVITY, req, result_type=Turn,
-                start_to_close_timeout=timedelta(seconds=state.limits.model_timeout_seconds),
-                schedule_to_close_timeout=timedelta(seconds=max(remaining, 1.0)),
-                retry_policy=MODEL_RETRY,
-                summary=f"model step {plan.step} · {state.settings.model}")
-        except ActivityError as err:
-            # Schedule-to-close is the time left before the deadline: a retry refused for
-            # lack of time is the deadline, not the model.
-            if (err.retry_state == RetryState.TIMEOUT
-                    or self._processing_seconds() >= state.limits.deadline_seconds):
-                return state.stop(StopReason.DEADLINE)
-            failure = _model_failure(err, state.limits.model_timeout_seconds)
-            workflow.logger.warning("model request failed", extra={
-                "step": plan.step, "failure": failure.kind, "detail": failure.detail})
-            state.log(f"{mf.EVENT_PREFIX}{failure.kind}", detail=failure.detail)
-            return state.stop(StopReason.MODEL_ERROR)
+        self._model_in_flight = True  # until it returns (a cancel raises through)
+        turn = await self._model_attempts(plan, req)
+        self._model_in_flight = False
+        if isinstance(turn, StopReason):
+            return turn
         self._unsent, self._refs = [], {}
         state.log("model_returned")
         return turn
+
+    async def _model_attempts(self, plan: core.StepPlan, req: ModelRequest) -> Turn | StopReason:
+        """The request's attempts: each provider failure counts (MODEL_BACKOFF, with the
+        provider's Retry-After), attempts lost to a dead worker do not."""
+        state = self._state
+        limit = state.limits.model_timeout_seconds
+        req = req.model_copy(update={"timeout_seconds": limit})
+        failures = 0
+        while True:
+            remaining = state.limits.deadline_seconds - self._processing_seconds()
+            try:
+                turn: Turn = await workflow.execute_activity(
+                    MODEL_ACTIVITY, req, result_type=Turn,
+                    start_to_close_timeout=timedelta(seconds=limit + WEDGED_MARGIN),
+                    schedule_to_close_timeout=timedelta(seconds=max(remaining, 1.0)),
+                    heartbeat_timeout=HEARTBEAT_TIMEOUT, retry_policy=MODEL_RETRY,
+                    summary=f"model step {plan.step} · {state.settings.model}")
+                return turn
+            except ActivityError as err:
+                if is_cancelled_exception(err):
+                    raise asyncio.CancelledError from None  # the run was cancelled
+                # Schedule-to-close is the time left before the deadline: a retry refused
+                # for lack of time is the deadline, not the model.
+                if (err.retry_state == RetryState.TIMEOUT
+                        or self._processing_seconds() >= state.limits.deadline_seconds):
+                    return state.stop(StopReason.DEADLINE)
+                cause = err.cause if isinstance(err.cause, ApplicationError) else None
+                failure = _model_failure(err, limit)
+                failures += 1
+                if cause is not None and cause.type in MODEL_RETRYABLE \
+                        and workflow.patched(COUNTED_RETRIES):
+                    asked = cause.next_retry_delay
+                    delay = retries.next_delay(
+                        retries.MODEL_BACKOFF, failures,
+                        asked.total_seconds() if asked is not None else None,
+                        state.limits.deadline_seconds - self._processing_seconds())
+                    if delay == "deadline":
+                        return state.stop(StopReason.DEADLINE)
+                    if not isinstance(delay, str):
+                        workflow.logger.warning("model request failed; retrying", extra={
+                            "step": plan.step, "failure": failure.kind, "failures": failures})
+                        await workflow.sleep(delay)
+                        continue
+                workflow.logger.warning("model request failed", extra={
+                    "step": plan.step, "failure": failure.kind, "detail": failure.detail})
+                state.log(f"{mf.EVENT_PREFIX}{failure.kind}", detail=failure.detail)
+                return state.stop(StopReason.MODEL_ERROR)
 
     # --- tools ---------------------------------------------------------------------
 
@@ -271,38 +339,63 @@ class BoundLoopWorkflow:
                        p: core.Execute) -> tuple[Envelope, str | None] | StopReason:
         state = self._state
         spec = self._toolset.get(p.call.name)
-        timeout = state.limits.tool_timeout_seconds
-        per_attempt = timedelta(seconds=timeout) if timeout else spec.timeout
+        timeout = state.limits.tool_timeout_seconds or spec.timeout.total_seconds()
         req = ToolRequest(tool=p.call.name,
                           call_id=p.call.call_id, step=step, arguments=p.arguments,
                           idempotency_key=p.idempotency_key,
-                          max_result_bytes=state.limits.max_result_bytes)
+                          max_result_bytes=state.limits.max_result_bytes,
+                          timeout_seconds=timeout)
         too_large = core.check_payload(state, "tool_request", payload_bytes(req))
         if too_large is not None:
             return too_large
         workflow.logger.info("tool execution", extra={
             "step": step, "tool": p.call.name, "fingerprint": p.fingerprint})
-        try:
-            outcome: core.ToolOutcome = await workflow.execute_activity(
-                TOOL_ACTIVITY, req, result_type=core.ToolOutcome,
-                start_to_close_timeout=per_attempt,
-                retry_policy=dataclasses.replace(spec.retry, non_retryable_error_types=[
-                    *(spec.retry.non_retryable_error_types or ()), errors.PAYLOADS_TOO_LARGE]),
-                summary=f"tool {p.call.name} · call {state.tool_executions + 1}")
-        except ActivityError as err:
-            cause = err.cause
-            if isinstance(cause, ApplicationError) and cause.type == errors.PAYLOADS_TOO_LARGE:
-                # The body ran; its result could not be returned (never retried).
-                workflow.logger.warning("tool result over the payload limit", extra={
-                    "step": step, "tool": p.call.name, "fingerprint": p.fingerprint})
-                return core.result_payload_too_large(state, p, self._rules)
-            transient = isinstance(cause, TimeoutError) or (
-                isinstance(cause, ApplicationError) and cause.type == errors.TRANSIENT_TOOL_ERROR)
-            # Every attempt timing out is told apart, with the numbers (SPEC §5).
-            exhausted = (tool_timed_out(per_attempt.total_seconds(), spec.retry.maximum_attempts)
-                         if isinstance(cause, TimeoutError) else temporary_error_exhausted())
-            outcome = core.ToolOutcome(envelope=exhausted, fatal=not transient,
-                                       from_activity=False)
+        policy = spec.retry
+        backoff = retries.tool_backoff(
+            policy.maximum_attempts, policy.initial_interval.total_seconds(),
+            policy.backoff_coefficient,
+            policy.maximum_interval.total_seconds() if policy.maximum_interval else None)
+        failures, started = 0, False
+        while True:
+            remaining = state.limits.deadline_seconds - self._processing_seconds()
+            try:
+                outcome: core.ToolOutcome = await workflow.execute_activity(
+                    TOOL_ACTIVITY, req, result_type=core.ToolOutcome,
+                    start_to_close_timeout=timedelta(seconds=timeout + WEDGED_MARGIN),
+                    schedule_to_close_timeout=timedelta(seconds=max(remaining, 1.0)),
+                    heartbeat_timeout=HEARTBEAT_TIMEOUT, retry_policy=TOOL_RETRY,
+                    summary=f"tool {p.call.name} · call {state.tool_executions + 1}")
+                break
+            except ActivityError as err:
+                if is_cancelled_exception(err):
+                    raise asyncio.CancelledError from None  # the run was cancelled
+                cause = err.cause
+                if isinstance(cause, ApplicationError) and cause.type == errors.PAYLOADS_TOO_LARGE:
+                    # The body ran; its result could not be returned (never retried).
+                    workflow.logger.warning("tool result over the payload limit", extra={
+                        "step": step, "tool": p.call.name, "fingerprint": p.fingerprint})
+                    return core.result_payload_too_large(state, p, self._rules)
+                started = started or _body_started(cause)
+                kind = cause.type if isinstance(cause, ApplicationError) else None
+                failures += 1
+                if kind in TOOL_RETRYABLE and err.retry_state != RetryState.TIMEOUT \
+                        and workflow.patched(COUNTED_RETRIES):
+                    delay = retries.next_delay(
+                        backoff, failures, None,
+                        state.limits.deadline_seconds - self._processing_seconds())
+                    if not isinstance(delay, str):
+                        await workflow.sleep(delay)
+                        continue
+                # A tool's timeout and transient failures give the model a temporary error;
+                # an unexpected exception stops the run.
+                transient = isinstance(cause, TimeoutError) or kind in (
+                    errors.TRANSIENT_TOOL_ERROR, errors.TOOL_TIMED_OUT)
+                # Timing out on the last attempt is told apart, with the numbers (SPEC §5).
+                exhausted = (tool_timed_out(timeout, failures) if kind == errors.TOOL_TIMED_OUT
+                             else temporary_error_exhausted())
+                outcome = core.ToolOutcome(envelope=exhausted, executed=started,
+                                           fatal=not transient, from_activity=False)
+                break
         result = core.record_outcome(state, p, outcome, self._rules)
         self._publish(attributes=False)  # the count reaches the attributes next step
         if isinstance(result, StopReason):
@@ -329,6 +422,12 @@ class BoundLoopWorkflow:
             return
         approvals.apply(self._state, decision, workflow.now(), self._rules)
         self._publish()
+
+    @workflow.signal
+    def cancel_reason(self, request: CancelRequest) -> None:
+        """Sent by `boundloop cancel` just before it asks Temporal to cancel the run: the
+        reason goes into the event log and the RunResult of the cancelled run."""
+        self._cancel_reason = request.reason
 
     @workflow.update
     def decide(self, decision: Decision) -> str:
@@ -423,7 +522,8 @@ class BoundLoopWorkflow:
             total_tokens=s.usage.total_tokens, usage_unknown=s.usage.unknown_steps > 0,
             usage_estimated=s.usage.estimated, cost_usd=self._cost(), cost_units=s.cost_units,
             events=list(s.events), workflow_id=info.workflow_id, run_id=info.run_id,
-            answer_looks_like_tool_call=s.answer_looks_like_tool_call)
+            answer_looks_like_tool_call=s.answer_looks_like_tool_call,
+            cancel_reason=self._cancel_reason if s.reason == StopReason.CANCELLED else None)
         excess = payload_bytes(result) - MAX_PAYLOAD_VALUE_BYTES
         if excess <= 0:
             return result
@@ -443,6 +543,19 @@ def _model_failure(err: ActivityError, timeout_seconds: float) -> mf.ModelFailur
         return mf.ModelFailure(kind=kind, detail=f"model activity failed: {cause.type}")
     return mf.ModelFailure(kind=mf.WORKER_ERROR,
                            detail=f"model activity failed: {type(cause).__name__}")
+
+
+def _body_started(cause: BaseException | None) -> bool:
+    """Whether a failed tool attempt had started the tool's body, as the activity reported
+    it in the failure's details (or, for a timeout, its last heartbeat)."""
+    if isinstance(cause, ApplicationError):
+        details = cause.details
+    elif isinstance(cause, TimeoutError):
+        details = cause.last_heartbeat_details
+    else:
+        return False
+    first = details[0] if details else None
+    return isinstance(first, dict) and first.get("started") is True
 
 
 def _no_ref(out: Envelope | StopReason) -> tuple[Envelope, str | None] | StopReason:

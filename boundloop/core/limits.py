@@ -109,8 +109,8 @@ class Limits(BaseModel):
     - per_tool_max_calls: tool name -> calls allowed per run (overrides the tool's own).
     - tool_cost_budget: cost units (declared per tool) allowed per run.
     - usd_budget: USD per run, from the price table; needs a price for the model.
-    - tool_timeout_seconds: overrides every tool's own start-to-close timeout.
-    - model_timeout_seconds: one model request attempt (start-to-close).
+    - tool_timeout_seconds: overrides every tool's own timeout (one attempt).
+    - model_timeout_seconds: one model request attempt (the provider's time to answer).
     - deadline_seconds: processing time of the run, approval waits excluded.
     - approval_timeout_seconds: how long one pending approval may wait (default 24 h).
     """

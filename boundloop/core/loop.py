@@ -51,7 +51,7 @@ class Event(BaseModel):
     call_id: str | None = None
     fingerprint: str | None = None
     #: One line for an operator, never a secret or provider text (e.g. a failed model
-    #: request's `HTTP 404 (model or route not found) from host:port`).
+    #: request's `HTTP 404 (model or route not found) from host:port`, a cancel's reason).
     detail: str | None = None
 
 
@@ -155,6 +155,16 @@ def begin_step(state: LoopState, processing_seconds: float) -> StepPlan | StopRe
     choice: ToolChoice = "none" if last or state.force_final else "auto"
     state.log("model_requested")
     return StepPlan(step=state.steps, tool_choice=choice, last=last)
+
+
+def cancelled(state: LoopState, reason: str | None, *, step_unfinished: bool) -> StopReason:
+    """The run was cancelled. Nothing that did not finish is counted: a model request
+    still in flight is not a step (and its usage is unknown), a tool still running is
+    not an execution (the caller never recorded it)."""
+    if step_unfinished:
+        state.steps -= 1
+    state.log("cancel_requested", detail=reason)
+    return state.stop(StopReason.CANCELLED)
 
 
 # --- usage --------------------------------------------------------------------------

@@ -21,8 +21,13 @@ A tool is a plain function, synchronous or `async`:
   such a field out and the default applies (objects are still closed, and the workflow
   still validates every call against the schema before anything runs).
 
+A sync tool runs on one of the worker's own tool threads, an `async` one is awaited on
+the worker's event loop; both are stopped at their timeout or when the run is cancelled
+(an `async` tool is cancelled, a sync one sees `ctx.is_cancelled()` and should return;
+docs/durability.md, "Hung tools").
+
 A tool reports expected failures by raising `ToolFailure` (an envelope for the model),
-transient ones by raising `TransientToolError` (retried by Temporal); anything else is
+transient ones by raising `TransientToolError` (retried per its retry policy); anything else is
 unexpected: the run stops with `tool_error`, the worker logs the traceback, and the
 exception text never reaches the model, the RunResult or the history.
 
@@ -80,8 +85,9 @@ class ToolContext(Generic[Deps]):
     - workflow_id, call_id, step: where the call comes from (for logs and stores).
     - max_result_bytes: the run's result cap, so a tool can bound what it fetches.
     - heartbeat(*details): tells Temporal the tool is still alive (long tools).
-    - is_cancelled(): whether Temporal asked this execution to stop (a long tool checks
-      it between units of work and returns early).
+    - is_cancelled(): whether this attempt is over before the tool returned - the run
+      was cancelled, or the attempt's timeout passed. A sync tool cannot be stopped from
+      outside: a long one checks it between units of work and returns early.
     """
 
     deps: Deps
@@ -99,10 +105,11 @@ class ToolContext(Generic[Deps]):
 class ToolSpec:
     """One tool's declaration (made by `Toolset.tool`).
 
-    `timeout` is start-to-close per attempt; `retry` is its Temporal retry policy
-    (boundloop adds its own non-retryable error types). `needs_approval` is a bool or a
-    pure, deterministic predicate over the validated arguments: it runs inside the
-    workflow.
+    `timeout` bounds one attempt (the tool activity enforces it); `retry` is the tool's
+    retry policy, whose attempts and backoff the workflow counts itself: an attempt lost
+    to a dead worker is not one of them (docs/durability.md, "Crashes and retries").
+    `needs_approval` is a bool or a pure, deterministic predicate over the validated
+    arguments: it runs inside the workflow.
     """
 
     name: str
@@ -308,8 +315,8 @@ class Toolset(Generic[Deps]):
         - terminal: after its success the model gets one last turn without tools.
         - cost_units: counted against the run's `tool_cost_budget`.
         - max_calls: executions per run (a run's `per_tool_max_calls` overrides it).
-        - timeout: one attempt (start-to-close); retry: the Temporal retry policy
-          (`maximum_attempts` must be set: unlimited retries are refused).
+        - timeout: one attempt; retry: its attempts and backoff (`maximum_attempts`
+          must be set: unlimited retries are refused), counted by the workflow.
         """
 
         def register(fn: F) -> F:

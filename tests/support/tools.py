@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
 import time
 from datetime import timedelta
@@ -91,3 +92,62 @@ def sleepy(x: str) -> Any:
     """Never answers in time."""
     time.sleep(SLEEPY_SECONDS)  # well past its 0.5 s timeout, on every attempt
     return {"late": x}
+
+
+# --- tools that run long: cancels and hung threads (tests/test_lifecycle.py) ----------
+
+#: How long `nap` and `anap` sleep unless cancelled, and `hang` sleeps whatever happens.
+NAP_SECONDS = 20.0
+HANG_SECONDS = 30.0
+
+
+def mark(ctx: ToolContext[DemoDeps], what: str) -> None:
+    """Record `what` for this call in a SQLite store in the data directory."""
+    data_dir = ctx.deps.data_dir
+    data_dir.mkdir(parents=True, exist_ok=True)
+    with sqlite3.connect(data_dir / "marks.db", timeout=10) as db:
+        db.execute("CREATE TABLE IF NOT EXISTS marks (key TEXT, what TEXT)")
+        db.execute("INSERT INTO marks VALUES (?, ?)", (ctx.idempotency_key, what))
+
+
+def marks(data_dir: Path) -> list[tuple[str, str]]:
+    """(idempotency key, what) in the order the tools recorded them."""
+    if not (data_dir / "marks.db").exists():
+        return []
+    with sqlite3.connect(data_dir / "marks.db", timeout=10) as db:
+        return [(k, w) for k, w in db.execute("SELECT key, what FROM marks ORDER BY rowid")]
+
+
+@tools.tool(timeout=timedelta(seconds=30), retry=retry(1))
+def nap(ctx: ToolContext[DemoDeps], x: str) -> Any:
+    """Sleeps unless cancelled (sync); records that it returned early."""
+    mark(ctx, "started")
+    end = time.monotonic() + NAP_SECONDS
+    while time.monotonic() < end:
+        if ctx.is_cancelled():
+            mark(ctx, "cancelled")
+            return {"stopped_early": True}
+        time.sleep(0.05)
+    mark(ctx, "finished")
+    return {"slept": x}
+
+
+@tools.tool(timeout=timedelta(seconds=30), retry=retry(1))
+async def anap(ctx: ToolContext[DemoDeps], x: str) -> Any:
+    """Sleeps (async); records that the sleep was cancelled."""
+    mark(ctx, "started")
+    try:
+        await asyncio.sleep(NAP_SECONDS)
+    except asyncio.CancelledError:
+        mark(ctx, "cancelled")
+        raise
+    mark(ctx, "finished")
+    return {"slept": x}
+
+
+@tools.tool(timeout=timedelta(seconds=1), retry=retry(3))
+def hang(ctx: ToolContext[DemoDeps], x: str) -> Any:
+    """Hangs past its timeout, deaf to cancels: holds its thread for HANG_SECONDS."""
+    mark(ctx, "started")
+    time.sleep(HANG_SECONDS)
+    return {"hung": x}
