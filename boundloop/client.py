@@ -128,9 +128,10 @@ class Run:
                 raise errors.DecisionRefused(cause.message) from None
             raise
 
-    async def cancel(self) -> None:
-        """Ask the run to stop; it ends with reason `cancelled`."""
-        await self.handle.cancel()
+    async def cancel(self, reason: str | None = None) -> None:
+        """Ask the run to stop, in any state; it ends with reason `cancelled`, and
+        `reason` (at most 500 characters) is kept in its event log and RunResult."""
+        await cancel(self.handle, reason)
 
     async def events(self, interval: float = 0.2) -> AsyncIterator[Event]:
         """Each event-log line as it appears, until the run ends."""
