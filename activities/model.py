@@ -19,10 +19,10 @@ import openai
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from activities.conversation import ConversationCache, rebuild
-from activities.heartbeat import heartbeating
-from activities.model_errors import to_application_error
 from boundloop import errors
+from boundloop.activities.conversation import ConversationCache, rebuild
+from boundloop.activities.heartbeat import heartbeating
+from boundloop.activities.model_errors import to_application_error
 from boundloop.contracts import MODEL_ACTIVITY, ModelRequest
 from boundloop.core.canonical import json_bytes
 from boundloop.core.conversation import to_chat_messages

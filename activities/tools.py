@@ -25,9 +25,9 @@ from typing import Any
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from activities.conversation import ConversationCache
-from activities.heartbeat import heartbeating
-from activities.threads import ToolThreads
+from boundloop.activities.conversation import ConversationCache
+from boundloop.activities.heartbeat import heartbeating
+from boundloop.activities.threads import ToolThreads
 from boundloop.contracts import TOOL_ACTIVITY, ToolRequest
 from boundloop.core.canonical import compact_json
 from boundloop.core.envelope import cap_envelope, result_too_large, success

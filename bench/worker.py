@@ -20,12 +20,12 @@ from typing import Any
 
 from temporalio.worker import Worker
 
-from activities.tools import ToolActivities
 from bench.workflows import BareWorkflow, NaiveModel, NaiveWorkflow, bench_noop
+from boundloop.activities.tools import ToolActivities
 from boundloop.settings import Settings
 from boundloop.tools import catalog
 from boundloop.tools.demo import DemoDeps
-from worker.main import build_worker, connect
+from boundloop.worker.main import build_worker, connect
 
 
 async def serve(bench_queue: str | None, max_cached_workflows: int | None = None) -> None:

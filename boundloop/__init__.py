@@ -39,16 +39,16 @@ from boundloop.errors import (
 from boundloop.tools.registry import ToolContext, Toolset, ToolSpec
 
 if TYPE_CHECKING:
-    from worker.main import Plugin, Worker
+    from boundloop.worker.main import Plugin, Worker
 
 
 def __getattr__(name: str) -> Any:
     # The worker imports the workflow and activities, which import boundloop's modules:
     # loaded on first use, so importing any boundloop module never needs the worker.
     if name in ("Plugin", "Worker"):
-        import worker.main
+        from boundloop.worker import main as worker_main
 
-        return getattr(worker.main, name)
+        return getattr(worker_main, name)
     raise AttributeError(f"module 'boundloop' has no attribute {name!r}")
 
 __all__ = [

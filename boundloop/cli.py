@@ -83,8 +83,8 @@ def load_settings() -> Settings:
 
 
 async def connect(settings: Settings) -> Client:
-    from worker.main import connect as worker_connect
-    from worker.main import unreachable_reason
+    from boundloop.worker.main import connect as worker_connect
+    from boundloop.worker.main import unreachable_reason
 
     try:
         return await worker_connect(settings)
@@ -239,7 +239,7 @@ def worker(
         help="Serve the model from this script (docs/scripted-server.md)")] = None,
 ) -> None:
     """Run a worker: the workflow, the model activity and the tool activity."""
-    from worker.main import main as worker_main
+    from boundloop.worker.main import main as worker_main
 
     settings = load_settings()
     load_registry()
@@ -328,7 +328,7 @@ async def _run_async(settings: Settings, inp: RunInput, wait: bool, as_json: boo
             return 0
         return await _follow(handle, settings, as_json)
     from boundloop.scripted.server import ScriptedModelServer
-    from worker.main import build_worker
+    from boundloop.worker.main import build_worker
 
     # The embedded worker's failed attempts would print SDK tracebacks on stderr.
     logging.getLogger("temporalio").setLevel(logging.ERROR)

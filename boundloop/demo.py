@@ -77,7 +77,7 @@ async def _follow(run: Run, interactive: bool) -> RunResult:
 async def run_demo(settings: Settings, *, interactive: bool) -> int:
     from boundloop.scripted.server import ScriptedModelServer
     from boundloop.terminal import exit_code
-    from worker.main import build_worker, connect
+    from boundloop.worker.main import build_worker, connect
 
     server: DevServer | None = None
     if "temporal_address" in settings.model_fields_set:

@@ -21,9 +21,9 @@ from temporalio.client import Client, WorkflowHandle
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
-from activities.conversation import ConversationCache
 from boundloop import Worker
 from boundloop import search_attributes as sa
+from boundloop.activities.conversation import ConversationCache
 from boundloop.client import result_of
 from boundloop.contracts import WORKFLOW_NAME, RunInput, RunResult
 from boundloop.core.limits import Limits, Policy, RunSettings

@@ -15,13 +15,13 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
-from activities.budget import budget_closed_runs, budget_reserve
 from boundloop import search_attributes as sa
+from boundloop.activities.budget import budget_closed_runs, budget_reserve
 from boundloop.budgets import set_budget, show_budget
 from boundloop.contracts import BudgetView, ReserveRequest, SettleRequest, budget_workflow_id
 from boundloop.core.budget import Amount, BudgetLimits, Grant
 from boundloop.devserver import FAST_FLAGS, temporal_binary
-from workflows.budget import BudgetLedgerWorkflow
+from boundloop.workflows.budget import BudgetLedgerWorkflow
 
 
 @pytest_asyncio.fixture(scope="module")

@@ -14,16 +14,16 @@ from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
-from activities.conversation import ConversationCache
 from boundloop import search_attributes as sa
+from boundloop.activities.conversation import ConversationCache
 from boundloop.client import result_of
 from boundloop.contracts import WORKFLOW_NAME, RunInput, RunResult
 from boundloop.core.limits import Limits, RunSettings
 from boundloop.devserver import FAST_FLAGS, temporal_binary
 from boundloop.scripted.server import ScriptedModelServer
 from boundloop.settings import Settings
+from boundloop.worker.main import build_worker
 from tests.scripts import answer, call, resp
-from worker.main import build_worker
 
 STEPS = 8
 

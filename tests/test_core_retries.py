@@ -12,8 +12,8 @@ import pytest
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
-from activities.threads import ToolThreads
-from activities.tools import ToolActivities
+from boundloop.activities.threads import ToolThreads
+from boundloop.activities.tools import ToolActivities
 from boundloop.contracts import ToolRequest
 from boundloop.core import loop as core
 from boundloop.core.limits import RunSettings

@@ -1,7 +1,7 @@
 """Issue 3: crashes with real processes (SPEC §6-§7).
 
 Each test starts its own Temporal dev server (a SQLite file in tmp_path), the scripted
-model server, and worker *processes* (`python -m worker.main`), then kills one of them
+model server, and worker *processes* (`python -m boundloop.worker.main`), then kills one of them
 with SIGKILL. What must hold: no approval is lost, no side effect is repeated, no model
 request is repeated, and the RunResult is the one an uncrashed run gives.
 
@@ -88,7 +88,7 @@ class Cluster:
 
     def start_worker(self, *, crash_after_ticket_write: bool = False, cli: bool = False,
                      ) -> subprocess.Popen[bytes]:
-        """`python -m worker.main`, or with `cli` the operator's `boundloop worker`."""
+        """`python -m boundloop.worker.main`, or with `cli` the operator's `boundloop worker`."""
         env = {k: v for k, v in os.environ.items()
                if k not in ("BOUNDLOOP_TOOLS", CRASH_AFTER_WRITE_ENV)}
         env.update({
@@ -105,7 +105,7 @@ class Cluster:
             env[CRASH_AFTER_WRITE_ENV] = "1"
         log = (self.tmp / f"worker-{len(self.workers)}.log").open("ab")
         command = ([str(Path(sys.executable).parent / "boundloop"), "worker"] if cli
-                   else [sys.executable, "-m", "worker.main"])
+                   else [sys.executable, "-m", "boundloop.worker.main"])
         proc = subprocess.Popen(command, cwd=ROOT, env=env,
                                 stdout=log, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, start_new_session=True)

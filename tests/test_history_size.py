@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from activities.conversation import ConversationCache
+from boundloop.activities.conversation import ConversationCache
 from boundloop.core.limits import Limits
 from tests.conftest import Outcome, RunScript
 from tests.scripts import answer, call, outputs, resp

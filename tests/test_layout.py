@@ -30,3 +30,21 @@ def test_no_test_only_switch_in_product_code() -> None:
              for p in (ROOT / package).rglob("*.py")
              if "BOUNDLOOP_TEST" in p.read_text(encoding="utf-8")]
     assert found == []
+
+
+def test_the_distribution_installs_only_the_boundloop_namespace(tmp_path: Path) -> None:
+    """A wheel built from the repo holds one top-level package, `boundloop`, with the
+    repo's workflows/, activities/ and worker/ inside it as boundloop.workflows, ..."""
+    import subprocess
+    import sys
+    import zipfile
+
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps",
+                    "-q", "-w", str(tmp_path), str(ROOT)], check=True, capture_output=True)
+    [wheel] = tmp_path.glob("boundloop-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    top = {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")}
+    assert top == {"boundloop"}
+    for package in ("workflows", "activities", "worker"):
+        assert f"boundloop/{package}/__init__.py" in names
+    assert "boundloop/workflows/loop.py" in names

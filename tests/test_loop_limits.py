@@ -7,7 +7,7 @@ from typing import Any
 
 from temporalio.client import WorkflowExecutionStatus, WorkflowHandle
 
-from activities.conversation import ConversationCache
+from boundloop.activities.conversation import ConversationCache
 from boundloop.client import query_status
 from boundloop.core.limits import Limits, Policy, Price
 from tests.conftest import RunScript

@@ -8,7 +8,7 @@ import httpx2 as httpx
 import openai
 import pytest
 
-from activities.model_errors import retry_after, to_application_error
+from boundloop.activities.model_errors import retry_after, to_application_error
 
 
 def status_error(status: int, headers: dict[str, str] | None = None) -> openai.APIStatusError:

@@ -23,9 +23,9 @@ from boundloop.core.limits import Limits, Policy, RunSettings
 from boundloop.logs import TextFormatter
 from boundloop.scripted.server import ScriptedModelServer
 from boundloop.settings import Settings
+from boundloop.worker.main import build_worker
 from tests.conftest import RUN_TIMEOUT, workflow_task_failures
 from tests.scripts import body
-from worker.main import build_worker
 
 SECRET = "sk-live-SECRET-in-provider-body"
 

@@ -24,10 +24,11 @@ from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
+from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
 
-from activities.conversation import ConversationCache
-from activities.model import ModelActivities
 from boundloop import search_attributes as sa
+from boundloop.activities.conversation import ConversationCache
+from boundloop.activities.model import ModelActivities
 from boundloop.client import result_of
 from boundloop.contracts import TOOL_ACTIVITY, WORKFLOW_NAME, RunInput, RunResult, ToolRequest
 from boundloop.core.envelope import success
@@ -40,13 +41,13 @@ from boundloop.settings import Settings
 from boundloop.tools import catalog
 from boundloop.tools.demo import DemoDeps
 from boundloop.tools.registry import ToolContext
+from boundloop.worker.main import build_worker, pass_boundloop_through
+from boundloop.workflows.loop import BoundLoopWorkflow
 from tests.conftest import RUN_TIMEOUT, RunScript, workflow_task_failures
 from tests.scripts import answer, call, outputs, resp
 from tests.support.tools import counted, executions
 from tests.support.tools import tools as test_tools
 from tests.test_cli import cli, env_for
-from worker.main import build_worker
-from workflows.loop import BoundLoopWorkflow
 
 #: The tool result of the reproduction: 2.5 MB, over the payload limit by itself.
 OVER_THE_LIMIT = 2_500_000
@@ -122,7 +123,8 @@ async def test_tool_result_over_the_payload_limit_is_not_retried_and_names_the_t
     catalog.register(queue, test_tools)
     try:
         async with Worker(temporal, task_queue=queue, workflows=[BoundLoopWorkflow],
-                          activities=[model.model_request, uncapped_tool]):
+                          activities=[model.model_request, uncapped_tool],
+                          workflow_runner=pass_boundloop_through(SandboxedWorkflowRunner())):
             handle = await temporal.start_workflow(
                 WORKFLOW_NAME, inp, id=f"test-{queue}", task_queue=queue,
                 result_type=RunResult)

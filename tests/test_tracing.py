@@ -16,8 +16,8 @@ from boundloop.core.limits import RunSettings
 from boundloop.scripted.server import ScriptedModelServer
 from boundloop.settings import Settings
 from boundloop.tracing import client_interceptors
+from boundloop.worker.main import build_worker
 from tests.scripts import answer, call, resp
-from worker.main import build_worker
 
 
 def test_tracing_is_off_by_default() -> None:

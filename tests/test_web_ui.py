@@ -34,9 +34,9 @@ from boundloop.core.reasons import NEXT_CHECK, StopReason
 from boundloop.devserver import DevServer, free_port, port_open
 from boundloop.scripted.server import ScriptedModelServer
 from boundloop.settings import Settings
+from boundloop.worker.main import build_worker, connect
 from tests.conftest import DEMO_TOOLS
 from tests.scripts import answer, call, resp
-from worker.main import build_worker, connect
 
 CHROMIUM = (os.environ.get("BOUNDLOOP_CHROMIUM") or shutil.which("chromium")
             or shutil.which("chromium-browser"))

@@ -1,4 +1,4 @@
-"""The worker as an operator runs it: a real `boundloop worker` / `python -m worker.main`
+"""The worker as an operator runs it: a real `boundloop worker` / `python -m boundloop.worker.main`
 process, its log read from its stderr."""
 
 from __future__ import annotations
@@ -94,14 +94,15 @@ async def test_runs_parked_on_approval_survive_eviction_and_shutdown_without_wor
                      BOUNDLOOP_TASK_QUEUE=queue, OPENAI_BASE_URL=model.start(),
                      OPENAI_API_KEY="sk-test-not-real", BOUNDLOOP_MAX_CACHED_WORKFLOWS="2")
     try:
-        with process([sys.executable, "-m", "worker.main"], env, log) as worker:
+        with process([sys.executable, "-m", "boundloop.worker.main"], env, log) as worker:
             await log_has(log, "worker started")
             first = [await park(temporal, model, queue) for _ in range(6)]
             results = await approve_all(first, model)
             later = [await park(temporal, model, queue) for _ in range(2)]
             worker.send_signal(signal.SIGINT)  # a graceful stop, as Ctrl-C or systemd
             assert worker.wait(timeout=WAIT) == 0
-        with process([sys.executable, "-m", "worker.main"], env, tmp_path / "worker2.log"):
+        with process([sys.executable, "-m", "boundloop.worker.main"], env,
+                     tmp_path / "worker2.log"):
             results += await approve_all(later, model)
     finally:
         model.stop()
@@ -166,7 +167,7 @@ async def test_worker_started_before_temporal_retries_in_one_line_then_connects(
 async def test_worker_refuses_a_base_url_without_a_scheme_in_one_line(tmp_path: Path) -> None:
     env = worker_env(tmp_path, TEMPORAL_ADDRESS=f"127.0.0.1:{closed_port()}",
                      OPENAI_BASE_URL="localhost:11434/v1")
-    for command in ([BOUNDLOOP, "worker"], [sys.executable, "-m", "worker.main"]):
+    for command in ([BOUNDLOOP, "worker"], [sys.executable, "-m", "boundloop.worker.main"]):
         proc = await asyncio.create_subprocess_exec(
             *command, cwd=ROOT, env=env, stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE)

@@ -5,7 +5,7 @@
   Replayer.
 - `Worker(client, toolset, deps=..., model=...)` is a Temporal worker with the plugin and
   boundloop's defaults (bounded workflow cache, a short-enough sticky timeout).
-- `main()` (`boundloop worker`, `python -m worker.main`) is the command-line edge: it
+- `main()` (`boundloop worker`, `python -m boundloop.worker.main`) is the command-line edge: it
   reads the environment (boundloop/settings.py) and serves the BOUNDLOOP_TOOLS toolset.
 """
 
@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
+import pkgutil
 import sys
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import timedelta
@@ -32,13 +34,15 @@ from temporalio.runtime import (
     TelemetryConfig,
     TelemetryFilter,
 )
-from temporalio.worker import ReplayerConfig, WorkerConfig
+from temporalio.worker import ReplayerConfig, WorkerConfig, WorkflowRunner
+from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
 
-from activities.conversation import ConversationCache
-from activities.heartbeat import HEARTBEAT_EVERY
-from activities.model import ModelActivities
-from activities.threads import ToolThreads
-from activities.tools import ToolActivities
+import boundloop
+from boundloop.activities.conversation import ConversationCache
+from boundloop.activities.heartbeat import HEARTBEAT_EVERY
+from boundloop.activities.model import ModelActivities
+from boundloop.activities.threads import ToolThreads
+from boundloop.activities.tools import ToolActivities
 from boundloop.client import DEFAULT_TASK_QUEUE
 from boundloop.errors import BoundloopError
 from boundloop.logs import configure
@@ -51,7 +55,22 @@ from boundloop.settings import (
 from boundloop.tools import catalog
 from boundloop.tools.registry import Toolset
 from boundloop.tracing import client_interceptors
-from workflows.loop import BoundLoopWorkflow
+from boundloop.workflows.loop import BoundLoopWorkflow
+
+
+def pass_boundloop_through(runner: WorkflowRunner | None) -> WorkflowRunner:
+    """The sandbox reloads a workflow's module and its parent packages for each run; our
+    workflows live in the `boundloop` package, so every other boundloop module is passed
+    through (one copy: the toolset table the worker registered, one class per model).
+    The workflow modules themselves stay sandboxed."""
+    if runner is None:
+        raise BoundloopError("no workflow runner to configure")
+    if not isinstance(runner, SandboxedWorkflowRunner):
+        return runner
+    modules = [f"boundloop.{m.name}" for m in pkgutil.iter_modules(boundloop.__path__)
+               if m.name != "workflows"]
+    return dataclasses.replace(
+        runner, restrictions=runner.restrictions.with_passthrough_modules(*modules))
 
 Deps = TypeVar("Deps")
 #: Activities one worker runs at once unless told otherwise.
@@ -107,7 +126,8 @@ class Plugin(SimplePlugin, Generic[Deps]):
         if model is not None:
             activities.append(ModelActivities(model, toolset, cache).model_request)
         super().__init__("boundloop", data_converter=pydantic_data_converter,
-                         workflows=[BoundLoopWorkflow], activities=activities)
+                         workflows=[BoundLoopWorkflow], activities=activities,
+                         workflow_runner=pass_boundloop_through)
 
     def configure_worker(self, config: WorkerConfig) -> WorkerConfig:
         converter = config["client"].data_converter
