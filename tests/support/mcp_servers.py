@@ -92,7 +92,8 @@ def build(db: Path) -> MCPServer:
                 conn.execute("COMMIT")
                 return str(first[0]) + " (already done)"
             conn.execute("INSERT INTO deleted (record) VALUES (?)", (record,))
-            result = f"deleted {record} as #{conn.execute('SELECT count(*) FROM deleted').fetchone()[0]}"
+            [(count,)] = conn.execute("SELECT count(*) FROM deleted")
+            result = f"deleted {record} as #{count}"
             conn.execute("INSERT INTO effects (key, record, result) VALUES (?, ?, ?)",
                          (key, record, result))
             conn.execute("COMMIT")
