@@ -244,6 +244,8 @@ async def test_stdio_server_killed_mid_call_raises_retryable_and_the_next_call_r
             await asyncio.wait_for(running, WAIT)
         again = await call(pool, "lookup", {"sku": "A-1"})
         assert again.status == ToolStatus.SUCCESS
+        before = pool.declarations()
+        assert await asyncio.wait_for(pool.refresh(), WAIT) == before
         pids = [p for (p,) in rows(db, "SELECT pid FROM requests")]
         assert pids[0] == pid and pids[-1] != pid
 
@@ -267,10 +269,13 @@ async def test_close_ends_the_stdio_server_process(db: Path) -> None:
 
 
 async def test_a_server_that_cannot_start_is_named_in_the_error(tmp_path: Path) -> None:
-    broken = MCPServerConfig(name="broken", command=str(tmp_path / "no-such-server"),
+    missing = MCPServerConfig(name="broken", command=str(tmp_path / "no-such-server"),
+                              connect_timeout_seconds=10)
+    nobody = MCPServerConfig(name="nobody", url=f"http://127.0.0.1:{free_port()}/mcp",
                              connect_timeout_seconds=10)
-    with pytest.raises(MCPServerError, match="'broken'"):
-        await asyncio.wait_for(MCPPool([broken]).start(), WAIT)
+    for config in (missing, nobody):
+        with pytest.raises(MCPServerError, match=f"MCP server '{config.name}': could not"):
+            await asyncio.wait_for(MCPPool([config]).start(), WAIT)
 
 
 # --- the published mcp-server-time package -----------------------------------------------

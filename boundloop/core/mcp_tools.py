@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
 from jsonschema import Draft202012Validator
-from jsonschema.exceptions import SchemaError, best_match
+from jsonschema.exceptions import SchemaError, relevance
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from boundloop.core import envelope as env
@@ -35,6 +35,8 @@ _NOT_ALLOWED = re.compile(r"[^a-zA-Z0-9_-]")
 ERROR_TEXT_BYTES = 2000
 #: Bytes of a server-side protocol error message passed on to the model.
 REFUSAL_TEXT_BYTES = 500
+#: Schema problems named in one `invalid_input` message.
+MAX_PROBLEMS = 5
 _T = TypeVar("_T")
 #: The request `_meta` key that carries the call's idempotency key to the server. A
 #: server that changes something should store it with its result and answer a repeated
@@ -269,15 +271,18 @@ def is_strict_schema(schema: Any) -> bool:
 
 def check_arguments(declaration: MCPToolDeclaration, arguments: Any) -> env.Envelope | None:
     """None when `arguments` match the tool's input schema, else an `invalid_input`
-    envelope naming the first problem (jsonschema's best match) and what was expected."""
+    envelope naming up to MAX_PROBLEMS problems (most relevant first): where, and what
+    was expected."""
     validator = Draft202012Validator(declaration.parameters)
-    error = best_match(validator.iter_errors(arguments))
-    if error is None:
+    errors = sorted(validator.iter_errors(arguments), key=relevance,
+                    reverse=True)[:MAX_PROBLEMS]  # best_match order
+    if not errors:
         return None
-    where = "/".join(str(p) for p in error.absolute_path) or "(root)"
+    problems = "; ".join(
+        f"{'/'.join(str(p) for p in e.absolute_path) or '(root)'}: "
+        f"{_expected(e.validator, e.validator_value, e.message)}" for e in errors)
     return env.invalid_input("INVALID_ARGUMENTS", preview(
-        f"arguments do not match the {declaration.name} schema: {where}: "
-        f"{_expected(error.validator, error.validator_value, error.message)}", 600))
+        f"arguments do not match the {declaration.name} schema: {problems}", 600))
 
 
 def _expected(keyword: Any, value: Any, message: str) -> str:
