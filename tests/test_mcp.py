@@ -114,7 +114,8 @@ async def call(pool: MCPPool, name: str, arguments: dict[str, Any], key: str = "
 async def test_listed_tools_are_prefixed_and_read_only_ones_need_no_approval(pool: MCPPool) -> None:
     by_name = {d.name: d for d in pool.declarations()}
     assert set(by_name) == {f"shop__{n}" for n in
-                            ("lookup", "delete_record", "fail", "sleep", "chart", "add_note")}
+                            ("lookup", "delete_record", "fail", "sleep", "chart",
+                             "environment", "add_note")}
     lookup, delete, note = by_name["shop__lookup"], by_name["shop__delete_record"], \
         by_name["shop__add_note"]
     assert (lookup.needs_approval, lookup.side_effects) == (False, False)
@@ -257,6 +258,16 @@ async def test_a_timed_out_call_is_retryable_and_keeps_the_session(db: Path) -> 
         assert (await call(pool, "lookup", {"sku": "A"})).status == ToolStatus.SUCCESS
     pids = {p for (p,) in rows(db, "SELECT pid FROM requests")}
     assert len(pids) == 1
+
+
+async def test_stdio_server_gets_its_env_but_not_the_workers_environment(
+        db: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("BOUNDLOOP_TEST_SECRET", "s3cret")
+    async with MCPPool([stdio_config(db)]) as pool:
+        secret = await call(pool, "environment", {"name": "BOUNDLOOP_TEST_SECRET"})
+        configured = await call(pool, "environment", {"name": "MCP_TEST_DB"})
+    assert secret.data == {"structured": {"result": False}}
+    assert configured.data == {"structured": {"result": True}}
 
 
 async def test_close_ends_the_stdio_server_process(db: Path) -> None:

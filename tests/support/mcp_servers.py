@@ -14,6 +14,7 @@ a SQLite file where the server writes down every `tools/call` request it receive
 - `fail(reason)`: returns `isError: true` with the reason.
 - `sleep(seconds)`: writes its process id into `sleeps`, then sleeps (for kill tests).
 - `chart()`: a text block and an image block.
+- `environment(name)`: whether the server process has that environment variable.
 - `add_note(note, tags?)`: no annotations at all (an optional property: not strict).
 """
 
@@ -117,6 +118,11 @@ def build(db: Path) -> MCPServer:
         """A caption and a picture."""
         return [TextContent(text="caption: stock by day"),
                 Image(data=PNG, format="png").to_image_content()]
+
+    @server.tool(annotations=ToolAnnotations(read_only_hint=True))
+    def environment(name: str) -> bool:
+        """Whether the server process has the environment variable."""
+        return name in os.environ
 
     @server.tool()
     def add_note(note: str, tags: list[str] | None = None) -> str:
