@@ -284,8 +284,11 @@ async def test_a_server_that_cannot_start_is_named_in_the_error(tmp_path: Path) 
                               connect_timeout_seconds=10)
     nobody = MCPServerConfig(name="nobody", url=f"http://127.0.0.1:{free_port()}/mcp",
                              connect_timeout_seconds=10)
-    for config in (missing, nobody):
-        with pytest.raises(MCPServerError, match=f"MCP server '{config.name}': could not"):
+    silent = MCPServerConfig(name="silent", command=sys.executable,
+                             args=["-c", "import time; time.sleep(60)"], connect_timeout_seconds=1)
+    for config in (missing, nobody, silent):
+        named = f"MCP server '{config.name}': (could not connect|no session within 1 s)"
+        with pytest.raises(MCPServerError, match=named):
             await asyncio.wait_for(MCPPool([config]).start(), WAIT)
 
 
@@ -366,6 +369,16 @@ def test_config_errors_never_echo_env_values(tmp_path: Path) -> None:
         (tmp_path / name).write_text(text)
         with pytest.raises(MCPConfigError, match=name):
             load_mcp_config(tmp_path / name)
+
+
+def test_a_schema_naming_draft_07_is_checked_as_draft_07() -> None:
+    config = MCPServerConfig(name="srv", url="http://127.0.0.1:1/mcp")
+    schema = {"$schema": "http://json-schema.org/draft-07/schema#", "type": "object",
+              "properties": {"xs": {"type": "array", "items": [{"type": "integer"}]}}}
+    [d] = declare_tools(config, [ListedTool(name="t", input_schema=schema)])
+    assert check_arguments(d, {"xs": [1, "extra"]}) is None  # tuple form: draft-07 only
+    bad = check_arguments(d, {"xs": ["one"]})
+    assert bad is not None and "xs/0: expected integer" in bad.message
 
 
 def test_argument_check_is_the_same_rule_the_workflow_can_use() -> None:

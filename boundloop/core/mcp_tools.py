@@ -20,6 +20,7 @@ from typing import Annotated, Any, TypeVar
 
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError, relevance
+from jsonschema.validators import validator_for
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from boundloop.core import envelope as env
@@ -246,7 +247,7 @@ def _check_schema(where: str, schema: Mapping[str, Any]) -> None:
     if schema.get("type") != "object":
         raise MCPDeclarationError(f"{where}: input schema is not a JSON Schema object")
     try:
-        Draft202012Validator.check_schema(schema)
+        _validator_class(schema).check_schema(schema)
     except SchemaError as exc:
         raise MCPDeclarationError(
             f"{where}: input schema is not valid JSON Schema ({preview(exc.message, 200)})"
@@ -273,7 +274,7 @@ def check_arguments(declaration: MCPToolDeclaration, arguments: Any) -> env.Enve
     """None when `arguments` match the tool's input schema, else an `invalid_input`
     envelope naming up to MAX_PROBLEMS problems (most relevant first): where, and what
     was expected."""
-    validator = Draft202012Validator(declaration.parameters)
+    validator = _validator_class(declaration.parameters)(declaration.parameters)
     errors = sorted(validator.iter_errors(arguments), key=relevance,
                     reverse=True)[:MAX_PROBLEMS]  # best_match order
     if not errors:
@@ -283,6 +284,12 @@ def check_arguments(declaration: MCPToolDeclaration, arguments: Any) -> env.Enve
         f"{_expected(e.validator, e.validator_value, e.message)}" for e in errors)
     return env.invalid_input("INVALID_ARGUMENTS", preview(
         f"arguments do not match the {declaration.name} schema: {problems}", 600))
+
+
+def _validator_class(schema: Mapping[str, Any]) -> Any:
+    """The validator the schema's `$schema` names; JSON Schema 2020-12 (what MCP
+    specifies) when it names none."""
+    return validator_for(schema, default=Draft202012Validator)
 
 
 def _expected(keyword: Any, value: Any, message: str) -> str:

@@ -84,6 +84,10 @@ class _Session:
         try:
             async with asyncio.timeout(self.config.connect_timeout_seconds):
                 await self._ready.wait()
+        except TimeoutError:  # this bound only: a caller's own timeout arrives as a cancel
+            await self.close()
+            raise MCPServerError(f"MCP server {self.config.name!r}: no session within "
+                                 f"{self.config.connect_timeout_seconds:g} s") from None
         except BaseException:
             await self.close()
             raise
@@ -115,9 +119,10 @@ class _Session:
         task = self._task
         if task is None or task.done():
             return
-        try:
-            await asyncio.wait_for(asyncio.shield(task), CLOSE_TIMEOUT_SECONDS)
-        except TimeoutError:
+        if self.client is not None:  # connected: let it shut down in order
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(task), CLOSE_TIMEOUT_SECONDS)
+        if not task.done():  # still connecting, or stuck shutting down
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
