@@ -66,26 +66,36 @@ def db(shared_db: Path) -> Path:
     return shared_db
 
 
+def start_http_server(db: Path, port: int) -> subprocess.Popen[bytes]:
+    """The tests' server on streamable HTTP, once it accepts connections."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tests.support.mcp_servers", "http", str(port)],
+        cwd=ROOT, env={**os.environ, "MCP_TEST_DB": str(db)})
+    deadline = time.monotonic() + WAIT
+    while True:
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise AssertionError("the HTTP MCP server did not start")
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return proc
+        except OSError:
+            time.sleep(0.1)
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    proc.terminate()
+    proc.wait(timeout=WAIT)
+
+
 @pytest.fixture(scope="module")
 def http_url(shared_db: Path) -> Iterator[str]:
     port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "tests.support.mcp_servers", "http", str(port)],
-        cwd=ROOT, env={**os.environ, "MCP_TEST_DB": str(shared_db)})
+    proc = start_http_server(shared_db, port)
     try:
-        deadline = time.monotonic() + WAIT
-        while True:
-            assert proc.poll() is None, "the HTTP MCP server exited"
-            assert time.monotonic() < deadline, "the HTTP MCP server did not start"
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                time.sleep(0.1)
         yield f"http://127.0.0.1:{port}/mcp"
     finally:
-        proc.terminate()
-        proc.wait(timeout=WAIT)
+        stop(proc)
 
 
 @pytest.fixture(scope="module", params=["stdio", "http"])
@@ -249,6 +259,40 @@ async def test_stdio_server_killed_mid_call_raises_retryable_and_the_next_call_r
         assert await asyncio.wait_for(pool.refresh(), WAIT) == before
         pids = [p for (p,) in rows(db, "SELECT pid FROM requests")]
         assert pids[0] == pid and pids[-1] != pid
+
+
+async def test_http_server_restarted_mid_call_raises_retryable_and_the_next_call_reconnects(
+        db: Path) -> None:
+    port = free_port()
+    proc = start_http_server(db, port)
+    try:
+        async with MCPPool([MCPServerConfig(name="shop", url=f"http://127.0.0.1:{port}/mcp")]) \
+                as pool:
+            running = asyncio.create_task(call(pool, "sleep", {"seconds": 120}))
+            await wait_for_row(db, "SELECT pid FROM sleeps")
+            proc.kill()
+            proc.wait(timeout=WAIT)
+            with pytest.raises(TransientToolError):
+                await asyncio.wait_for(running, WAIT)
+            proc = start_http_server(db, port)
+            assert (await call(pool, "lookup", {"sku": "A"})).status == ToolStatus.SUCCESS
+    finally:
+        stop(proc)
+    assert len({p for (p,) in rows(db, "SELECT pid FROM requests")}) == 2
+
+
+async def test_a_cancelled_call_leaves_the_shared_session_working(db: Path) -> None:
+    async with MCPPool([stdio_config(db)]) as pool:
+        running = asyncio.create_task(call(pool, "sleep", {"seconds": 120}))
+        await wait_for_row(db, "SELECT pid FROM sleeps")
+        # The same session answers other calls while one is in flight ...
+        assert (await call(pool, "lookup", {"sku": "A"})).status == ToolStatus.SUCCESS
+        running.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await running
+        # ... and after that one was cancelled (as a cancelled activity would be).
+        assert (await call(pool, "lookup", {"sku": "B"})).status == ToolStatus.SUCCESS
+    assert len({p for (p,) in rows(db, "SELECT pid FROM requests")}) == 1
 
 
 async def test_a_timed_out_call_is_retryable_and_keeps_the_session(db: Path) -> None:
