@@ -218,6 +218,7 @@ async def test_idempotency_key_arrives_in_meta_and_a_repeated_key_repeats_nothin
         ("delete_record", "wf/step-1/call-0"), ("delete_record", "wf/step-1/call-0"),
         ("delete_record", "wf/step-2/call-0")]
     assert rows(db, "SELECT record FROM deleted") == [("r1",), ("r2",)]
+    assert rows(db, "SELECT DISTINCT client FROM requests") == [("boundloop",)]
     assert first.data == {"structured": {"result": "deleted r1 as #1"}}
     assert again.data == {"structured": {"result": "deleted r1 as #1 (already done)"}}
     assert other.data == {"structured": {"result": "deleted r2 as #2"}}

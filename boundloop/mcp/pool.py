@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib.metadata
 import logging
 from collections.abc import Mapping, Sequence
 from typing import Any, cast
@@ -31,6 +32,7 @@ from mcp_types import (
     INVALID_REQUEST,
     METHOD_NOT_FOUND,
     REQUEST_TIMEOUT,
+    Implementation,
     RequestParamsMeta,
 )
 
@@ -55,6 +57,8 @@ log = logging.getLogger("boundloop.mcp")
 REFUSAL_CODES = frozenset({INVALID_PARAMS, INVALID_REQUEST, METHOD_NOT_FOUND})
 #: Bound on `tools/list` pages, so a server whose cursor never ends cannot hang a start.
 MAX_LIST_PAGES = 100
+#: How boundloop introduces itself to servers (`clientInfo`).
+CLIENT_INFO = Implementation(name="boundloop", version=importlib.metadata.version("boundloop"))
 #: How long `close` waits for a session to shut down (a stdio process to exit).
 CLOSE_TIMEOUT_SECONDS = 10.0
 
@@ -100,7 +104,9 @@ class _Session:
 
     async def _own(self) -> None:
         try:
-            async with Client(_target(self.config), cache=None) as client:
+            # No response cache: tools are listed only at start and on `refresh`.
+            async with Client(_target(self.config), cache=None,
+                              client_info=CLIENT_INFO) as client:
                 self.client = client
                 self._ready.set()
                 await self._stop.wait()

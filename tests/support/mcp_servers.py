@@ -36,7 +36,8 @@ from pydantic import BaseModel
 
 IDEMPOTENCY_META_KEY = "boundloop/idempotency_key"
 SCHEMA = """
-CREATE TABLE IF NOT EXISTS requests (id INTEGER PRIMARY KEY, tool TEXT, key TEXT, pid INTEGER);
+CREATE TABLE IF NOT EXISTS requests (id INTEGER PRIMARY KEY, tool TEXT, key TEXT, pid INTEGER,
+                                     client TEXT);
 CREATE TABLE IF NOT EXISTS effects (key TEXT PRIMARY KEY, record TEXT, result TEXT);
 CREATE TABLE IF NOT EXISTS deleted (id INTEGER PRIMARY KEY, record TEXT);
 CREATE TABLE IF NOT EXISTS sleeps (id INTEGER PRIMARY KEY, pid INTEGER);
@@ -68,9 +69,10 @@ def build(db: Path) -> MCPServer:
         if ctx.method == "tools/call" and ctx.params is not None:
             meta = ctx.params.get("_meta") or {}
             with connect(db) as conn:
-                conn.execute("INSERT INTO requests (tool, key, pid) VALUES (?, ?, ?)",
+                client = meta.get("io.modelcontextprotocol/clientInfo") or {}
+                conn.execute("INSERT INTO requests (tool, key, pid, client) VALUES (?, ?, ?, ?)",
                              (ctx.params.get("name"), meta.get(IDEMPOTENCY_META_KEY),
-                              os.getpid()))
+                              os.getpid(), client.get("name")))
         return await call_next(ctx)
 
     server = MCPServer("boundloop-test", log_level="WARNING", middleware=[record_requests])
