@@ -308,11 +308,25 @@ async def test_a_timed_out_call_is_retryable_and_keeps_the_session(db: Path) -> 
 async def test_stdio_server_gets_its_env_but_not_the_workers_environment(
         db: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("BOUNDLOOP_TEST_SECRET", "s3cret")
-    async with MCPPool([stdio_config(db)]) as pool:
+    config = stdio_config(db).model_copy(update={"env": {
+        "MCP_TEST_DB": str(db), "FROM_WORKER": "${BOUNDLOOP_TEST_SECRET}"}})
+    async with MCPPool([config]) as pool:
         secret = await call(pool, "environment", {"name": "BOUNDLOOP_TEST_SECRET"})
-        configured = await call(pool, "environment", {"name": "MCP_TEST_DB"})
+        referenced = await call(pool, "environment", {"name": "FROM_WORKER"})
     assert secret.data == {"structured": {"result": False}}
-    assert configured.data == {"structured": {"result": True}}
+    assert referenced.data == {"structured": {"result": True}}
+
+
+async def test_http_headers_take_references_to_the_workers_environment(
+        http_url: str, db: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    config = MCPServerConfig(name="shop", url=http_url,
+                             headers={"X-Test-Token": "Bearer ${BOUNDLOOP_TEST_TOKEN}"})
+    with pytest.raises(MCPServerError, match="no environment variable 'BOUNDLOOP_TEST_TOKEN'"):
+        await asyncio.wait_for(MCPPool([config]).start(), WAIT)
+    monkeypatch.setenv("BOUNDLOOP_TEST_TOKEN", "t0ken")
+    async with MCPPool([config]) as pool:
+        await call(pool, "lookup", {"sku": "A"})
+    assert rows(db, "SELECT token FROM requests") == [("Bearer t0ken",)]
 
 
 async def test_close_ends_the_stdio_server_process(db: Path) -> None:
@@ -394,6 +408,9 @@ def test_config_loads_from_json_and_toml(tmp_path: Path) -> None:
     ([{"name": "a", "command": "x", "tools": ["t"], "overrides": {"u": {}}}], r"\['u'\]"),
     ([{"name": "a", "command": "x", "overrides": {"t": {"max_calls": 0}}}],
      "overrides.t.max_calls"),
+    ([{"name": "a", "command": "x", "headers": {"K": "v"}}], "only to a `url`"),
+    ([{"name": "a", "url": "http://h/mcp", "headers": {"K": "${1X}"}}],
+     r"headers\.K: \$\{1X\} is not a variable name"),
 ])
 def test_invalid_config_names_the_field(tmp_path: Path, servers: list[dict[str, Any]],
                                         expected: str) -> None:

@@ -39,6 +39,8 @@ REFUSAL_TEXT_BYTES = 500
 #: Schema problems named in one `invalid_input` message.
 MAX_PROBLEMS = 5
 _T = TypeVar("_T")
+_REFERENCE = re.compile(r"\$\{([^}]*)\}")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 #: The request `_meta` key that carries the call's idempotency key to the server. A
 #: server that changes something should store it with its result and answer a repeated
 #: key with the first result.
@@ -80,6 +82,9 @@ class MCPServerConfig(BaseModel):
     - prefix: put before each tool name (default `NAME__`), so servers cannot clash.
     - env: variables for the server process on top of a minimal default environment
       (HOME, PATH, ...); the worker's own environment, with its API keys, is not passed.
+    - headers: HTTP headers sent with every request to a `url` server.
+      In `env` and `headers` values, `${NAME}` stands for the worker's variable NAME,
+      read when connecting, so a configuration file need not hold secrets.
     - tools: allow-list of the server's tool names (unset: every listed tool).
     - overrides: per tool (server-side name), see `MCPToolOverride`.
     - timeout_seconds / max_attempts: defaults for every tool of this server.
@@ -94,6 +99,7 @@ class MCPServerConfig(BaseModel):
     env: dict[str, str] = Field(default_factory=dict)
     cwd: Path | None = None
     url: Annotated[str, Field(pattern=r"^https?://\S+$")] | None = None
+    headers: dict[str, str] = Field(default_factory=dict)
     prefix: Annotated[str, Field(pattern=r"^[a-zA-Z0-9_-]{0,63}$")] | None = None
     tools: list[Annotated[str, Field(min_length=1)]] | None = None
     overrides: dict[str, MCPToolOverride] = Field(default_factory=dict)
@@ -107,6 +113,13 @@ class MCPServerConfig(BaseModel):
             raise ValueError("set exactly one of `command` (stdio) or `url` (streamable HTTP)")
         if self.url is not None and (self.args or self.env or self.cwd is not None):
             raise ValueError("`args`, `env` and `cwd` apply only to a `command` (stdio) server")
+        if self.command is not None and self.headers:
+            raise ValueError("`headers` apply only to a `url` (streamable HTTP) server")
+        for where, values in (("env", self.env), ("headers", self.headers)):
+            for key, value in values.items():
+                for name in _REFERENCE.findall(value):
+                    if not _ENV_NAME.match(name):
+                        raise ValueError(f"{where}.{key}: ${{{name}}} is not a variable name")
         if self.tools is not None:
             unknown = sorted(set(self.overrides) - set(self.tools))
             if unknown:
@@ -120,6 +133,21 @@ class MCPServerConfig(BaseModel):
     @property
     def transport(self) -> str:
         return "stdio" if self.command is not None else "streamable-http"
+
+
+def expand_references(values: Mapping[str, str],
+                      environ: Mapping[str, str]) -> dict[str, str]:
+    """`values` with each `${NAME}` replaced by `environ[NAME]`.
+
+    Raises KeyError with the first missing variable's name (never a value).
+    """
+    def one(match: re.Match[str]) -> str:
+        name = match.group(1)
+        if name not in environ:
+            raise KeyError(name)
+        return environ[name]
+
+    return {key: _REFERENCE.sub(one, value) for key, value in values.items()}
 
 
 class MCPConfig(BaseModel):

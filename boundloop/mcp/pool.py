@@ -22,10 +22,14 @@ import asyncio
 import contextlib
 import importlib.metadata
 import logging
+import os
 from collections.abc import Mapping, Sequence
 from typing import Any, cast
 
+import httpx2
 from mcp import Client, StdioServerParameters
+from mcp.client import Transport
+from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 from mcp_types import (
     INVALID_PARAMS,
@@ -46,6 +50,7 @@ from boundloop.core.mcp_tools import (
     check_arguments,
     declare_tools,
     envelope_from_result,
+    expand_references,
     refused,
 )
 from boundloop.errors import TransientToolError
@@ -59,6 +64,9 @@ REFUSAL_CODES = frozenset({INVALID_PARAMS, INVALID_REQUEST, METHOD_NOT_FOUND})
 MAX_LIST_PAGES = 100
 #: How boundloop introduces itself to servers (`clientInfo`).
 CLIENT_INFO = Implementation(name="boundloop", version=importlib.metadata.version("boundloop"))
+#: The SDK's own HTTP timeouts: 30 s to connect or write, 300 s between reads of a
+#: response stream. A call's `timeout` bounds the whole call anyway.
+HTTP_TIMEOUT = httpx2.Timeout(30.0, read=300.0)
 #: How long `close` waits for a session to shut down (a stdio process to exit).
 CLOSE_TIMEOUT_SECONDS = 10.0
 
@@ -84,7 +92,13 @@ class _Session:
         self._task: asyncio.Task[None] | None = None
 
     async def open(self) -> Client:
-        self._task = asyncio.create_task(self._own(), name=f"mcp-session-{self.config.name}")
+        try:
+            target = _target(self.config, os.environ)
+        except KeyError as missing:
+            raise MCPServerError(f"MCP server {self.config.name!r}: the worker has no "
+                                 f"environment variable {missing.args[0]!r}") from None
+        self._task = asyncio.create_task(self._own(target),
+                                         name=f"mcp-session-{self.config.name}")
         try:
             async with asyncio.timeout(self.config.connect_timeout_seconds):
                 await self._ready.wait()
@@ -102,11 +116,19 @@ class _Session:
                                  f"({_describe(failure)})")
         return self.client
 
-    async def _own(self) -> None:
+    async def _own(self, target: StdioServerParameters | tuple[str, dict[str, str]]) -> None:
         try:
-            # No response cache: tools are listed only at start and on `refresh`.
-            async with Client(_target(self.config), cache=None,
-                              client_info=CLIENT_INFO) as client:
+            async with contextlib.AsyncExitStack() as stack:
+                if isinstance(target, StdioServerParameters):
+                    server: StdioServerParameters | Transport = target
+                else:
+                    url, headers = target
+                    http = await stack.enter_async_context(httpx2.AsyncClient(
+                        headers=headers, timeout=HTTP_TIMEOUT))
+                    server = streamable_http_client(url, http_client=http)
+                # No response cache: tools are listed only at start and on `refresh`.
+                client = await stack.enter_async_context(
+                    Client(server, cache=None, client_info=CLIENT_INFO))
                 self.client = client
                 self._ready.set()
                 await self._stop.wait()
@@ -134,12 +156,15 @@ class _Session:
                 await task
 
 
-def _target(config: MCPServerConfig) -> StdioServerParameters | str:
+def _target(config: MCPServerConfig, environ: Mapping[str, str],
+            ) -> StdioServerParameters | tuple[str, dict[str, str]]:
+    """What to connect to, with `${NAME}` references resolved (KeyError: missing NAME)."""
     if config.command is not None:
         return StdioServerParameters(command=config.command, args=list(config.args),
-                                     env=dict(config.env) or None, cwd=config.cwd)
+                                     env=expand_references(config.env, environ) or None,
+                                     cwd=config.cwd)
     assert config.url is not None  # the config's validator requires one of the two
-    return config.url
+    return config.url, expand_references(config.headers, environ)
 
 
 def _describe(exc: BaseException | None) -> str:

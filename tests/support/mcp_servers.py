@@ -5,7 +5,8 @@
 
 `MCP_TEST_DB` (an environment variable, so the stdio config's `env` is exercised) names
 a SQLite file where the server writes down every `tools/call` request it receives
-(before argument validation: the `requests` table) and every side effect of
+(before argument validation: the `requests` table, with the `X-Test-Token` header
+over HTTP) and every side effect of
 `delete_record` with its idempotency key (the `effects` table). Tools:
 
 - `lookup(sku)`: read-only, structured result.
@@ -37,7 +38,7 @@ from pydantic import BaseModel
 IDEMPOTENCY_META_KEY = "boundloop/idempotency_key"
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS requests (id INTEGER PRIMARY KEY, tool TEXT, key TEXT, pid INTEGER,
-                                     client TEXT);
+                                     client TEXT, token TEXT);
 CREATE TABLE IF NOT EXISTS effects (key TEXT PRIMARY KEY, record TEXT, result TEXT);
 CREATE TABLE IF NOT EXISTS deleted (id INTEGER PRIMARY KEY, record TEXT);
 CREATE TABLE IF NOT EXISTS sleeps (id INTEGER PRIMARY KEY, pid INTEGER);
@@ -70,9 +71,12 @@ def build(db: Path) -> MCPServer:
             meta = ctx.params.get("_meta") or {}
             with connect(db) as conn:
                 client = meta.get("io.modelcontextprotocol/clientInfo") or {}
-                conn.execute("INSERT INTO requests (tool, key, pid, client) VALUES (?, ?, ?, ?)",
-                             (ctx.params.get("name"), meta.get(IDEMPOTENCY_META_KEY),
-                              os.getpid(), client.get("name")))
+                http = ctx.request  # the HTTP request, over streamable HTTP only
+                token = http.headers.get("x-test-token") if http is not None else None
+                conn.execute(
+                    "INSERT INTO requests (tool, key, pid, client, token) VALUES (?, ?, ?, ?, ?)",
+                    (ctx.params.get("name"), meta.get(IDEMPOTENCY_META_KEY), os.getpid(),
+                     client.get("name"), token))
         return await call_next(ctx)
 
     server = MCPServer("boundloop-test", log_level="WARNING", middleware=[record_requests])
