@@ -427,6 +427,8 @@ def test_config_errors_never_echo_env_values(tmp_path: Path) -> None:
     with pytest.raises(MCPConfigError) as info:
         load_mcp_config(path)
     assert "12345678" not in str(info.value) and "servers.0.env.TOKEN" in str(info.value)
+    config = MCPServerConfig(name="a", url="http://h/mcp", headers={"Authorization": "s3cret"})
+    assert "s3cret" not in repr(config) and "s3cret" not in str(config)
     for name, text in [("bad.json", "{"), ("bad.toml", "servers = ["), ("mcp.yaml", "")]:
         (tmp_path / name).write_text(text)
         with pytest.raises(MCPConfigError, match=name):

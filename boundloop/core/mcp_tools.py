@@ -39,6 +39,7 @@ REFUSAL_TEXT_BYTES = 500
 #: Schema problems named in one `invalid_input` message.
 MAX_PROBLEMS = 5
 _T = TypeVar("_T")
+#: `${NAME}` in `env` and `headers` values: the worker's variable NAME.
 _REFERENCE = re.compile(r"\$\{([^}]*)\}")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 #: The request `_meta` key that carries the call's idempotency key to the server. A
@@ -96,10 +97,11 @@ class MCPServerConfig(BaseModel):
     name: ServerName
     command: Annotated[str, Field(min_length=1)] | None = None
     args: list[str] = Field(default_factory=list)
-    env: dict[str, str] = Field(default_factory=dict)
+    # Out of repr: values may be secrets (or name them).
+    env: dict[str, str] = Field(default_factory=dict, repr=False)
     cwd: Path | None = None
     url: Annotated[str, Field(pattern=r"^https?://\S+$")] | None = None
-    headers: dict[str, str] = Field(default_factory=dict)
+    headers: dict[str, str] = Field(default_factory=dict, repr=False)
     prefix: Annotated[str, Field(pattern=r"^[a-zA-Z0-9_-]{0,63}$")] | None = None
     tools: list[Annotated[str, Field(min_length=1)]] | None = None
     overrides: dict[str, MCPToolOverride] = Field(default_factory=dict)
