@@ -30,7 +30,12 @@ from boundloop.activities.heartbeat import heartbeating
 from boundloop.activities.threads import ToolThreads
 from boundloop.contracts import TOOL_ACTIVITY, ToolRequest
 from boundloop.core.canonical import compact_json
-from boundloop.core.envelope import cap_envelope, result_too_large, success
+from boundloop.core.envelope import (
+    cap_envelope,
+    result_too_large,
+    success,
+    unserializable_result,
+)
 from boundloop.core.fingerprint import fingerprint
 from boundloop.core.loop import ToolOutcome, parse_arguments
 from boundloop.errors import (
@@ -87,7 +92,6 @@ class ToolActivities:
                                   is_cancelled=stopped.is_set)
                 data = await self._call(spec, spec.bind(args, ctx), started, stopped,
                                         timeout, log)
-                envelope = success(data, terminal=spec.terminal)
             except ToolFailure as exc:
                 envelope = exc.envelope
             except TransientToolError:
@@ -97,11 +101,23 @@ class ToolActivities:
                 raise failure(f"{req.tool}: timed out after {timeout:g} s",
                               TOOL_TIMED_OUT) from None
             except Exception as exc:
-                activity.logger.error("tool raised unexpectedly", extra={
-                    **log, "error": type(exc).__name__,
-                    "traceback": traceback_text(exc, messages=self._log_error_messages)})
+                # The traceback is in the message too, so any logging setup shows it (frames
+                # and types only, unless the operator opted into messages).
+                trace = traceback_text(exc, messages=self._log_error_messages)
+                activity.logger.error(f"tool raised unexpectedly\n{trace}", extra={
+                    **log, "error": type(exc).__name__, "traceback": trace})
                 raise failure(f"{req.tool} raised {type(exc).__name__}",
                               UNEXPECTED_TOOL_ERROR) from None
+            else:
+                envelope = success(data, terminal=spec.terminal)
+                try:
+                    envelope.output_bytes()
+                except Exception as exc:  # anything JSON cannot carry
+                    # The body ran (its side effect is done): running it again cannot
+                    # fix what it returned, so the run stops with tool_error, once.
+                    activity.logger.error("tool returned a value JSON cannot carry",
+                                          extra={**log, "error": type(exc).__name__})
+                    return ToolOutcome(envelope=unserializable_result(), fatal=True)
         # If even RESULT_TOO_LARGE is over the cap, the workflow stops with result_limit.
         capped = cap_envelope(envelope, req.max_result_bytes) or result_too_large(
             envelope.output_bytes(), req.max_result_bytes)

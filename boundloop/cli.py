@@ -525,14 +525,22 @@ def _decide(run_id: str, decision: Decision) -> None:
         try:
             await asyncio.wait_for(deciding, timeout=UPDATE_TIMEOUT)
         except (TimeoutError, WorkflowUpdateRPCTimeoutOrCancelledError):
-            raise fail(f"no worker accepted the decision within {UPDATE_TIMEOUT:.0f} s: is "
-                       "`boundloop worker` running? (nothing was changed)", EXIT_FAILED) from None
+            # The server keeps an update it could not deliver until a worker takes the run
+            # (not across a server restart): it may still apply, so never "nothing changed".
+            raise fail(f"no worker answered within {UPDATE_TIMEOUT:.0f} s (is `boundloop "
+                       "worker` running?); the decision may still take effect when a worker "
+                       f"picks up the run: check `boundloop status {run_id}` before deciding "
+                       "again", EXIT_FAILED) from None
         except DecisionRefused as exc:
             raise fail(str(exc), EXIT_FAILED) from None
         except WorkflowUpdateFailedError as exc:
             cause = exc.cause
             raise fail(getattr(cause, "message", str(cause)), EXIT_FAILED) from None
         except RPCError as exc:
+            if exc.status == RPCStatusCode.NOT_FOUND and "already completed" in exc.message:
+                raise fail(f"run {run_id} has ended: it takes no more decisions "
+                           f"(`boundloop status {run_id}` shows its result)",
+                           EXIT_FAILED) from None
             if exc.status == RPCStatusCode.NOT_FOUND:
                 raise fail(f"no run {run_id!r}: {exc.message}") from None
             if exc.status == RPCStatusCode.UNAVAILABLE:

@@ -6,6 +6,8 @@ workflow input, history or logs.
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Literal
 from urllib.parse import urlsplit
@@ -94,3 +96,10 @@ def one_line(exc: ValidationError) -> str:
     per error)."""
     return "; ".join(f"{'.'.join(str(p) for p in e['loc']) or '(value)'}: {e['msg']}"
                      for e in exc.errors())
+
+
+def worker_environment() -> Mapping[str, str]:
+    """The process environment, for the `${NAME}` references of MCP server configs (so
+    their secrets stay out of config files); the one place besides `Settings` that reads
+    it."""
+    return os.environ

@@ -254,6 +254,10 @@ async def test_a_stopped_run_exits_3_and_status_shows_its_result(temporal: Clien
     assert code == 3, err
     assert "reason: max_steps" in out
     assert "the answer looks like a tool call" in out
+    # A decision on a run that has ended is refused (1), not "no such run" (2).
+    code, out, err = await cli("approve", result["workflow_id"], "c1", env=env)
+    assert code == 1, err
+    assert "has ended: it takes no more decisions" in err
 
 
 async def test_a_failed_model_request_is_named_with_its_hint_and_exits_3(

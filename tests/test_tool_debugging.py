@@ -18,8 +18,9 @@ import boundloop
 from boundloop.logs import TextFormatter
 from boundloop.scripted.server import ScriptedModelServer
 from boundloop.tools.demo import DemoDeps
-from tests.scripts import call, resp
-from tests.support.tools import SECRET_DETAIL
+from tests.conftest import RunScript
+from tests.scripts import answer, call, resp
+from tests.support.tools import SECRET_DETAIL, executions
 from tests.support.tools import tools as test_tools
 
 WAIT = 60.0
@@ -63,3 +64,15 @@ async def test_unexpected_tool_exception_is_logged_with_its_traceback(
     assert (SECRET_DETAIL in line) is messages
     assert "hunter2" not in result.model_dump_json()
     assert "hunter2" not in history and "support/tools.py" not in history
+
+
+async def test_a_result_json_cannot_carry_stops_the_run_after_one_execution(
+        run_script: RunScript) -> None:
+    """A tool returning something that is not JSON ran (its side effect is done): it is
+    never run again for that, and the run stops with tool_error (a tool bug)."""
+    out = await run_script([resp(call("opaque", {"size": 1, "tag": "a"}, "c1")),
+                            answer("never asked")], tools=["opaque"])
+    assert executions(out.data_dir) == 1
+    assert (out.result.reason, out.result.tool_executions) == ("tool_error", 1)
+    assert [e.event for e in out.result.events if e.tool == "opaque"] == ["tool_failed"]
+    assert len(out.requests) == 1  # the model is not asked again

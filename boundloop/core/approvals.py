@@ -108,8 +108,11 @@ def apply(state: LoopState, decision: DecisionLike, now: datetime,
     approval.decided_at = now.isoformat()
     if decision.arguments is not None:
         approval.arguments = edited(rules[approval.tool], decision.arguments)
+    # Who decided, and whether the arguments were edited: the audit trail of a side effect.
+    detail = f"by {preview(approval.approver, 100)}" + (
+        ", edited arguments" if decision.arguments is not None else "")
     state.log(f"approval_{approval.status}", tool=approval.tool, call_id=approval.call_id,
-              fp=approval.fingerprint)
+              fp=approval.fingerprint, detail=detail)
 
 
 def rejection(state: LoopState, approval: Approval) -> Envelope:

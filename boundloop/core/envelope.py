@@ -52,6 +52,14 @@ def success(data: Any, message: str = "ok", *, terminal: bool = False) -> Envelo
     return Envelope(status=ToolStatus.SUCCESS, data=data, message=message, terminal=terminal)
 
 
+def unserializable_result() -> Envelope:
+    """The tool ran but returned a value JSON cannot carry (a tool bug): the run stops."""
+    return Envelope(status=ToolStatus.PERMANENT_ERROR, retryable=False,
+                    error_code="INVALID_TOOL_RESULT",
+                    message="The tool ran but returned a value that is not JSON; its result "
+                            "is lost. Do not call it again.")
+
+
 def invalid_input(code: str, message: str) -> Envelope:
     """Arguments the model can correct: not executed, not counted (SPEC §5)."""
     return Envelope(status=ToolStatus.INVALID_INPUT, retryable=True, error_code=code,

@@ -8,6 +8,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
+import sys
 
 from desk import tools
 
@@ -38,3 +40,7 @@ if __name__ == "__main__":
     parser.add_argument("--model", default="gpt-5-mini")
     args = parser.parse_args()
     asyncio.run(main(args.question, args.temporal, args.task_queue, args.model))
+    # The SDK's runtime can abort while Python tears down its threads at exit
+    # (temporalio/sdk-python#300): flush and leave without that teardown.
+    sys.stdout.flush()
+    os._exit(0)

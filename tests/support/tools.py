@@ -51,6 +51,17 @@ def counted(ctx: ToolContext[DemoDeps], size: int, tag: str) -> Any:
     return {"text": "a" * size}
 
 
+class Opaque:
+    """A value JSON cannot carry."""
+
+
+@tools.tool(side_effects=True, retry=retry(), **FAST)
+def opaque(ctx: ToolContext[DemoDeps], size: int, tag: str) -> Any:
+    """Records its execution like `counted`, then returns something JSON cannot carry."""
+    counted(ctx, size, tag)
+    return Opaque()
+
+
 @tools.tool(retry=retry(2), **FAST)
 def explode(x: str) -> Any:
     """Always raises."""
