@@ -72,8 +72,11 @@ def pass_boundloop_through(runner: WorkflowRunner | None) -> WorkflowRunner:
         return runner
     modules = [f"boundloop.{m.name}" for m in pkgutil.iter_modules(boundloop.__path__)
                if m.name != "workflows"]
+    # Approval signatures are verified in the workflow: `cryptography`'s native module
+    # must be the one loaded copy (re-importing it in the sandbox aborts the process).
     return dataclasses.replace(
-        runner, restrictions=runner.restrictions.with_passthrough_modules(*modules))
+        runner, restrictions=runner.restrictions.with_passthrough_modules(
+            *modules, "cryptography"))
 
 Deps = TypeVar("Deps")
 #: Activities one worker runs at once unless told otherwise.
