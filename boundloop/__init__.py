@@ -36,6 +36,7 @@ from boundloop.errors import (
     ToolFailure,
     TransientToolError,
 )
+from boundloop.signing import Signer
 from boundloop.tools.registry import ToolContext, Toolset, ToolSpec
 
 if TYPE_CHECKING:
@@ -65,6 +66,7 @@ __all__ = [
     "Run",
     "RunResult",
     "RunStatus",
+    "Signer",
     "StopReason",
     "ToolContext",
     "ToolDefinitionError",
