@@ -281,6 +281,8 @@ def run(
     """Start a run. With --model-script the run uses a scripted model and its own worker."""
     settings = load_settings()
     script = load_model_script(model_script) if model_script is not None else None
+    if script is not None:
+        check_approver_keys(settings)
     if script is not None and api is None and script.api is not None:
         api = script.api  # the script says which API it speaks
     flags = {"max_steps": max_steps, "max_tool_executions": max_tool_executions,
@@ -511,6 +513,18 @@ def pending(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
     _run(go())
 
 
+def check_approver_keys(settings: Settings) -> None:
+    """A worker this command runs itself refuses a bad BOUNDLOOP_APPROVER_KEYS file in
+    one line, as `boundloop worker` does."""
+    from boundloop.signing import KeyFileError
+    from boundloop.worker.main import approver_keys
+
+    try:
+        approver_keys(settings)
+    except KeyFileError as exc:
+        raise fail(f"BOUNDLOOP_APPROVER_KEYS: {exc}") from None
+
+
 def load_signer(approver: str, key: Path | None) -> Any:
     """The approver's private key from `--key` (None: an unsigned decision)."""
     if key is None:
@@ -656,6 +670,7 @@ def demo(interactive: Annotated[bool, typer.Option(
     problem = worker_settings_problem(settings)  # the demo runs a worker of its own
     if problem is not None:
         raise fail(problem)
+    check_approver_keys(settings)
     code = _run(run_demo(settings, interactive=interactive))
     raise typer.Exit(code)
 

@@ -321,6 +321,10 @@ async def test_a_bad_keys_file_stops_the_worker_in_one_line(tmp_path: Path) -> N
     assert code == 2, lines
     assert lines == [f"error: BOUNDLOOP_APPROVER_KEYS: {bad} line 1: an Ed25519 public key "
                      "is 32 bytes, this one is 3"], lines
+    # `run --model-script` runs a worker of its own: refused the same way, before it starts.
+    code, out, err = await cli("run", "hi", "--model-script",
+                               "examples/scripts/seed000_stock.json", env=env)
+    assert code == 2 and "BOUNDLOOP_APPROVER_KEYS:" in err and "Traceback" not in err, err
 
 
 async def test_keys_new_refuses_to_overwrite_and_bad_names(tmp_path: Path) -> None:
