@@ -10,7 +10,7 @@ import asyncio
 import json
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from temporalio.api.operatorservice.v1 import ListSearchAttributesRequest
 from temporalio.client import (
@@ -41,8 +41,10 @@ from boundloop.core.fingerprint import fingerprint
 from boundloop.core.limits import Limits, Policy, RunSettings
 from boundloop.core.loop import Approval, Event
 from boundloop.settings import Settings
-from boundloop.signing import Signer
 from boundloop.tools.registry import Toolset, tool_names
+
+if TYPE_CHECKING:
+    from boundloop.signing import Signer
 
 #: Where runs go unless told otherwise (the default of `boundloop.Worker` too).
 DEFAULT_TASK_QUEUE = "boundloop"

@@ -20,14 +20,18 @@ import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
-from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
-from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from boundloop.core.canonical import canonical_json, preview
+
+if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+# `cryptography` is imported where it is used, not here: a workflow module's parent
+# packages are re-imported in Temporal's sandbox, and its native module cannot be
+# loaded twice (the boundloop plugin passes it through for the workflow's own use).
 
 #: Public keys are written `ed25519:` + base64 of the 32 raw key bytes.
 KEY_PREFIX = "ed25519:"
@@ -44,6 +48,8 @@ NAME_MAX = 100
 
 def public_key(text: str) -> Ed25519PublicKey:
     """The key of `ed25519:BASE64`. Raises ValueError saying what is wrong."""
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
     if not text.startswith(KEY_PREFIX):
         raise ValueError(f"a public key starts with {KEY_PREFIX!r} "
                          f"(as `boundloop keys new` prints it), not {preview(text, 20)!r}")
@@ -67,6 +73,8 @@ ApproverName = Annotated[str, Field(min_length=1, max_length=NAME_MAX)]
 
 
 def key_text(key: Ed25519PublicKey) -> str:
+    from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+
     raw = key.public_bytes(Encoding.Raw, PublicFormat.Raw)
     return KEY_PREFIX + base64.b64encode(raw).decode("ascii")
 
@@ -125,6 +133,8 @@ def problem(ctx: Context, *, call_id: str, step: int, fingerprint: str, approve:
             signature: Signature | None) -> str | None:
     """Why the decision's signature does not hold, or None. With no keys configured,
     decisions are not signed and nothing is checked."""
+    from cryptography.exceptions import InvalidSignature
+
     if not ctx.keys:
         return None
     who = preview(approver, 60)
