@@ -39,6 +39,7 @@ from boundloop.errors import (
 from boundloop.tools.registry import ToolContext, Toolset, ToolSpec
 
 if TYPE_CHECKING:
+    from boundloop.signing import Signer
     from boundloop.worker.main import Plugin, Worker
 
 
@@ -49,6 +50,10 @@ def __getattr__(name: str) -> Any:
         from boundloop.worker import main as worker_main
 
         return getattr(worker_main, name)
+    if name == "Signer":  # loads `cryptography`'s native module: only when asked for
+        from boundloop.signing import Signer
+
+        return Signer
     raise AttributeError(f"module 'boundloop' has no attribute {name!r}")
 
 __all__ = [
@@ -65,6 +70,7 @@ __all__ = [
     "Run",
     "RunResult",
     "RunStatus",
+    "Signer",
     "StopReason",
     "ToolContext",
     "ToolDefinitionError",

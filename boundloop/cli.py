@@ -281,6 +281,8 @@ def run(
     """Start a run. With --model-script the run uses a scripted model and its own worker."""
     settings = load_settings()
     script = load_model_script(model_script) if model_script is not None else None
+    if script is not None:
+        check_approver_keys(settings)
     if script is not None and api is None and script.api is not None:
         api = script.api  # the script says which API it speaks
     flags = {"max_steps": max_steps, "max_tool_executions": max_tool_executions,
@@ -511,17 +513,43 @@ def pending(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
     _run(go())
 
 
-def _decide(run_id: str, decision: Decision) -> None:
+def check_approver_keys(settings: Settings) -> None:
+    """A worker this command runs itself refuses a bad BOUNDLOOP_APPROVER_KEYS file in
+    one line, as `boundloop worker` does."""
+    from boundloop.signing import KeyFileError
+    from boundloop.worker.main import approver_keys
+
+    try:
+        approver_keys(settings)
+    except KeyFileError as exc:
+        raise fail(f"BOUNDLOOP_APPROVER_KEYS: {exc}") from None
+
+
+def load_signer(approver: str, key: Path | None) -> Any:
+    """The approver's private key from `--key` (None: an unsigned decision)."""
+    if key is None:
+        return None
+    from boundloop.signing import KeyFileError, Signer
+
+    if approver == "operator":
+        raise fail("--key needs --as NAME: the approver the key was made for")
+    try:
+        return Signer.from_file(approver, key)
+    except KeyFileError as exc:
+        raise fail(str(exc)) from None
+
+
+def _decide(run_id: str, decision: Decision, signer: Any = None) -> None:
     settings = load_settings()
 
     async def go() -> None:
         run = ops.get_run(await connect(settings), run_id)
         if decision.approve:
             deciding = run.approve(decision.call_id, approver=decision.approver,
-                                   args=decision.arguments)
+                                   args=decision.arguments, signer=signer)
         else:
             deciding = run.reject(decision.call_id, reason=decision.reason or "",
-                                  approver=decision.approver)
+                                  approver=decision.approver, signer=signer)
         try:
             await asyncio.wait_for(deciding, timeout=UPDATE_TIMEOUT)
         except (TimeoutError, WorkflowUpdateRPCTimeoutOrCancelledError):
@@ -547,29 +575,67 @@ def _decide(run_id: str, decision: Decision) -> None:
                 raise
             raise fail(f"run {run_id}: {exc.message}", EXIT_FAILED) from None
         console.print(f"{safe(decision.call_id)}: "
-                      f"{'approved' if decision.approve else 'rejected'}")
+                      f"{'approved' if decision.approve else 'rejected'}"
+                      + (f" (signed by {safe(signer.name)})" if signer is not None else ""))
 
     _run(go())
+
+
+KeyOption = Annotated[Path | None, typer.Option(
+    "--key", help="Sign the decision with this private key (NAME.key from `keys new`)")]
 
 
 @app.command()
 def approve(run_id: str, call_id: str,
             approver: Annotated[str, typer.Option("--as", help="Approver name")] = "operator",
             args: Annotated[str | None, typer.Option("--args", help="Edited arguments (JSON)")]
-            = None) -> None:
+            = None, key: KeyOption = None) -> None:
     """Approve a pending call (optionally with edited arguments)."""
     edited = json_object("--args", args) if args is not None else None
+    signer = load_signer(approver, key)
     _decide(run_id, Decision(call_id=call_id, approve=True, approver=approver,
-                             arguments=edited))
+                             arguments=edited), signer)
 
 
 @app.command()
 def reject(run_id: str, call_id: str,
            reason: Annotated[str, typer.Option("--reason", help="Why (shown to the model)")],
            approver: Annotated[str, typer.Option("--as", help="Approver name")] = "operator",
-           ) -> None:
+           key: KeyOption = None) -> None:
     """Reject a pending call; the model is told not to retry it."""
-    _decide(run_id, Decision(call_id=call_id, approve=False, approver=approver, reason=reason))
+    signer = load_signer(approver, key)
+    _decide(run_id, Decision(call_id=call_id, approve=False, approver=approver, reason=reason),
+            signer)
+
+
+keys_app = typer.Typer(no_args_is_help=True, help="Approvers' signing keys.")
+app.add_typer(keys_app, name="keys")
+
+
+@keys_app.command("new")
+def keys_new(name: Annotated[str, typer.Argument(help="The approver's name (as in --as)")],
+             directory: Annotated[Path, typer.Option(
+                 "--dir", help="Where NAME.key and NAME.pub are written")] = Path("."),
+             ) -> None:
+    """Make an approver's Ed25519 key pair: NAME.key (private, mode 0600) and NAME.pub."""
+    from boundloop.signing import KeyFileError, new_key
+
+    try:
+        made = new_key(name, directory)
+    except KeyFileError as exc:
+        raise fail(str(exc)) from None
+    except OSError as exc:
+        raise fail(f"cannot write the key files in {directory}: {exc.strerror}") from None
+    key = made.public_line.split()[1]
+    console.print(f"wrote {safe(made.private_path)}: {safe(name)}'s private key (mode 0600); "
+                  "it never leaves the approver", highlight=False)
+    console.print(f"wrote {safe(made.public_path)}: the public key", highlight=False)
+    print(made.public_line)
+    console.print(f"give the public key to the worker (add the line above to its "
+                  f"BOUNDLOOP_APPROVER_KEYS file) or to a run (--policy "
+                  f"'{{\"approver_keys\": {{\"{safe(name)}\": \"{key}\"}}}}'); then "
+                  f"decide with --as {safe(name)} --key {safe(made.private_path)}",
+                  highlight=False, soft_wrap=True)
 
 
 @app.command()
@@ -612,6 +678,7 @@ def demo(interactive: Annotated[bool, typer.Option(
     problem = worker_settings_problem(settings)  # the demo runs a worker of its own
     if problem is not None:
         raise fail(problem)
+    check_approver_keys(settings)
     code = _run(run_demo(settings, interactive=interactive))
     raise typer.Exit(code)
 

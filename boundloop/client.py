@@ -10,7 +10,7 @@ import asyncio
 import json
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from temporalio.api.operatorservice.v1 import ListSearchAttributesRequest
 from temporalio.client import (
@@ -37,10 +37,14 @@ from boundloop.contracts import (
     RunStatus,
 )
 from boundloop.core.canonical import compact_json, preview
+from boundloop.core.fingerprint import fingerprint
 from boundloop.core.limits import Limits, Policy, RunSettings
 from boundloop.core.loop import Approval, Event
 from boundloop.settings import Settings
 from boundloop.tools.registry import Toolset, tool_names
+
+if TYPE_CHECKING:
+    from boundloop.signing import Signer
 
 #: Where runs go unless told otherwise (the default of `boundloop.Worker` too).
 DEFAULT_TASK_QUEUE = "boundloop"
@@ -106,20 +110,27 @@ class Run:
         """The calls waiting for a decision, with their validated arguments."""
         return (await self.status()).pending
 
-    async def approve(self, call_id: str, *, approver: str = "operator",
-                      args: dict[str, Any] | None = None) -> None:
+    async def approve(self, call_id: str, *, approver: str | None = None,
+                      args: dict[str, Any] | None = None, signer: Signer | None = None) -> None:
         """Approve a pending call, optionally with edited arguments (validated against
-        the tool's schema). Raises DecisionRefused when the run refuses the decision."""
-        await self._decide(Decision(call_id=call_id, approve=True, approver=approver,
-                                    arguments=args))
+        the tool's schema). With `signer` the decision is signed as `signer.name` (a run
+        with approver keys accepts only that). Raises DecisionRefused when the run
+        refuses the decision."""
+        await self._decide(Decision(call_id=call_id, approve=True,
+                                    approver=_approver(approver, signer), arguments=args),
+                           signer)
 
-    async def reject(self, call_id: str, *, reason: str, approver: str = "operator") -> None:
-        """Reject a pending call: it never runs; the model reads `reason`. Raises
-        DecisionRefused when the run refuses the decision."""
-        await self._decide(Decision(call_id=call_id, approve=False, approver=approver,
-                                    reason=reason))
+    async def reject(self, call_id: str, *, reason: str, approver: str | None = None,
+                     signer: Signer | None = None) -> None:
+        """Reject a pending call: it never runs; the model reads `reason`. `signer` as for
+        `approve`. Raises DecisionRefused when the run refuses the decision."""
+        await self._decide(Decision(call_id=call_id, approve=False,
+                                    approver=_approver(approver, signer), reason=reason),
+                           signer)
 
-    async def _decide(self, decision: Decision) -> None:
+    async def _decide(self, decision: Decision, signer: Signer | None = None) -> None:
+        if signer is not None:
+            decision = await self._signed(decision, signer)
         try:
             await decide(self.handle, decision)
         except WorkflowUpdateFailedError as exc:
@@ -127,6 +138,22 @@ class Run:
             if isinstance(cause, ApplicationError) and cause.type == errors.INVALID_DECISION:
                 raise errors.DecisionRefused(cause.message) from None
             raise
+
+    async def _signed(self, decision: Decision, signer: Signer) -> Decision:
+        """`decision` signed over the pending call as the run reports it: its step, and
+        the fingerprint of the arguments shown here, computed here (so a signature
+        always covers what its approver was shown)."""
+        waiting = next((a for a in await self.pending() if a.call_id == decision.call_id),
+                       None)
+        if waiting is None:
+            raise errors.DecisionRefused(
+                f"call {preview(decision.call_id, 60)!r} is not waiting for approval in run "
+                f"{self.id}: nothing to sign")
+        signature = signer.sign(
+            workflow_id=self.id, call_id=waiting.call_id, step=waiting.step,
+            fingerprint=fingerprint(waiting.tool, waiting.arguments), approve=decision.approve,
+            arguments=decision.arguments, reason=decision.reason)
+        return decision.model_copy(update={"signature": signature})
 
     async def cancel(self, reason: str | None = None) -> None:
         """Ask the run to stop, in any state; it ends with reason `cancelled`, and
@@ -144,6 +171,17 @@ class Run:
         that stopped for any reason but `completed` ends as a Temporal failure carrying
         it). A terminated or timed-out run has none: that raises Temporal's error."""
         return await result_of(self.handle)
+
+
+def _approver(approver: str | None, signer: Signer | None) -> str:
+    """The decision's approver: the signer's name when signed (a different `approver`
+    is a mistake, refused), else `approver` or "operator"."""
+    if signer is None:
+        return approver or "operator"
+    if approver is not None and approver != signer.name:
+        raise ValueError(f"approver {approver!r} differs from the signer's name "
+                         f"{signer.name!r}: a decision is signed by its approver")
+    return signer.name
 
 
 # --- what the CLI builds on -----------------------------------------------------------

@@ -14,6 +14,7 @@ from boundloop.core.conversation import ConversationMeta, Item
 from boundloop.core.limits import Limits, PromptText, RunSettings
 from boundloop.core.loop import Approval, Event, LoopState, ToolChoice
 from boundloop.core.reasons import StopReason
+from boundloop.core.signatures import Signature
 
 WORKFLOW_NAME = "BoundLoop"
 
@@ -110,6 +111,9 @@ class Decision(BaseModel):
     approver: str = Field(default="operator", min_length=1, max_length=100)
     reason: str | None = Field(default=None, max_length=1000)
     arguments: dict[str, Any] | None = None  # edited arguments (approval only)
+    #: The approver's signature (boundloop.core.signatures); required when the run or its
+    #: worker has approver keys, unchecked otherwise.
+    signature: Signature | None = Field(default=None, exclude_if=_none)
 
 
 class CancelRequest(BaseModel):

@@ -32,6 +32,9 @@ class Settings(BaseSettings):
     - BOUNDLOOP_MAX_CACHED_WORKFLOWS: workflow instances a worker keeps in memory.
     - BOUNDLOOP_STICKY_TIMEOUT_SECONDS: how long a run waits for its previous worker
       before another takes it.
+    - BOUNDLOOP_APPROVER_KEYS: a file of approvers' public keys (`NAME ed25519:BASE64`
+      lines, as `boundloop keys new` writes them): the worker's runs then accept only
+      signed decisions.
 
     This is the only place boundloop reads the environment: the CLI reads it once and
     hands the values to the public API, which takes them as arguments.
@@ -56,6 +59,7 @@ class Settings(BaseSettings):
     otel: Literal["", "console", "otlp"] = Field("", alias="BOUNDLOOP_OTEL")
     max_cached_workflows: int = Field(100, gt=0, alias="BOUNDLOOP_MAX_CACHED_WORKFLOWS")
     sticky_timeout_seconds: float = Field(10.0, gt=0, alias="BOUNDLOOP_STICKY_TIMEOUT_SECONDS")
+    approver_keys_file: Path | None = Field(None, alias="BOUNDLOOP_APPROVER_KEYS")
 
     @property
     def model_configured(self) -> bool:

@@ -17,7 +17,7 @@ import dataclasses
 import logging
 import pkgutil
 import sys
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import timedelta
 from typing import Any, Generic, TypeVar
 
@@ -38,12 +38,14 @@ from temporalio.worker import ReplayerConfig, WorkerConfig, WorkflowRunner
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
 
 import boundloop
+from boundloop import signing
 from boundloop.activities.conversation import ConversationCache
 from boundloop.activities.heartbeat import HEARTBEAT_EVERY
 from boundloop.activities.model import ModelActivities
 from boundloop.activities.threads import ToolThreads
 from boundloop.activities.tools import ToolActivities
 from boundloop.client import DEFAULT_TASK_QUEUE
+from boundloop.core import signatures
 from boundloop.errors import BoundloopError
 from boundloop.logs import configure
 from boundloop.settings import (
@@ -52,6 +54,7 @@ from boundloop.settings import (
     one_line,
     worker_settings_problem,
 )
+from boundloop.signing import KeyFileError, load_keys_file
 from boundloop.tools import catalog
 from boundloop.tools.registry import Toolset
 from boundloop.tracing import client_interceptors
@@ -69,8 +72,11 @@ def pass_boundloop_through(runner: WorkflowRunner | None) -> WorkflowRunner:
         return runner
     modules = [f"boundloop.{m.name}" for m in pkgutil.iter_modules(boundloop.__path__)
                if m.name != "workflows"]
+    # Approval signatures are verified in the workflow: `cryptography`'s native module
+    # must be the one loaded copy (re-importing it in the sandbox aborts the process).
     return dataclasses.replace(
-        runner, restrictions=runner.restrictions.with_passthrough_modules(*modules))
+        runner, restrictions=runner.restrictions.with_passthrough_modules(
+            *modules, "cryptography"))
 
 Deps = TypeVar("Deps")
 #: Activities one worker runs at once unless told otherwise.
@@ -105,6 +111,10 @@ class Plugin(SimplePlugin, Generic[Deps]):
       traceback (default off: messages may hold raw arguments or data).
     - conversation_cache: conversations (and tool outputs x8) kept in memory for the
       next model request; a miss rebuilds it from the run's history (0: always).
+    - approver_keys: approver name -> Ed25519 public key (`ed25519:BASE64`): when given,
+      the runs this worker serves accept only decisions signed by one of them (with the
+      run policy's own `approver_keys` for other names). Every worker of a task queue
+      needs the same keys, as it needs the same toolset.
 
     The client must use the pydantic data converter (`boundloop.connect` sets it, as
     does passing this plugin to `Client.connect`).
@@ -113,8 +123,10 @@ class Plugin(SimplePlugin, Generic[Deps]):
     def __init__(self, toolset: Toolset[Deps], *, deps: Deps,
                  model: openai.AsyncOpenAI | None = None,
                  log_tool_error_messages: bool = False,
-                 conversation_cache: int | ConversationCache = 512) -> None:
+                 conversation_cache: int | ConversationCache = 512,
+                 approver_keys: Mapping[str, str] | None = None) -> None:
         self.toolset = toolset
+        self.approver_keys = _checked_keys(approver_keys)
         cache = (conversation_cache if isinstance(conversation_cache, ConversationCache)
                  else ConversationCache(capacity=conversation_cache))
         # Sync tools get threads of their own, as many as the worker's activity slots
@@ -143,6 +155,8 @@ class Plugin(SimplePlugin, Generic[Deps]):
             config.get("max_heartbeat_throttle_interval") or timedelta(seconds=60),
             timedelta(seconds=HEARTBEAT_EVERY))
         catalog.register(config.get("task_queue"), self.toolset)
+        if self.approver_keys:
+            signing.register(config.get("task_queue"), self.approver_keys)
         return config
 
     async def run_worker(self, worker: temporalio.worker.Worker,
@@ -151,10 +165,14 @@ class Plugin(SimplePlugin, Generic[Deps]):
             await super().run_worker(worker, next)
         finally:
             catalog.unregister(worker.task_queue, self.toolset)
+            if self.approver_keys:
+                signing.unregister(worker.task_queue)
 
     def configure_replayer(self, config: ReplayerConfig) -> ReplayerConfig:
         # A Replayer replays histories of any task queue.
         catalog.register(None, self.toolset)
+        if self.approver_keys:
+            signing.register(None, self.approver_keys)
         return super().configure_replayer(config)
 
 
@@ -171,6 +189,7 @@ class Worker(temporalio.worker.Worker, Generic[Deps]):
       the previous one before any worker may take it (Temporal's default 10 s); after a
       worker crash, a decision waits this long.
     - max_concurrent_activities: model requests and tool executions at once (default 64).
+    - approver_keys: see `Plugin`.
     - plugins: more Temporal worker plugins.
     """
 
@@ -181,10 +200,12 @@ class Worker(temporalio.worker.Worker, Generic[Deps]):
                  max_concurrent_activities: int = ACTIVITY_SLOTS,
                  log_tool_error_messages: bool = False,
                  conversation_cache: int | ConversationCache = 512,
+                 approver_keys: Mapping[str, str] | None = None,
                  plugins: Sequence[temporalio.worker.Plugin] = ()) -> None:
         self.plugin = Plugin(toolset, deps=deps, model=model,
                              log_tool_error_messages=log_tool_error_messages,
-                             conversation_cache=conversation_cache)
+                             conversation_cache=conversation_cache,
+                             approver_keys=approver_keys)
         super().__init__(client, task_queue=task_queue, plugins=[self.plugin, *plugins],
                          max_cached_workflows=max_cached_workflows,
                          sticky_queue_schedule_to_start_timeout=sticky_timeout,
@@ -222,7 +243,28 @@ def build_worker(client: Client, settings: Settings, *, toolset: Toolset[Any] | 
                   max_cached_workflows=settings.max_cached_workflows,
                   sticky_timeout=timedelta(seconds=settings.sticky_timeout_seconds),
                   log_tool_error_messages=settings.log_tool_error_messages,
-                  conversation_cache=cache if cache is not None else 512)
+                  conversation_cache=cache if cache is not None else 512,
+                  approver_keys=approver_keys(settings))
+
+
+def approver_keys(settings: Settings) -> dict[str, str] | None:
+    """The BOUNDLOOP_APPROVER_KEYS file's keys (None: not set). Raises KeyFileError."""
+    path = settings.approver_keys_file
+    return load_keys_file(path) if path is not None else None
+
+
+def _checked_keys(keys: Mapping[str, str] | None) -> dict[str, str]:
+    """Every key valid, every name an approver name: a bad one fails the worker at once,
+    not each run's first decision."""
+    out: dict[str, str] = {}
+    for name, key in (keys or {}).items():
+        try:
+            signing.check_name(name)
+            signatures.public_key(key)
+        except ValueError as exc:
+            raise KeyFileError(f"approver key of {name[:100]!r}: {exc}") from None
+        out[name] = key
+    return out
 
 
 def unreachable_reason(exc: BaseException) -> str:
@@ -279,6 +321,11 @@ def main(settings: Settings | None = None) -> None:
     if problem is not None:
         sys.stderr.write(f"error: {problem}\n")
         raise SystemExit(2)
+    try:
+        approver_keys(settings)  # a bad keys file stops the worker before it connects
+    except KeyFileError as exc:
+        sys.stderr.write(f"error: BOUNDLOOP_APPROVER_KEYS: {exc}\n")
+        raise SystemExit(2) from None
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(run_worker(settings))
 

@@ -23,7 +23,7 @@ from temporalio.exceptions import (
 )
 
 with workflow.unsafe.imports_passed_through():
-    from boundloop import errors
+    from boundloop import errors, signing
     from boundloop import search_attributes as sa
     from boundloop.contracts import (
         MODEL_ACTIVITY,
@@ -40,7 +40,7 @@ with workflow.unsafe.imports_passed_through():
         RunStatus,
         ToolRequest,
     )
-    from boundloop.core import approvals, retries
+    from boundloop.core import approvals, retries, signatures
     from boundloop.core import loop as core
     from boundloop.core import model_failures as mf
     from boundloop.core.canonical import preview
@@ -122,6 +122,9 @@ class BoundLoopWorkflow:
         self._started = workflow.now()
         self._cancel_reason: str | None = None
         self._model_in_flight = False  # a cancel now leaves the step unfinished
+        # Approver public keys: the worker's (like its toolset) and the run policy's.
+        self._keys = signatures.run_keys(signing.keys_for(workflow.info().task_queue),
+                                         self._state.policy.approver_keys)
 
     # --- run -----------------------------------------------------------------------
 
@@ -414,8 +417,12 @@ class BoundLoopWorkflow:
     def reject(self, decision: Decision) -> None:
         self._signal_decision(decision.model_copy(update={"approve": False}))
 
+    def _signed(self) -> signatures.Context:
+        return signatures.Context(keys=self._keys, workflow_id=workflow.info().workflow_id,
+                                  now=workflow.now())
+
     def _signal_decision(self, decision: Decision) -> None:
-        problem = approvals.check(self._state, decision, self._rules)
+        problem = approvals.check(self._state, decision, self._rules, self._signed())
         if problem is not None:
             workflow.logger.warning("approval signal ignored", extra={
                 "call_id": preview(decision.call_id, 60), "problem": problem})
@@ -437,7 +444,7 @@ class BoundLoopWorkflow:
 
     @decide.validator
     def _validate_decide(self, decision: Decision) -> None:
-        problem = approvals.check(self._state, decision, self._rules)
+        problem = approvals.check(self._state, decision, self._rules, self._signed())
         if problem is not None:
             raise ApplicationError(problem, type=errors.INVALID_DECISION, non_retryable=True)
 

@@ -13,6 +13,7 @@ from typing import Any, Protocol
 from pydantic import ValidationError
 
 from boundloop.core import envelope as env
+from boundloop.core import signatures
 from boundloop.core.canonical import compact_json, preview
 from boundloop.core.envelope import Envelope
 from boundloop.core.fingerprint import fingerprint
@@ -32,6 +33,7 @@ class DecisionLike(Protocol):
     approver: str
     reason: str | None
     arguments: dict[str, Any] | None
+    signature: signatures.Signature | None
 
 
 def request(state: LoopState, plan: Execute, step: int, now: datetime) -> Approval:
@@ -63,12 +65,15 @@ def time_left(approval: Approval, now: datetime, limit: timedelta) -> timedelta:
     return max(timedelta(0), requested + limit - now)
 
 
-def check(state: LoopState, decision: DecisionLike, rules: dict[str, ToolRule]) -> str | None:
+def check(state: LoopState, decision: DecisionLike, rules: dict[str, ToolRule],
+          signed: signatures.Context | None = None) -> str | None:
     """Why the decision must be refused, or None. Never changes state.
 
     Refused: unknown call ids, calls already decided (a repeat is harmless: refused and
-    nothing changes), approvers outside the tool's allow-list, edited arguments that
-    fail the tool's schema, edited arguments on a rejection.
+    nothing changes), when `signed` has keys a decision without a valid, fresh signature
+    of its approver over this run, call and decision, approvers outside the tool's
+    allow-list, edited arguments that fail the tool's schema, edited arguments on a
+    rejection.
     """
     approval = find(state, decision.call_id)
     if approval is None:
@@ -76,6 +81,14 @@ def check(state: LoopState, decision: DecisionLike, rules: dict[str, ToolRule]) 
     if approval.status != "pending":
         return (f"call {approval.call_id} is already {approval.status}"
                 + (f" by {approval.approver}" if approval.approver else ""))
+    if signed is not None:
+        bad = signatures.problem(
+            signed, call_id=approval.call_id, step=approval.step,
+            fingerprint=approval.fingerprint, approve=decision.approve,
+            approver=decision.approver, arguments=decision.arguments,
+            reason=decision.reason, signature=decision.signature)
+        if bad is not None:
+            return bad
     allowed = state.policy.approvers.get(approval.tool)
     if allowed and decision.approver not in allowed:
         return (f"approver {preview(decision.approver, 60)!r} may not decide "

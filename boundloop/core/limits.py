@@ -12,6 +12,7 @@ from typing import Annotated, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 from pydantic_core import to_json
 
+from boundloop.core.signatures import ApproverName, PublicKeyText
 from boundloop.errors import PAYLOAD_LIMIT_BYTES
 
 # Upper bounds keep every limit inside what Temporal timers and Python's C ints take
@@ -142,6 +143,9 @@ class Policy(BaseModel):
     - approval: "tool" asks for approval where a tool declares it, "always" for every
       side-effecting tool, "never" for none (for trusted batch runs).
     - approvers: tool name -> names allowed to decide (empty: anyone).
+    - approver_keys: approver name -> Ed25519 public key (`ed25519:BASE64`, from
+      `boundloop keys new`). When the run has any (here or in the worker's
+      BOUNDLOOP_APPROVER_KEYS file), only decisions signed by one of them count.
     - prices: model name -> Price; a `usd_budget` needs the run's model here.
     """
 
@@ -151,6 +155,7 @@ class Policy(BaseModel):
     missing_usage: Literal["stop", "estimate"] = "stop"
     approval: Literal["tool", "always", "never"] = "tool"
     approvers: dict[str, list[str]] = Field(default_factory=dict)
+    approver_keys: dict[ApproverName, PublicKeyText] = Field(default_factory=dict)
     prices: dict[str, Price] = Field(default_factory=dict)
 
 

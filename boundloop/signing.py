@@ -1,0 +1,202 @@
+"""Approver keys on disk and signing (the I/O side of boundloop.core.signatures).
+
+- `new_key(name, directory)`: `boundloop keys new NAME` writes NAME.key (the private key,
+  PKCS#8 PEM, mode 0600) and NAME.pub (one line `NAME ed25519:BASE64`).
+- `Signer.from_file(name, path)`: an approver's private key, to sign decisions with
+  (`Run.approve(..., signer=...)`, `boundloop approve --as NAME --key FILE`).
+- `load_keys_file(path)`: the worker's BOUNDLOOP_APPROVER_KEYS file: lines of
+  `NAME ed25519:BASE64` (NAME.pub files put together), `#` comments and blank lines.
+- `register` / `keys_for`: the keys a worker serves on its task queue, in this process;
+  the workflow (this module passes through Temporal's sandbox) reads them like the
+  toolset, so every worker of a task queue must be given the same file.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import stat
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from cryptography.hazmat.primitives.serialization import (
+    Encoding,
+    NoEncryption,
+    PrivateFormat,
+    load_pem_private_key,
+)
+
+from boundloop.core import signatures
+from boundloop.core.signatures import NAME_MAX, Signature
+from boundloop.errors import BoundloopError
+
+
+class KeyFileError(BoundloopError, ValueError):
+    """A key file boundloop cannot use; the message names the file and the problem."""
+
+
+#: Names that are safe as file names (NAME.key) and as approver names.
+NAME_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._@-")
+
+
+def check_name(name: str) -> str:
+    if not 0 < len(name) <= NAME_MAX or not set(name) <= NAME_CHARS or name.startswith("."):
+        raise KeyFileError(f"approver name {name[:NAME_MAX]!r} must be 1-{NAME_MAX} letters, "
+                        "digits, '.', '_', '@' or '-' (not starting with '.')")
+    return name
+
+
+# --- making keys -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class NewKey:
+    private_path: Path
+    public_path: Path
+    public_line: str  # `NAME ed25519:BASE64`
+
+
+def new_key(name: str, directory: Path) -> NewKey:
+    """A new key pair for `name` in `directory`. An existing NAME.key or NAME.pub is
+    never overwritten (a lost private key cannot be recovered)."""
+    check_name(name)
+    private_path, public_path = directory / f"{name}.key", directory / f"{name}.pub"
+    for path in (private_path, public_path):
+        if path.exists():
+            raise KeyFileError(f"{path} already exists: keep it, or remove it first")
+    key = Ed25519PrivateKey.generate()
+    pem = key.private_bytes(Encoding.PEM, PrivateFormat.PKCS8, NoEncryption())
+    line = f"{name} {signatures.key_text(key.public_key())}"
+    # O_EXCL: created here with mode 0600 from the start, never readable by others.
+    fd = os.open(private_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "wb") as out:
+        out.write(pem)
+    public_path.write_text(line + "\n", encoding="utf-8")
+    return NewKey(private_path=private_path, public_path=public_path, public_line=line)
+
+
+# --- signing ---------------------------------------------------------------------------
+
+
+class Signer:
+    """An approver's private key: signs decisions as `name`."""
+
+    def __init__(self, name: str, key: Ed25519PrivateKey) -> None:
+        self.name = check_name(name)
+        self._key = key
+
+    @classmethod
+    def from_file(cls, name: str, path: Path | str) -> Signer:
+        """Load NAME.key. Refused when others may read it (as ssh refuses): a private
+        key readable by the group or the world may already be someone else's."""
+        path = Path(path)
+        try:
+            mode = path.stat().st_mode
+            data = path.read_bytes()
+        except FileNotFoundError:
+            raise KeyFileError(f"key file {path} does not exist") from None
+        except IsADirectoryError:
+            raise KeyFileError(f"key file {path} is a directory") from None
+        except OSError as exc:
+            raise KeyFileError(f"cannot read key file {path}: {exc.strerror}") from None
+        if mode & (stat.S_IRWXG | stat.S_IRWXO):
+            raise KeyFileError(f"key file {path} is readable by others (mode "
+                            f"{stat.S_IMODE(mode):04o}): `chmod 600 {path}`")
+        try:
+            key = load_pem_private_key(data, password=None)
+        except (ValueError, TypeError):
+            raise KeyFileError(f"key file {path} is not an unencrypted PEM private key "
+                            "(made by `boundloop keys new`)") from None
+        if not isinstance(key, Ed25519PrivateKey):
+            raise KeyFileError(f"key file {path} holds a {type(key).__name__}, not an Ed25519 "
+                            "key")
+        return cls(name, key)
+
+    @property
+    def public_key(self) -> str:
+        return signatures.key_text(self._key.public_key())
+
+    def sign(self, *, workflow_id: str, call_id: str, step: int, fingerprint: str,
+             approve: bool, arguments: dict[str, Any] | None, reason: str | None,
+             signed_at: int | None = None) -> Signature:
+        """Sign one decision as `self.name`; `signed_at` (Unix seconds) defaults to now."""
+        at = int(time.time()) if signed_at is None else signed_at
+        raw = self._key.sign(signatures.message(
+            workflow_id=workflow_id, call_id=call_id, step=step, fingerprint=fingerprint,
+            approve=approve, approver=self.name, arguments=arguments, reason=reason,
+            signed_at=at))
+        return Signature(signed_at=at, value=base64.b64encode(raw).decode("ascii"))
+
+
+# --- the worker's public keys ----------------------------------------------------------
+
+
+def parse_keys(text: str, source: str) -> dict[str, str]:
+    """`NAME ed25519:BASE64` lines; raises KeyFileError naming the line."""
+    keys: dict[str, str] = {}
+    for number, raw in enumerate(text.splitlines(), start=1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        parts = line.split()
+        where = f"{source} line {number}"
+        if len(parts) != 2:
+            raise KeyFileError(f"{where}: expected `NAME ed25519:BASE64` (a NAME.pub line)")
+        name, key = parts
+        try:
+            check_name(name)
+            signatures.public_key(key)
+        except ValueError as exc:
+            raise KeyFileError(f"{where}: {exc}") from None
+        if name in keys:
+            raise KeyFileError(f"{where}: {name} has a key already (one key per name)")
+        keys[name] = key
+    return keys
+
+
+def load_keys_file(path: Path) -> dict[str, str]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise KeyFileError(f"approver keys file {path} does not exist") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise KeyFileError(f"cannot read approver keys file {path}: {exc}") from None
+    keys = parse_keys(text, str(path))
+    if not keys:
+        # An empty file would silently turn signing off: say so instead.
+        raise KeyFileError(f"approver keys file {path} holds no key")
+    return keys
+
+
+#: task queue (None: any, for a Replayer) -> (approver keys, workers that registered them)
+_by_queue: dict[str | None, tuple[dict[str, str], int]] = {}
+
+
+def register(task_queue: str | None, keys: Mapping[str, str]) -> None:
+    """Serve `keys` on `task_queue`; other keys on the same queue in this process are
+    refused (the workflow could not tell which apply)."""
+    current = _by_queue.get(task_queue)
+    if current is not None and current[0] != dict(keys):
+        raise ValueError(f"task queue {task_queue!r} already has other approver keys in this "
+                         "process")
+    _by_queue[task_queue] = (dict(keys), current[1] + 1 if current else 1)
+
+
+def unregister(task_queue: str | None) -> None:
+    current = _by_queue.get(task_queue)
+    if current is None:
+        return
+    if current[1] > 1:
+        _by_queue[task_queue] = (current[0], current[1] - 1)
+    else:
+        del _by_queue[task_queue]
+
+
+def keys_for(task_queue: str) -> Mapping[str, str]:
+    """The worker's approver keys for `task_queue` (empty: none configured)."""
+    found = _by_queue.get(task_queue) or _by_queue.get(None)
+    return found[0] if found else {}
