@@ -75,7 +75,8 @@ class BudgetLedgerWorkflow:
 
     @workflow.update
     def reserve(self, req: ReserveRequest) -> Grant:
-        grant = budget.reserve(self._state, req.run, req.step, req.amount, self._today())
+        grant = budget.reserve(self._state, req.run, req.step, req.amount, self._today(),
+                               priced=req.priced)
         if not grant.granted:
             workflow.logger.info("reservation refused", extra={"budget": self._state.key,
                                                                "step": req.step})
