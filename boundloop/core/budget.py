@@ -82,6 +82,9 @@ class LedgerState(BaseModel):
     reservations: dict[str, Reservation] = Field(default_factory=dict)
     # run -> the last step it settled (idempotency of settle and of late reserves)
     settled: dict[str, int] = Field(default_factory=dict)
+    # run -> the step refused, until the run releases: a retried refusal (an update sent
+    # again after continue-as-new aborted it) is not counted twice.
+    refusing: dict[str, int] = Field(default_factory=dict)
     refused: int = 0
 
 
@@ -173,7 +176,9 @@ def reserve(state: LedgerState, run: str, step: int, amount: Amount, today: str,
             f"token budget {lim.tokens}{_per(lim)}: spent {state.spent.tokens}, reserved by "
             f"other runs {others.tokens}, this request needs up to {amount.tokens}")
     if problems:
-        state.refused += 1
+        if state.refusing.get(run) != step:
+            state.refusing[run] = step
+            state.refused += 1
         return Grant(granted=False, message=f"budget {state.key!r} refused step {step}: "
                      + "; ".join(problems))
     # An older reservation of the same run was never settled (its request failed):
@@ -199,6 +204,7 @@ def release(state: LedgerState, run: str) -> None:
     """The run ended (or was found closed): drop what it still holds."""
     state.reservations.pop(run, None)
     state.settled.pop(run, None)
+    state.refusing.pop(run, None)
 
 
 def _per(limits: BudgetLimits) -> str:
