@@ -147,7 +147,7 @@ async def test_a_budget_that_is_not_set_stops_the_run(client: Client, tmp_path: 
 
 
 def test_a_budget_needs_max_output_tokens_and_a_valid_key() -> None:
-    with pytest.raises(ValueError, match="limits.max_output_tokens is not set"):
+    with pytest.raises(ValueError, match=r"limits\.max_output_tokens is not set"):
         RunSettings(model=MODEL, budget="team-a")
     with pytest.raises(ValueError, match="budget"):
         RunSettings(model=MODEL, budget="no spaces", limits=Limits(max_output_tokens=10))
