@@ -10,6 +10,7 @@ the tests can say which reservation fits.
 from __future__ import annotations
 
 import asyncio
+import json
 import uuid
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -31,6 +32,7 @@ from boundloop.devserver import FAST_FLAGS, temporal_binary
 from boundloop.scripted.server import ScriptedModelServer
 from tests.conftest import DEMO_TOOLS, test_worker, workflow_task_failures
 from tests.scripts import answer, call, resp
+from tests.test_cli import cli, env_for
 from tests.test_crash import cluster
 
 #: Bound of every wait (seconds); none is an assertion on time.
@@ -259,3 +261,47 @@ async def test_worker_killed_while_runs_reserve_loses_nothing(tmp_path: Path) ->
     for r in results:
         if r.reason == "budget_limit":
             assert r.steps == 0 and key in r.text
+
+
+async def test_budget_commands_from_the_cli(client: Client, tmp_path: Path) -> None:
+    """`boundloop budget set|show` and `run --budget` as a user types them; exit codes
+    from the README's table."""
+    queue, key = names()
+    env = {**env_for(client, tmp_path), "BOUNDLOOP_TASK_QUEUE": queue}
+    server = ScriptedModelServer([])
+    try:
+        async with test_worker(client, queue, server.start(), tmp_path / "data"):
+            code, out, err = await cli("budget", "set", key, "--usd", "5", "--tokens",
+                                       "2000000", env=env)
+            assert code == 0, err
+            assert out.splitlines()[0] == f"budget {key}: $5 · 2000000 tokens in total"
+            code, out, err = await cli(
+                "run", "A-001とB-002の在庫をそれぞれ調べて。", "--json", "--budget", key,
+                "--max-output-tokens", "200", "--model", MODEL, "--policy", json.dumps(
+                    {"prices": {MODEL: {"input_usd_per_mtok": 0.25,
+                                        "output_usd_per_mtok": 2.0}}}), "--model-script",
+                "examples/scripts/seed000_stock.json", env=env)
+            assert code == 0, err
+            result = json.loads(out)
+            code, out, err = await cli("budget", "show", key, "--json", env=env)
+            assert code == 0, err
+            view = json.loads(out)
+            assert view["spent"]["tokens"] == result["total_tokens"] > 0
+            assert view["spent"]["usd"] == pytest.approx(result["cost_usd"])
+            assert view["holders"] == [] and view["reserved"]["tokens"] == 0
+            code, out, _ = await cli("budget", "show", key, env=env)
+            spent = f"  spent     ${result['cost_usd']:.6f} · {result['total_tokens']} tokens"
+            assert code == 0 and spent in out.splitlines()
+            missing = await cli("budget", "show", f"nobody-{key}", env=env)
+            assert missing[0] == 2 and "no budget" in missing[2]
+    finally:
+        server.stop()
+    bad = [await cli("budget", "set", "no spaces", "--usd", "5", env=env),
+           await cli("budget", "set", key, env=env),
+           await cli("budget", "set", key, "--usd", "-1", env=env),
+           await cli("budget", "set", key, "--tokens", "5", "--period", "week", env=env),
+           await cli("run", "hi", "--budget", key, env=env)]
+    assert [c for c, _, _ in bad] == [2, 2, 2, 2, 2]
+    assert "invalid budget key" in bad[0][2]
+    assert "a USD amount, a token amount, or both" in bad[1][2]
+    assert "max_output_tokens is not set" in bad[4][2]
