@@ -30,7 +30,8 @@ from boundloop.core.budget import BudgetLimits
 from boundloop.core.limits import Limits, Policy, Price, RunSettings
 from boundloop.devserver import FAST_FLAGS, temporal_binary
 from boundloop.scripted.server import ScriptedModelServer
-from tests.conftest import DEMO_TOOLS, test_worker, workflow_task_failures
+from tests.conftest import DEMO_TOOLS, workflow_task_failures
+from tests.conftest import test_worker as worker_for
 from tests.scripts import answer, call, resp
 from tests.test_cli import cli, env_for
 from tests.test_crash import cluster
@@ -98,7 +99,7 @@ async def test_refused_reservation_stops_the_run_before_the_request(client: Clie
                                        usage=usage(20)), answer("never asked")])
     base_url = server.start()
     try:
-        async with test_worker(client, queue, base_url, tmp_path / "data"):
+        async with worker_for(client, queue, base_url, tmp_path / "data"):
             await set_budget(client, key, BudgetLimits(usd=60), task_queue=queue)
             run = await start(client, queue, key)
             result = await asyncio.wait_for(run.result(), WAIT)
@@ -121,7 +122,7 @@ async def test_usd_budget_refuses_a_model_without_a_price(client: Client,
     server = ScriptedModelServer([answer("never asked")])
     base_url = server.start()
     try:
-        async with test_worker(client, queue, base_url, tmp_path / "data"):
+        async with worker_for(client, queue, base_url, tmp_path / "data"):
             await set_budget(client, key, BudgetLimits(usd=5, tokens=100_000),
                              task_queue=queue)
             result = await asyncio.wait_for((await start(client, queue, key,
@@ -138,7 +139,7 @@ async def test_a_budget_that_is_not_set_stops_the_run(client: Client, tmp_path: 
     server = ScriptedModelServer([answer("never asked")])
     base_url = server.start()
     try:
-        async with test_worker(client, queue, base_url, tmp_path / "data"):
+        async with worker_for(client, queue, base_url, tmp_path / "data"):
             result = await asyncio.wait_for((await start(client, queue, key)).result(), WAIT)
     finally:
         server.stop()
@@ -167,7 +168,7 @@ async def test_twenty_concurrent_runs_never_overspend_one_budget(client: Client,
                                          delay_seconds=0.3) for _ in range(runs)])
     base_url = server.start()
     try:
-        async with test_worker(client, queue, base_url, tmp_path / "data"):
+        async with worker_for(client, queue, base_url, tmp_path / "data"):
             await set_budget(client, key, BudgetLimits(usd=200, tokens=10**9),
                              task_queue=queue)
             ledger = client.get_workflow_handle(budget_workflow_id(key))
@@ -201,7 +202,7 @@ async def test_a_cancelled_run_releases_its_reservation(client: Client,
     server = ScriptedModelServer([answer("never delivered", delay_seconds=WAIT)])
     base_url = server.start()
     try:
-        async with test_worker(client, queue, base_url, tmp_path / "data"):
+        async with worker_for(client, queue, base_url, tmp_path / "data"):
             # The ledger's own check for closed runs is far off: only the run's release
             # can free the reservation within the wait.
             await set_budget(client, key, BudgetLimits(usd=100), task_queue=queue,
@@ -270,7 +271,7 @@ async def test_budget_commands_from_the_cli(client: Client, tmp_path: Path) -> N
     env = {**env_for(client, tmp_path), "BOUNDLOOP_TASK_QUEUE": queue}
     server = ScriptedModelServer([])
     try:
-        async with test_worker(client, queue, server.start(), tmp_path / "data"):
+        async with worker_for(client, queue, server.start(), tmp_path / "data"):
             code, out, err = await cli("budget", "set", key, "--usd", "5", "--tokens",
                                        "2000000", env=env)
             assert code == 0, err

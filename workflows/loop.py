@@ -130,6 +130,7 @@ class BoundLoopWorkflow:
         self._cancel_reason: str | None = None
         self._model_in_flight = False  # a cancel now leaves the step unfinished
         self._reserved = Amount()  # the shared budget's hold for the request in flight
+        self._settling: asyncio.Task[None] | None = None  # the settle signal in flight
 
     # --- run -----------------------------------------------------------------------
 
@@ -150,6 +151,7 @@ class BoundLoopWorkflow:
             reason = core.cancelled(self._state, self._cancel_reason,
                                     step_unfinished=self._model_in_flight)
         if reason is None:  # continue-as-new was requested
+            await self._settled()
             await workflow.wait_condition(workflow.all_handlers_finished)
             carry = self._carry()
             reason = core.check_payload(self._state, "carried_state", payload_bytes(carry))
@@ -186,7 +188,7 @@ class BoundLoopWorkflow:
             self._sent = state.conversation
             before = (state.usage.total_tokens, state.cost_usd)
             stop = core.account_usage(state, turn, state.conversation.bytes)
-            await self._settle_budget(plan.step, shared.settlement(
+            self._settle_budget(plan.step, shared.settlement(
                 self._reserved, state.usage.total_tokens - before[0],
                 state.cost_usd - before[1], turn.usage is not None or state.usage.estimated))
             if stop is not None:
@@ -301,6 +303,7 @@ class BoundLoopWorkflow:
             conversation_bytes=state.conversation.bytes, fixed_bytes=self._fixed_bytes(),
             last_tokens=state.last_tokens, last_bytes=state.last_bytes)
         amount = shared.worst_case(price, input_tokens, cap)
+        await self._settled()  # the last step's usage is in before this one reserves
         try:
             grant: Grant = await workflow.execute_activity(
                 BUDGET_RESERVE_ACTIVITY,
@@ -321,17 +324,27 @@ class BoundLoopWorkflow:
         self._reserved = amount
         return None
 
-    async def _settle_budget(self, step: int, actual: Amount) -> None:
+    def _settle_budget(self, step: int, actual: Amount) -> None:
+        """Send the settlement without waiting for it: the step goes on (its tools run)
+        meanwhile; the next reservation, continue-as-new and the release wait for it."""
         key = self._state.settings.budget
         if key is None:
             return
-        await self._signal_ledger(key, "settle", SettleRequest(
-            run=workflow.info().workflow_id, step=step, amount=actual))
+        self._settling = asyncio.create_task(self._signal_ledger(key, "settle", SettleRequest(
+            run=workflow.info().workflow_id, step=step, amount=actual)))
+
+    async def _settled(self) -> None:
+        task, self._settling = self._settling, None
+        if task is not None:
+            # A cancel of the run does not cancel this task; should it have been
+            # cancelled anyway, the run still ends (and releases) as it would.
+            await asyncio.wait([task])
 
     async def _release_budget(self) -> None:
         """Every ending releases what the run still holds (idempotent at the ledger)."""
         key = self._state.settings.budget
         if key is not None:
+            await self._settled()
             await self._signal_ledger(key, "release", workflow.info().workflow_id)
 
     async def _signal_ledger(self, key: str, name: str, arg: object) -> None:
