@@ -13,6 +13,7 @@ from temporalio.client import Client, WithStartWorkflowOperation
 from temporalio.common import WorkflowIDConflictPolicy
 from temporalio.service import RPCError, RPCStatusCode
 
+from boundloop.client import DEFAULT_TASK_QUEUE
 from boundloop.contracts import (
     BUDGET_WORKFLOW,
     BudgetView,
@@ -30,10 +31,13 @@ def check_key(key: str) -> str:
     return key
 
 
-async def set_budget(client: Client, key: str, limits: BudgetLimits, *, task_queue: str,
-                     reap_seconds: float = 60.0) -> BudgetView:
-    """Start the ledger of `key` with `limits`, or change the limits of the running one
-    (what was spent and reserved stays)."""
+async def set_budget(client: Client, key: str, limits: BudgetLimits, *,
+                     task_queue: str = DEFAULT_TASK_QUEUE, reap_seconds: float = 60.0
+                     ) -> BudgetView:
+    """Start the ledger of `key` with `limits` on the workers of `task_queue`, or replace
+    the limits of the running one (what was spent and reserved stays). Waits for a
+    worker to answer; `reap_seconds`: how often the ledger checks that the runs holding
+    reservations are still open."""
     check_key(key)
     start: WithStartWorkflowOperation[Any, None] = WithStartWorkflowOperation(
         BUDGET_WORKFLOW, LedgerInput(state=LedgerState(key=key, limits=limits),

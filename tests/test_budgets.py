@@ -32,7 +32,7 @@ from boundloop.devserver import FAST_FLAGS, temporal_binary
 from boundloop.scripted.server import ScriptedModelServer
 from tests.conftest import DEMO_TOOLS, workflow_task_failures
 from tests.conftest import test_worker as worker_for
-from tests.scripts import answer, call, resp
+from tests.scripts import answer, call, chat, resp
 from tests.test_cli import cli, env_for
 from tests.test_crash import cluster
 
@@ -306,3 +306,25 @@ async def test_budget_commands_from_the_cli(client: Client, tmp_path: Path) -> N
     assert "invalid budget key" in bad[0][2]
     assert "a USD amount, a token amount, or both" in bad[1][2]
     assert "max_output_tokens is not set" in bad[4][2]
+
+
+async def test_chat_requests_carry_max_completion_tokens(client: Client,
+                                                        tmp_path: Path) -> None:
+    queue, key = names()
+    server = ScriptedModelServer([chat("在庫があります。")])
+    base_url = server.start()
+    try:
+        async with worker_for(client, queue, base_url, tmp_path / "data"):
+            await set_budget(client, key, BudgetLimits(tokens=100_000), task_queue=queue)
+            run = await boundloop.start(
+                client, "在庫を調べて", tools=DEMO_TOOLS, model=MODEL, api="chat",
+                limits=Limits(max_output_tokens=MAX_OUT), task_queue=queue, budget=key)
+            result = await asyncio.wait_for(run.result(), WAIT)
+            view = await wait_view(client, key, lambda v: v.spent.tokens > 0, "the settle")
+    finally:
+        server.stop()
+    assert result.reason == "completed"
+    assert server.requests[0].body["max_completion_tokens"] == MAX_OUT
+    assert "max_output_tokens" not in server.requests[0].body
+    assert server.violations == []
+    assert view.spent.tokens == result.total_tokens

@@ -338,7 +338,7 @@ class BoundLoopWorkflow:
         if task is not None:
             # A cancel of the run does not cancel this task; should it have been
             # cancelled anyway, the run still ends (and releases) as it would.
-            await asyncio.wait([task])
+            await workflow.wait([task])
 
     async def _release_budget(self) -> None:
         """Every ending releases what the run still holds (idempotent at the ledger)."""
