@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 import pytest_asyncio
+from temporalio.api.enums.v1 import PendingActivityState
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
@@ -25,8 +26,16 @@ from temporalio.testing import WorkflowEnvironment
 import boundloop
 from boundloop import search_attributes as sa
 from boundloop.budgets import set_budget, show_budget
-from boundloop.contracts import WORKFLOW_NAME, BudgetView, RunInput, RunResult, budget_workflow_id
-from boundloop.core.budget import BudgetLimits
+from boundloop.contracts import (
+    BUDGET_WORKFLOW,
+    WORKFLOW_NAME,
+    BudgetView,
+    LedgerInput,
+    RunInput,
+    RunResult,
+    budget_workflow_id,
+)
+from boundloop.core.budget import BudgetLimits, LedgerState
 from boundloop.core.limits import Limits, Policy, Price, RunSettings
 from boundloop.devserver import FAST_FLAGS, temporal_binary
 from boundloop.scripted.server import ScriptedModelServer
@@ -328,3 +337,37 @@ async def test_chat_requests_carry_max_completion_tokens(client: Client,
     assert "max_output_tokens" not in server.requests[0].body
     assert server.violations == []
     assert view.spent.tokens == result.total_tokens
+
+
+async def test_a_cancel_while_the_budget_reserves_leaves_no_step(client: Client,
+                                                                tmp_path: Path) -> None:
+    """The ledger's workflow is on a task queue no worker serves: the reservation waits.
+    A cancel then ends the run `cancelled` with no step counted and no request sent."""
+    queue, key = names()
+    await client.start_workflow(
+        BUDGET_WORKFLOW, LedgerInput(state=LedgerState(key=key, limits=BudgetLimits(usd=5))),
+        id=budget_workflow_id(key), task_queue=f"nobody-{queue}")
+    server = ScriptedModelServer([answer("never asked")])
+    base_url = server.start()
+    try:
+        async with worker_for(client, queue, base_url, tmp_path / "data"):
+            run = await start(client, queue, key)
+            history = client.get_workflow_handle(run.id)
+
+            async def reserving() -> bool:
+                pending = (await history.describe()).raw_description.pending_activities
+                return any(a.activity_type.name == "budget_reserve" and a.state
+                           == PendingActivityState.PENDING_ACTIVITY_STATE_STARTED
+                           for a in pending)
+
+            async def until_reserving() -> None:
+                while not await reserving():
+                    await asyncio.sleep(0.1)
+
+            await asyncio.wait_for(until_reserving(), WAIT)
+            await run.cancel("stop waiting")
+            result = await asyncio.wait_for(run.result(), WAIT)
+    finally:
+        server.stop()
+    assert (result.reason, result.steps) == ("cancelled", 0)
+    assert server.requests == []

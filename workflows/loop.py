@@ -230,10 +230,13 @@ class BoundLoopWorkflow:
         too_large = core.check_payload(state, "model_request", payload_bytes(req))
         if too_large is not None:
             return too_large
+        # Until the model returns (a cancel raises through): a cancel while the shared
+        # budget reserves leaves the step unsent, so unfinished too.
+        self._model_in_flight = True
         refused = await self._reserve_budget(plan.step)
         if refused is not None:
+            self._model_in_flight = False
             return refused
-        self._model_in_flight = True  # until it returns (a cancel raises through)
         turn = await self._model_attempts(plan, req)
         self._model_in_flight = False
         if isinstance(turn, StopReason):
