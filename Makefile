@@ -32,6 +32,7 @@ test: lint typecheck pytest
 
 bench: $(STAMP)
 	$(BIN)/python -m bench.run
+	$(BIN)/python -m bench.budget
 
 clean:
 	rm -rf $(VENV) .boundloop

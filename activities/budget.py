@@ -8,6 +8,7 @@ from temporalio.client import WorkflowExecutionStatus, WorkflowUpdateFailedError
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
+from boundloop.activities.heartbeat import heartbeating
 from boundloop.contracts import (
     BUDGET_CLOSED_RUNS_ACTIVITY,
     BUDGET_RESERVE_ACTIVITY,
@@ -23,15 +24,19 @@ async def budget_reserve(req: BudgetReserve) -> Grant:
     """Reserve from the ledger of `req.key` for this run's request at `req.step`.
 
     The update id is the run and the step: a retried attempt is the same update, which
-    the ledger answers once (Temporal deduplicates updates by id).
+    the ledger answers once (Temporal deduplicates updates by id). It heartbeats while
+    the ledger answers, so an attempt whose worker died is retried within the heartbeat
+    timeout.
     """
     info = activity.info()
     run = info.workflow_id or ""
     handle = activity.client().get_workflow_handle(budget_workflow_id(req.key))
     try:
-        grant: Grant = await handle.execute_update(
-            "reserve", ReserveRequest(run=run, step=req.step, amount=req.amount),
-            id=f"{run}/step-{req.step}/reserve", result_type=Grant)
+        async with heartbeating():
+            grant: Grant = await handle.execute_update(
+                "reserve", ReserveRequest(run=run, step=req.step, amount=req.amount,
+                                          priced=req.priced),
+                id=f"{run}/step-{req.step}/reserve", result_type=Grant)
     except RPCError as err:
         if err.status == RPCStatusCode.NOT_FOUND:
             return Grant(granted=False, message=(

@@ -96,6 +96,9 @@ class ModelActivities:
                 body["instructions"] = req.instructions
         if tools:
             body.update(tools=tools, tool_choice=req.tool_choice)
+        if req.max_output_tokens is not None:
+            cap = "max_completion_tokens" if req.api == "chat" else "max_output_tokens"
+            body[cap] = req.max_output_tokens
         try:
             raw = await self._client.post(path, cast_to=httpx.Response, body=body,
                                           options={"headers": headers, "timeout": seconds})

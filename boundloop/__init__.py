@@ -22,8 +22,10 @@ See README.md ("Build your own agent") and examples/weather_desk/.
 
 from typing import TYPE_CHECKING, Any
 
+from boundloop.budgets import set_budget, show_budget
 from boundloop.client import DEFAULT_TASK_QUEUE, Run, connect, get_run, start
-from boundloop.contracts import RunResult, RunStatus
+from boundloop.contracts import BudgetView, RunResult, RunStatus
+from boundloop.core.budget import BudgetLimits
 from boundloop.core.envelope import ToolStatus
 from boundloop.core.limits import Limits, Policy, Price
 from boundloop.core.loop import Approval, Event
@@ -60,6 +62,8 @@ __all__ = [
     "DEFAULT_TASK_QUEUE",
     "Approval",
     "BoundloopError",
+    "BudgetLimits",
+    "BudgetView",
     "DecisionRefused",
     "Event",
     "Limits",
@@ -82,5 +86,7 @@ __all__ = [
     "Worker",
     "connect",
     "get_run",
+    "set_budget",
+    "show_budget",
     "start",
 ]

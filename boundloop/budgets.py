@@ -13,14 +13,15 @@ from temporalio.client import Client, WithStartWorkflowOperation
 from temporalio.common import WorkflowIDConflictPolicy
 from temporalio.service import RPCError, RPCStatusCode
 
+from boundloop.client import DEFAULT_TASK_QUEUE
 from boundloop.contracts import (
-    BUDGET_KEY_PATTERN,
     BUDGET_WORKFLOW,
     BudgetView,
     LedgerInput,
     budget_workflow_id,
 )
-from boundloop.core.budget import BudgetLimits, LedgerState
+from boundloop.core.budget import Amount, BudgetLimits, LedgerState
+from boundloop.core.limits import BUDGET_KEY_PATTERN
 
 
 def check_key(key: str) -> str:
@@ -30,10 +31,13 @@ def check_key(key: str) -> str:
     return key
 
 
-async def set_budget(client: Client, key: str, limits: BudgetLimits, *, task_queue: str,
-                     reap_seconds: float = 60.0) -> BudgetView:
-    """Start the ledger of `key` with `limits`, or change the limits of the running one
-    (what was spent and reserved stays)."""
+async def set_budget(client: Client, key: str, limits: BudgetLimits, *,
+                     task_queue: str = DEFAULT_TASK_QUEUE, reap_seconds: float = 60.0
+                     ) -> BudgetView:
+    """Start the ledger of `key` with `limits` on the workers of `task_queue`, or replace
+    the limits of the running one (what was spent and reserved stays). Waits for a
+    worker to answer; `reap_seconds`: how often the ledger checks that the runs holding
+    reservations are still open."""
     check_key(key)
     start: WithStartWorkflowOperation[Any, None] = WithStartWorkflowOperation(
         BUDGET_WORKFLOW, LedgerInput(state=LedgerState(key=key, limits=limits),
@@ -57,3 +61,28 @@ async def show_budget(client: Client, key: str) -> BudgetView | None:
             return None
         raise
     return view
+
+
+def view_lines(view: BudgetView) -> list[str]:
+    """`boundloop budget show` and `set`: the figures, one per line."""
+    lim = view.limits
+
+    def amount(a: Amount) -> str:
+        parts = []
+        if lim.usd is not None:
+            parts.append(f"${a.usd:.6f}")
+        if lim.tokens is not None:
+            parts.append(f"{a.tokens} tokens")
+        return " · ".join(parts)
+
+    limit = " · ".join(([f"${lim.usd:g}"] if lim.usd is not None else [])
+                       + ([f"{lim.tokens} tokens"] if lim.tokens is not None else []))
+    period = "in total" if lim.period == "total" else f"per UTC day ({view.period})"
+    lines = [f"budget {view.key}: {limit} {period}",
+             f"  spent     {amount(view.spent)}",
+             f"  reserved  {amount(view.reserved)}",
+             f"  left      {amount(view.left)}",
+             f"  refused   {view.refused} reservation(s)",
+             f"  runs holding reservations: {len(view.holders) or 'none'}"]
+    lines += [f"    {h.run}  step {h.step}  {amount(h.amount)}" for h in view.holders]
+    return lines

@@ -111,7 +111,8 @@ async def run_result(handle: Any) -> RunResult:
 
 def build_input(question: str, *, settings: Settings, model: str | None, api: str | None,
                 tools: str | None, instructions: str | None, limits_json: str | None,
-                policy_json: str | None, limit_flags: dict[str, Any]) -> RunInput:
+                policy_json: str | None, limit_flags: dict[str, Any],
+                budget: str | None = None) -> RunInput:
     """Validate everything before anything starts (SPEC §4)."""
     limits_raw = json_object("--limits", limits_json)
     policy_raw = json_object("--policy", policy_json)
@@ -130,7 +131,8 @@ def build_input(question: str, *, settings: Settings, model: str | None, api: st
     try:
         run_settings = RunSettings(model=model or settings.model, api=api or settings.api,
                                    limits=Limits.model_validate(limits_raw),
-                                   policy=Policy.model_validate(policy_raw))
+                                   policy=Policy.model_validate(policy_raw),
+                                   budget=budget)
         named = {**run_settings.limits.per_tool_max_calls, **run_settings.policy.approvers}
         strangers = reg.unknown(list(named))
         if strangers:
@@ -277,6 +279,10 @@ def run(
     approval_timeout_seconds: Annotated[float | None, typer.Option()] = None,
     limits: Annotated[str | None, typer.Option("--limits", help="Limits as JSON")] = None,
     policy: Annotated[str | None, typer.Option("--policy", help="Policy as JSON")] = None,
+    max_output_tokens: Annotated[int | None, typer.Option(
+        help="Most output tokens per model response")] = None,
+    budget: Annotated[str | None, typer.Option(
+        "--budget", help="Spend from this shared budget key (boundloop budget set)")] = None,
 ) -> None:
     """Start a run. With --model-script the run uses a scripted model and its own worker."""
     settings = load_settings()
@@ -289,10 +295,11 @@ def run(
              "token_threshold": token_threshold, "max_result_bytes": max_result_bytes,
              "max_history_bytes": max_history_bytes, "max_identical_calls": max_identical_calls,
              "deadline_seconds": deadline_seconds,
-             "approval_timeout_seconds": approval_timeout_seconds}
+             "approval_timeout_seconds": approval_timeout_seconds,
+             "max_output_tokens": max_output_tokens}
     inp = build_input(question, settings=settings, model=model, api=api, tools=tools,
                       instructions=instructions, limits_json=limits, policy_json=policy,
-                      limit_flags=flags)
+                      limit_flags=flags, budget=budget)
     code = _run(_run_async(settings, inp, wait or script is not None, as_json,
                            script, model_script, workflow_id))
     raise typer.Exit(code)
@@ -306,7 +313,8 @@ async def _start(client: Client, settings: Settings, inp: RunInput, workflow_id:
                               api=run_settings.api, limits=run_settings.limits,
                               policy=run_settings.policy, instructions=inp.instructions,
                               workflow_id=workflow_id,
-                              task_queue=task_queue or settings.task_queue)
+                              task_queue=task_queue or settings.task_queue,
+                              budget=run_settings.budget)
         return run.handle
     except WorkflowAlreadyStartedError:
         raise fail(f"workflow id {workflow_id!r} is already used by another run; "
@@ -664,6 +672,92 @@ def cancel(run_id: Annotated[str, typer.Argument(help="Workflow id")],
             raise fail(f"run {run_id}: {exc.message}", 1) from None
         console.print(f"{safe(run_id)}: cancel requested; the run stops with `cancelled` "
                       f"(follow it with `boundloop watch {safe(run_id)}`)")
+
+    _run(go())
+
+
+# --- shared budgets ----------------------------------------------------------------
+
+budget_app = typer.Typer(no_args_is_help=True,
+                         help="Budgets shared by many runs: set a key's limits, show it.")
+app.add_typer(budget_app, name="budget")
+
+
+def _budget_key(key: str) -> str:
+    from boundloop.budgets import check_key
+
+    try:
+        return check_key(key)
+    except ValueError as exc:
+        raise fail(str(exc)) from None
+
+
+def _print_view(view: Any, as_json: bool) -> None:
+    from boundloop.budgets import view_lines
+
+    if as_json:
+        console.print_json(view.model_dump_json())
+    else:
+        for line in view_lines(view):
+            console.print(safe(line), highlight=False)
+
+
+@budget_app.command("set")
+def budget_set(
+    key: Annotated[str, typer.Argument(help="Budget key (a tenant, project, API key)")],
+    usd: Annotated[float | None, typer.Option("--usd", help="USD limit")] = None,
+    tokens: Annotated[int | None, typer.Option("--tokens", help="Token limit")] = None,
+    period: Annotated[str, typer.Option("--period", help="total | day (UTC)")] = "total",
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object")] = False,
+) -> None:
+    """Start the ledger of KEY with these limits, or change them (spent and reserved stay)."""
+    from boundloop.budgets import set_budget
+    from boundloop.core.budget import BudgetLimits
+
+    settings = load_settings()
+    _budget_key(key)
+    try:
+        limits = BudgetLimits.model_validate({"usd": usd, "tokens": tokens, "period": period})
+    except ValidationError as exc:
+        raise fail("invalid budget:\n" + validation_lines(exc)) from None
+
+    async def go() -> None:
+        client = await connect(settings)
+        try:
+            view = await asyncio.wait_for(
+                set_budget(client, key, limits, task_queue=settings.task_queue),
+                UPDATE_TIMEOUT)
+        except TimeoutError:
+            raise fail(f"no worker answered within {UPDATE_TIMEOUT:g} s: is `boundloop "
+                       f"worker` running on task queue {settings.task_queue!r}? (the ledger "
+                       "takes the limits when one starts)", EXIT_FAILED) from None
+        _print_view(view, as_json)
+
+    _run(go())
+
+
+@budget_app.command("show")
+def budget_show(
+    key: Annotated[str, typer.Argument(help="Budget key")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object")] = False,
+) -> None:
+    """Spent, reserved and left, and the runs holding reservations."""
+    from boundloop.budgets import show_budget
+
+    settings = load_settings()
+    _budget_key(key)
+
+    async def go() -> None:
+        client = await connect(settings)
+        try:
+            view = await asyncio.wait_for(show_budget(client, key), QUERY_TIMEOUT)
+        except TimeoutError:
+            raise fail(f"no worker answered within {QUERY_TIMEOUT:g} s: is `boundloop "
+                       "worker` running?", EXIT_FAILED) from None
+        if view is None:
+            raise fail(f"no budget {key!r}: set it with `boundloop budget set {key} "
+                       "--usd AMOUNT`")
+        _print_view(view, as_json)
 
     _run(go())
 

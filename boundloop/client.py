@@ -67,16 +67,19 @@ async def start(client: Client, question: str, *,
                 model: str = "gpt-5-mini", api: Literal["responses", "chat"] = "responses",
                 limits: Limits | None = None, policy: Policy | None = None,
                 instructions: str | None = None, workflow_id: str | None = None,
-                task_queue: str = DEFAULT_TASK_QUEUE) -> Run:
+                task_queue: str = DEFAULT_TASK_QUEUE, budget: str | None = None) -> Run:
     """Start a run: `question` to `model`, which may call `tools` (a toolset, or tool
     names / tool functions of the toolset the worker on `task_queue` serves).
+
+    `budget` names a shared budget (`boundloop budget set KEY`) the run spends from; it
+    needs `limits.max_output_tokens`.
 
     Limits and policy are checked here (pydantic), before anything starts. Each run needs
     a new `workflow_id` (default: a fresh `boundloop-…` id): ids scope idempotency keys,
     so a finished run's id is refused.
     """
     settings = RunSettings(model=model, api=api, limits=limits or Limits(),
-                           policy=policy or Policy())
+                           policy=policy or Policy(), budget=budget)
     inp = RunInput(question=question, instructions=instructions, settings=settings,
                    tools=tool_names(tools))
     return Run(await start_run(client, inp, workflow_id=workflow_id, task_queue=task_queue))

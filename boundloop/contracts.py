@@ -86,6 +86,8 @@ class ModelRequest(BaseModel):
     base: ConversationRef | None = Field(default=None, exclude_if=_none)
     #: The provider's time for one attempt (None: the activity's start-to-close).
     timeout_seconds: float | None = Field(default=None, exclude_if=_none)
+    #: The most output tokens the response may hold (limits.max_output_tokens).
+    max_output_tokens: int | None = Field(default=None, exclude_if=_none)
 
 
 class ToolRequest(BaseModel):
@@ -168,8 +170,6 @@ class RunStatus(BaseModel):
 BUDGET_WORKFLOW = "BoundloopBudget"
 BUDGET_RESERVE_ACTIVITY = "budget_reserve"
 BUDGET_CLOSED_RUNS_ACTIVITY = "budget_closed_runs"
-#: Budget keys name a tenant, a project or an API key: plain, short, id-safe.
-BUDGET_KEY_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:@-]{0,99}$"
 
 
 def budget_workflow_id(key: str) -> str:
@@ -196,6 +196,8 @@ class ReserveRequest(BaseModel):
     run: str = Field(min_length=1)
     step: int = Field(ge=1)
     amount: Amount
+    #: False when the run's model has no price: a USD-limited ledger refuses it.
+    priced: bool = True
 
 
 class SettleRequest(BaseModel):
@@ -212,6 +214,7 @@ class BudgetReserve(BaseModel):
     key: str
     step: int
     amount: Amount
+    priced: bool
 
 
 class BudgetView(BaseModel):

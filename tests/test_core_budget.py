@@ -104,3 +104,39 @@ def test_spent_never_passes_the_budget_when_usage_stays_within_its_reservation(
         if finish:
             budget.release(state, run)
         assert state.spent.tokens + budget.reserved(state).tokens <= 1000
+
+
+def test_a_usd_budget_refuses_a_run_whose_model_has_no_price() -> None:
+    state = ledger(usd=5)
+    grant = budget.reserve(state, "run-1", 1, Amount(tokens=10), DAY, priced=False)
+    assert not grant.granted and "has no price" in grant.message
+    # A token-only budget can count it.
+    assert budget.reserve(ledger(tokens=100), "run-1", 1, Amount(tokens=10), DAY,
+                          priced=False).granted
+
+
+def test_a_refusal_asked_again_is_counted_once_until_the_run_releases() -> None:
+    state = ledger(tokens=10)
+    for _ in range(3):  # a retried update (e.g. re-sent after continue-as-new)
+        assert not budget.reserve(state, "run-1", 1, Amount(tokens=50), DAY).granted
+    assert state.refused == 1
+    budget.release(state, "run-1")
+    assert state.refusing == {}
+
+
+def test_input_bound_is_every_byte_first_then_the_reported_tokens_plus_new_bytes() -> None:
+    first = budget.input_tokens_bound(conversation_bytes=300, fixed_bytes=1200,
+                                      last_tokens=None, last_bytes=0)
+    assert first == 1500
+    # After a response that reported 400 + 80 tokens at 900 conversation bytes, 250 bytes
+    # of tool results were added.
+    later = budget.input_tokens_bound(conversation_bytes=1150, fixed_bytes=1200,
+                                      last_tokens=480, last_bytes=900)
+    assert later == 480 + 250
+
+
+def test_settlement_is_the_runs_count_or_the_whole_reservation_without_usage() -> None:
+    held = Amount(usd=0.5, tokens=900)
+    assert budget.settlement(held, 120, 0.01, usage_known=True) == Amount(usd=0.01,
+                                                                         tokens=120)
+    assert budget.settlement(held, 0, 0.0, usage_known=False) == held

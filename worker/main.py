@@ -39,6 +39,7 @@ from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
 
 import boundloop
 from boundloop import signing
+from boundloop.activities.budget import budget_closed_runs, budget_reserve
 from boundloop.activities.conversation import ConversationCache
 from boundloop.activities.heartbeat import HEARTBEAT_EVERY
 from boundloop.activities.model import ModelActivities
@@ -58,6 +59,7 @@ from boundloop.signing import KeyFileError, load_keys_file
 from boundloop.tools import catalog
 from boundloop.tools.registry import Toolset
 from boundloop.tracing import client_interceptors
+from boundloop.workflows.budget import BudgetLedgerWorkflow
 from boundloop.workflows.loop import BoundLoopWorkflow
 
 
@@ -134,11 +136,15 @@ class Plugin(SimplePlugin, Generic[Deps]):
         self.threads = ToolThreads(ACTIVITY_SLOTS)
         tools = ToolActivities(toolset, deps, cache, threads=self.threads,
                                log_error_messages=log_tool_error_messages)
-        activities: list[Callable[..., Any]] = [tools.tool_execute]
+        # The budget ledger runs on every boundloop worker: runs reserve from it, and
+        # `boundloop budget set` starts it on the same task queue.
+        activities: list[Callable[..., Any]] = [tools.tool_execute, budget_reserve,
+                                                budget_closed_runs]
         if model is not None:
             activities.append(ModelActivities(model, toolset, cache).model_request)
         super().__init__("boundloop", data_converter=pydantic_data_converter,
-                         workflows=[BoundLoopWorkflow], activities=activities,
+                         workflows=[BoundLoopWorkflow, BudgetLedgerWorkflow],
+                         activities=activities,
                          workflow_runner=pass_boundloop_through)
 
     def configure_worker(self, config: WorkerConfig) -> WorkerConfig:

@@ -56,8 +56,10 @@ class BudgetLedgerWorkflow:
         workflow.continue_as_new(self._inp.model_copy(update={"state": self._state}))
 
     def _runs(self) -> list[str]:
-        """Runs the ledger knows of: holding a reservation, or settled and not released."""
-        return sorted(set(self._state.reservations) | set(self._state.settled))
+        """Runs the ledger knows of: holding a reservation, or settled or refused and not
+        released."""
+        s = self._state
+        return sorted(set(s.reservations) | set(s.settled) | set(s.refusing))
 
     async def _reap(self, runs: list[str]) -> None:
         closed: list[str] = await workflow.execute_activity(
@@ -75,7 +77,8 @@ class BudgetLedgerWorkflow:
 
     @workflow.update
     def reserve(self, req: ReserveRequest) -> Grant:
-        grant = budget.reserve(self._state, req.run, req.step, req.amount, self._today())
+        grant = budget.reserve(self._state, req.run, req.step, req.amount, self._today(),
+                               priced=req.priced)
         if not grant.granted:
             workflow.logger.info("reservation refused", extra={"budget": self._state.key,
                                                                "step": req.step})

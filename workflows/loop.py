@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import builtins
+import json
 from datetime import timedelta
 
 from temporalio import workflow
@@ -26,10 +27,12 @@ with workflow.unsafe.imports_passed_through():
     from boundloop import errors, signing
     from boundloop import search_attributes as sa
     from boundloop.contracts import (
+        BUDGET_RESERVE_ACTIVITY,
         MODEL_ACTIVITY,
         OUTPUT_REF,
         TOOL_ACTIVITY,
         WORKFLOW_NAME,
+        BudgetReserve,
         CancelRequest,
         Carried,
         ConversationRef,
@@ -38,11 +41,15 @@ with workflow.unsafe.imports_passed_through():
         RunInput,
         RunResult,
         RunStatus,
+        SettleRequest,
         ToolRequest,
+        budget_workflow_id,
     )
     from boundloop.core import approvals, retries, signatures
+    from boundloop.core import budget as shared
     from boundloop.core import loop as core
     from boundloop.core import model_failures as mf
+    from boundloop.core.budget import Amount, Grant
     from boundloop.core.canonical import preview
     from boundloop.core.conversation import ConversationMeta, Item, user_message
     from boundloop.core.envelope import Envelope, temporary_error_exhausted, tool_timed_out
@@ -125,6 +132,8 @@ class BoundLoopWorkflow:
         # Approver public keys: the worker's (like its toolset) and the run policy's.
         self._keys = signatures.run_keys(signing.keys_for(workflow.info().task_queue),
                                          self._state.policy.approver_keys)
+        self._reserved = Amount()  # the shared budget's hold for the request in flight
+        self._settling: asyncio.Task[None] | None = None  # the settle signal in flight
 
     # --- run -----------------------------------------------------------------------
 
@@ -145,11 +154,13 @@ class BoundLoopWorkflow:
             reason = core.cancelled(self._state, self._cancel_reason,
                                     step_unfinished=self._model_in_flight)
         if reason is None:  # continue-as-new was requested
+            await self._settled()
             await workflow.wait_condition(workflow.all_handlers_finished)
             carry = self._carry()
             reason = core.check_payload(self._state, "carried_state", payload_bytes(carry))
             if reason is None:
                 workflow.continue_as_new(carry)
+        await self._release_budget()
         self._publish()
         workflow.logger.info("run stopped", extra={"reason": reason.value,
                                                    "step": self._state.steps})
@@ -178,7 +189,11 @@ class BoundLoopWorkflow:
                 return turn
             state.conversation = state.conversation.extend(turn.items)
             self._sent = state.conversation
+            before = (state.usage.total_tokens, state.cost_usd)
             stop = core.account_usage(state, turn, state.conversation.bytes)
+            self._settle_budget(plan.step, shared.settlement(
+                self._reserved, state.usage.total_tokens - before[0],
+                state.cost_usd - before[1], turn.usage is not None or state.usage.estimated))
             if stop is not None:
                 return stop
             if self._processing_seconds() >= state.limits.deadline_seconds:
@@ -214,11 +229,17 @@ class BoundLoopWorkflow:
             model=state.settings.model, api=state.settings.api, tools=list(state.allowed_tools),
             tool_choice=plan.tool_choice, instructions=self._inp.instructions,
             prior=self._sent, new_items=new_items, expected=state.conversation,
-            base=self._base)
+            base=self._base, max_output_tokens=state.limits.max_output_tokens)
         too_large = core.check_payload(state, "model_request", payload_bytes(req))
         if too_large is not None:
             return too_large
-        self._model_in_flight = True  # until it returns (a cancel raises through)
+        # Until the model returns (a cancel raises through): a cancel while the shared
+        # budget reserves leaves the step unsent, so unfinished too.
+        self._model_in_flight = True
+        refused = await self._reserve_budget(plan.step)
+        if refused is not None:
+            self._model_in_flight = False
+            return refused
         turn = await self._model_attempts(plan, req)
         self._model_in_flight = False
         if isinstance(turn, StopReason):
@@ -273,6 +294,83 @@ class BoundLoopWorkflow:
                     "step": plan.step, "failure": failure.kind, "detail": failure.detail})
                 state.log(f"{mf.EVENT_PREFIX}{failure.kind}", detail=failure.detail)
                 return state.stop(StopReason.MODEL_ERROR)
+
+    # --- shared budget (workflows/budget.py) ----------------------------------------
+
+    async def _reserve_budget(self, step: int) -> StopReason | None:
+        """Reserve this request's worst case from the run's shared budget, if it names
+        one; a refusal stops the run before the request is sent."""
+        state, key = self._state, self._state.settings.budget
+        cap = state.limits.max_output_tokens
+        if key is None or cap is None:  # settings validation: a budget comes with a cap
+            return None
+        price = state.policy.prices.get(state.settings.model)
+        input_tokens = shared.input_tokens_bound(
+            conversation_bytes=state.conversation.bytes, fixed_bytes=self._fixed_bytes(),
+            last_tokens=state.last_tokens, last_bytes=state.last_bytes)
+        amount = shared.worst_case(price, input_tokens, cap)
+        await self._settled()  # the last step's usage is in before this one reserves
+        try:
+            grant: Grant = await workflow.execute_activity(
+                BUDGET_RESERVE_ACTIVITY,
+                BudgetReserve(key=key, step=step, amount=amount, priced=price is not None),
+                result_type=Grant, start_to_close_timeout=timedelta(seconds=60),
+                heartbeat_timeout=HEARTBEAT_TIMEOUT,
+                retry_policy=RetryPolicy(initial_interval=timedelta(seconds=1),
+                                         backoff_coefficient=1.0, maximum_attempts=0),
+                summary=f"reserve step {step} · budget {key}")
+        except ActivityError as err:
+            if is_cancelled_exception(err):
+                raise asyncio.CancelledError from None
+            grant = Grant(granted=False, message=f"budget {key!r} could not reserve step "
+                          f"{step}: {getattr(err.cause, 'message', 'the ledger failed')}")
+        if not grant.granted:
+            workflow.logger.info("budget refused the step", extra={"step": step})
+            return core.budget_refused(state, grant.message)
+        self._reserved = amount
+        return None
+
+    def _settle_budget(self, step: int, actual: Amount) -> None:
+        """Send the settlement without waiting for it: the step goes on (its tools run)
+        meanwhile; the next reservation, continue-as-new and the release wait for it."""
+        key = self._state.settings.budget
+        if key is None:
+            return
+        self._settling = asyncio.create_task(self._signal_ledger(key, "settle", SettleRequest(
+            run=workflow.info().workflow_id, step=step, amount=actual)))
+
+    async def _settled(self) -> None:
+        task, self._settling = self._settling, None
+        if task is not None:
+            # A cancel of the run does not cancel this task; should it have been
+            # cancelled anyway, the run still ends (and releases) as it would.
+            await workflow.wait([task])
+
+    async def _release_budget(self) -> None:
+        """Every ending releases what the run still holds (idempotent at the ledger)."""
+        key = self._state.settings.budget
+        if key is not None:
+            await self._settled()
+            await self._signal_ledger(key, "release", workflow.info().workflow_id)
+
+    async def _signal_ledger(self, key: str, name: str, arg: object) -> None:
+        try:
+            await workflow.get_external_workflow_handle(budget_workflow_id(key)).signal(
+                name, arg)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # the ledger is gone (terminated): nothing to settle
+            workflow.logger.warning("budget ledger signal failed", extra={
+                "signal": name, "error": type(exc).__name__})
+
+    def _fixed_bytes(self) -> int:
+        """UTF-8 bytes every request carries beside the conversation: the instructions
+        and the tool declarations."""
+        tools = self._toolset.openai_tools(list(self._state.allowed_tools),
+                                           self._state.settings.api)
+        instructions = self._inp.instructions or ""
+        return len(instructions.encode("utf-8", "surrogatepass")) + len(
+            json.dumps(tools, ensure_ascii=False).encode("utf-8", "surrogatepass"))
 
     # --- tools ---------------------------------------------------------------------
 

@@ -82,6 +82,9 @@ class LedgerState(BaseModel):
     reservations: dict[str, Reservation] = Field(default_factory=dict)
     # run -> the last step it settled (idempotency of settle and of late reserves)
     settled: dict[str, int] = Field(default_factory=dict)
+    # run -> the step refused, until the run releases: a retried refusal (an update sent
+    # again after continue-as-new aborted it) is not counted twice.
+    refusing: dict[str, int] = Field(default_factory=dict)
     refused: int = 0
 
 
@@ -91,6 +94,28 @@ def worst_case(price: Price | None, input_tokens: int, max_output_tokens: int) -
     usd = 0.0 if price is None else (input_tokens * price.input_usd_per_mtok
                                      + max_output_tokens * price.output_usd_per_mtok) / 1e6
     return Amount(usd=usd, tokens=tokens)
+
+
+def input_tokens_bound(*, conversation_bytes: int, fixed_bytes: int,
+                       last_tokens: int | None, last_bytes: int) -> int:
+    """The most input tokens the next request can hold.
+
+    A token is at least one byte of UTF-8, so bytes bound tokens. After a response whose
+    usage the provider reported, the next request is that request plus its answer
+    (`last_tokens`: input + output tokens as counted) plus what was added since (the
+    conversation's JSON bytes past `last_bytes`, one token per byte). Before the first
+    response, or after one with no usage, it is every byte of the request: the
+    conversation's JSON, the instructions and the tool declarations (`fixed_bytes`).
+    """
+    if last_tokens is None:
+        return fixed_bytes + conversation_bytes
+    return last_tokens + max(0, conversation_bytes - last_bytes)
+
+
+def settlement(reserved: Amount, tokens: int, usd: float, usage_known: bool) -> Amount:
+    """What a request really used: the run's own count of it (reported, or estimated by
+    policy); with no usage at all, the whole reservation (it may all have been spent)."""
+    return Amount(usd=usd, tokens=tokens) if usage_known else reserved
 
 
 def period_of(limits: BudgetLimits, today: str) -> str:
@@ -123,8 +148,13 @@ def left(state: LedgerState) -> Amount:
                   if lim.tokens is not None else 0)
 
 
-def reserve(state: LedgerState, run: str, step: int, amount: Amount, today: str) -> Grant:
-    """Hold `amount` for `run`'s request at `step`, or refuse it with the reason."""
+def reserve(state: LedgerState, run: str, step: int, amount: Amount, today: str, *,
+            priced: bool = True) -> Grant:
+    """Hold `amount` for `run`'s request at `step`, or refuse it with the reason.
+
+    `priced` is False when the run's model has no price: its USD cost is unknown, so a
+    USD-limited budget cannot let it spend.
+    """
     roll(state, today)
     held = state.reservations.get(run)
     if held is not None and held.step == step:
@@ -134,6 +164,9 @@ def reserve(state: LedgerState, run: str, step: int, amount: Amount, today: str)
     others = reserved(state, excluding=run)
     lim = state.limits
     problems: list[str] = []
+    if lim.usd is not None and not priced:
+        problems.append(f"USD budget {lim.usd:g}{_per(lim)}: the run's model has no price "
+                        "in its price table, so its cost cannot be counted")
     if lim.usd is not None and state.spent.usd + others.usd + amount.usd > lim.usd:
         problems.append(
             f"USD budget {lim.usd:g}{_per(lim)}: spent {state.spent.usd:.6f}, reserved by "
@@ -143,7 +176,9 @@ def reserve(state: LedgerState, run: str, step: int, amount: Amount, today: str)
             f"token budget {lim.tokens}{_per(lim)}: spent {state.spent.tokens}, reserved by "
             f"other runs {others.tokens}, this request needs up to {amount.tokens}")
     if problems:
-        state.refused += 1
+        if state.refusing.get(run) != step:
+            state.refusing[run] = step
+            state.refused += 1
         return Grant(granted=False, message=f"budget {state.key!r} refused step {step}: "
                      + "; ".join(problems))
     # An older reservation of the same run was never settled (its request failed):
@@ -169,6 +204,7 @@ def release(state: LedgerState, run: str) -> None:
     """The run ended (or was found closed): drop what it still holds."""
     state.reservations.pop(run, None)
     state.settled.pop(run, None)
+    state.refusing.pop(run, None)
 
 
 def _per(limits: BudgetLimits) -> str:

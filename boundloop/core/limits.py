@@ -23,6 +23,9 @@ MAX_SECONDS = 366 * 24 * 3600.0
 PositiveInt = Annotated[int, Field(strict=True, gt=0, le=MAX_COUNT)]
 Seconds = Annotated[float, Field(strict=True, gt=0, le=MAX_SECONDS, allow_inf_nan=False)]
 USD = Annotated[float, Field(strict=True, gt=0, le=1e9, allow_inf_nan=False)]
+#: Budget keys name a tenant, a project or an API key: plain, short, id-safe (the key is
+#: part of the ledger's workflow id).
+BUDGET_KEY_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:@-]{0,99}$"
 
 # --- payload budget -------------------------------------------------------------------
 # Every value that crosses Temporal (an activity input or result, the continue-as-new
@@ -110,6 +113,9 @@ class Limits(BaseModel):
     - per_tool_max_calls: tool name -> calls allowed per run (overrides the tool's own).
     - tool_cost_budget: cost units (declared per tool) allowed per run.
     - usd_budget: USD per run, from the price table; needs a price for the model.
+    - max_output_tokens: the most tokens one model response may produce, sent to the
+      model (`max_output_tokens` on Responses, `max_completion_tokens` on Chat); needed
+      when the run spends from a shared budget (it bounds each request's worst case).
     - tool_timeout_seconds: overrides every tool's own timeout (one attempt).
     - model_timeout_seconds: one model request attempt (the provider's time to answer).
     - deadline_seconds: processing time of the run, approval waits excluded.
@@ -127,6 +133,7 @@ class Limits(BaseModel):
     per_tool_max_calls: dict[str, PositiveInt] = Field(default_factory=dict)
     tool_cost_budget: PositiveInt | None = None
     usd_budget: USD | None = None
+    max_output_tokens: PositiveInt | None = None
     tool_timeout_seconds: Seconds | None = None
     model_timeout_seconds: Seconds = 60.0
     deadline_seconds: Seconds = 600.0
@@ -160,7 +167,11 @@ class Policy(BaseModel):
 
 
 class RunSettings(BaseModel):
-    """Limits + policy + model, checked together before a run starts."""
+    """Limits + policy + model, checked together before a run starts.
+
+    - budget: the key of a shared budget the run spends from (`boundloop budget set`);
+      before each model request the run reserves the request's worst case from it.
+    """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -168,6 +179,17 @@ class RunSettings(BaseModel):
     api: Literal["responses", "chat"] = "responses"
     limits: Limits = Field(default_factory=Limits)
     policy: Policy = Field(default_factory=Policy)
+    budget: Annotated[str, Field(pattern=BUDGET_KEY_PATTERN)] | None = Field(
+        default=None, exclude_if=lambda v: v is None)
+
+    @model_validator(mode="after")
+    def _shared_budget_needs_output_cap(self) -> RunSettings:
+        if self.budget is not None and self.limits.max_output_tokens is None:
+            raise ValueError(
+                f"budget {self.budget!r} is named but limits.max_output_tokens is not set: "
+                "a shared budget reserves each request's worst case, which needs the most "
+                "output a response may produce (e.g. --max-output-tokens 1024)")
+        return self
 
     @model_validator(mode="after")
     def _budget_needs_price(self) -> RunSettings:

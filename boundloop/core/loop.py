@@ -104,6 +104,11 @@ class LoopState(BaseModel):
     text: str = ""
     answer_looks_like_tool_call: bool = False
     reason: StopReason | None = None
+    # For a shared budget's worst case (core.budget.input_tokens_bound): the tokens the
+    # last response reported for its request and itself (None: no usage), and the
+    # conversation's bytes then.
+    last_tokens: int | None = None
+    last_bytes: int = 0
 
     @property
     def limits(self) -> Limits:
@@ -157,6 +162,14 @@ def begin_step(state: LoopState, processing_seconds: float) -> StepPlan | StopRe
     return StepPlan(step=state.steps, tool_choice=choice, last=last)
 
 
+def budget_refused(state: LoopState, message: str) -> StopReason:
+    """The shared budget refused the step's reservation: the request was never sent, so
+    it is not a step; the ledger's reason is the run's text and event detail."""
+    state.steps -= 1
+    state.log("budget_refused", detail=message)
+    return state.stop(StopReason.BUDGET_LIMIT, message)
+
+
 def cancelled(state: LoopState, reason: str | None, *, step_unfinished: bool) -> StopReason:
     """The run was cancelled. Nothing that did not finish is counted: a model request
     still in flight is not a step (and its usage is unknown), a tool still running is
@@ -179,6 +192,8 @@ def estimate_usage(input_bytes: int, output_bytes: int) -> Usage:
 def account_usage(state: LoopState, turn: Turn, input_bytes: int) -> StopReason | None:
     """SPEC §3.3: add usage, then check the token threshold and the USD budget."""
     usage = turn.usage
+    state.last_tokens = None if usage is None else usage.input_tokens + usage.output_tokens
+    state.last_bytes = input_bytes
     if usage is None:
         state.usage.unknown_steps += 1
         if turn.fault is not None:

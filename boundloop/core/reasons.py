@@ -38,7 +38,8 @@ NEXT_CHECK: dict[StopReason, str] = {
                                     "rejected one); check the results and messages it got",
     StopReason.USAGE_LIMIT: "known tokens reached the threshold; do not rerun blindly",
     StopReason.USAGE_UNKNOWN: "a response had no usable usage; check provider billing",
-    StopReason.BUDGET_LIMIT: "the USD or tool cost budget was reached",
+    StopReason.BUDGET_LIMIT: "the USD or tool cost budget was reached, or a shared "
+                             "budget refused the next request (`boundloop budget show`)",
     StopReason.DEADLINE: "processing time ran out (approval waits excluded)",
     StopReason.MODEL_ERROR: "the model request failed: the event log's model_failed:<kind> "
                             "says why (connection_refused, dns, tls, http_<status>, timeout, "
