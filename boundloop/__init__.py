@@ -27,6 +27,7 @@ from boundloop.contracts import RunResult, RunStatus
 from boundloop.core.envelope import ToolStatus
 from boundloop.core.limits import Limits, Policy, Price
 from boundloop.core.loop import Approval, Event
+from boundloop.core.mcp_tools import MCPServerConfig, MCPToolDeclaration
 from boundloop.core.reasons import StopReason
 from boundloop.errors import (
     BoundloopError,
@@ -36,6 +37,8 @@ from boundloop.errors import (
     ToolFailure,
     TransientToolError,
 )
+from boundloop.mcp.config import load_mcp_config
+from boundloop.mcp.pool import list_mcp_tools
 from boundloop.tools.registry import ToolContext, Toolset, ToolSpec
 
 if TYPE_CHECKING:
@@ -58,6 +61,8 @@ __all__ = [
     "DecisionRefused",
     "Event",
     "Limits",
+    "MCPServerConfig",
+    "MCPToolDeclaration",
     "NoToolset",
     "Plugin",
     "Policy",
@@ -76,5 +81,7 @@ __all__ = [
     "Worker",
     "connect",
     "get_run",
+    "list_mcp_tools",
+    "load_mcp_config",
     "start",
 ]

@@ -39,6 +39,7 @@ from boundloop.contracts import (
 from boundloop.core.canonical import compact_json, preview
 from boundloop.core.limits import Limits, Policy, RunSettings
 from boundloop.core.loop import Approval, Event
+from boundloop.core.mcp_tools import MCPToolDeclaration
 from boundloop.settings import Settings
 from boundloop.tools.registry import Toolset, tool_names
 
@@ -63,9 +64,13 @@ async def start(client: Client, question: str, *,
                 model: str = "gpt-5-mini", api: Literal["responses", "chat"] = "responses",
                 limits: Limits | None = None, policy: Policy | None = None,
                 instructions: str | None = None, workflow_id: str | None = None,
-                task_queue: str = DEFAULT_TASK_QUEUE) -> Run:
+                task_queue: str = DEFAULT_TASK_QUEUE,
+                mcp_tools: Sequence[MCPToolDeclaration] = ()) -> Run:
     """Start a run: `question` to `model`, which may call `tools` (a toolset, or tool
-    names / tool functions of the toolset the worker on `task_queue` serves).
+    names / tool functions of the toolset the worker on `task_queue` serves) and every
+    one of `mcp_tools` (declarations of the worker's MCP servers: `await
+    worker.mcp_tools()`, or `boundloop.list_mcp_tools(servers)`). The run keeps these
+    declarations in its input: what a server lists later does not change it.
 
     Limits and policy are checked here (pydantic), before anything starts. Each run needs
     a new `workflow_id` (default: a fresh `boundloop-…` id): ids scope idempotency keys,
@@ -73,8 +78,10 @@ async def start(client: Client, question: str, *,
     """
     settings = RunSettings(model=model, api=api, limits=limits or Limits(),
                            policy=policy or Policy())
+    names = tool_names(tools)
+    names += [d.name for d in mcp_tools if d.name not in names]
     inp = RunInput(question=question, instructions=instructions, settings=settings,
-                   tools=tool_names(tools))
+                   tools=names, mcp_tools=list(mcp_tools))
     return Run(await start_run(client, inp, workflow_id=workflow_id, task_queue=task_queue))
 
 

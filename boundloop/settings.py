@@ -30,6 +30,9 @@ class Settings(BaseSettings):
     - BOUNDLOOP_MAX_CACHED_WORKFLOWS: workflow instances a worker keeps in memory.
     - BOUNDLOOP_STICKY_TIMEOUT_SECONDS: how long a run waits for its previous worker
       before another takes it.
+    - BOUNDLOOP_MCP_CONFIG: a JSON or TOML file of MCP servers (docs/mcp.md): the worker
+      serves their tools; `boundloop run` lists them to put their declarations in the
+      run's input.
 
     This is the only place boundloop reads the environment: the CLI reads it once and
     hands the values to the public API, which takes them as arguments.
@@ -54,6 +57,7 @@ class Settings(BaseSettings):
     otel: Literal["", "console", "otlp"] = Field("", alias="BOUNDLOOP_OTEL")
     max_cached_workflows: int = Field(100, gt=0, alias="BOUNDLOOP_MAX_CACHED_WORKFLOWS")
     sticky_timeout_seconds: float = Field(10.0, gt=0, alias="BOUNDLOOP_STICKY_TIMEOUT_SECONDS")
+    mcp_config: Path | None = Field(None, alias="BOUNDLOOP_MCP_CONFIG")
 
     @property
     def model_configured(self) -> bool:

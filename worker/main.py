@@ -46,6 +46,15 @@ from boundloop.activities.tools import ToolActivities
 from boundloop.client import DEFAULT_TASK_QUEUE
 from boundloop.errors import BoundloopError
 from boundloop.logs import configure
+from boundloop.mcp import (
+    MCPConfigError,
+    MCPDeclarationError,
+    MCPPool,
+    MCPServerConfig,
+    MCPServerError,
+    MCPToolDeclaration,
+    load_mcp_config,
+)
 from boundloop.settings import (
     Settings,
     client_settings_given,
@@ -105,6 +114,8 @@ class Plugin(SimplePlugin, Generic[Deps]):
       traceback (default off: messages may hold raw arguments or data).
     - conversation_cache: conversations (and tool outputs x8) kept in memory for the
       next model request; a miss rebuilds it from the run's history (0: always).
+    - mcp_servers: MCP servers whose tools runs may call (docs/mcp.md). The worker owns
+      their sessions: started (and listed) before it polls, closed when it stops.
 
     The client must use the pydantic data converter (`boundloop.connect` sets it, as
     does passing this plugin to `Client.connect`).
@@ -113,15 +124,18 @@ class Plugin(SimplePlugin, Generic[Deps]):
     def __init__(self, toolset: Toolset[Deps], *, deps: Deps,
                  model: openai.AsyncOpenAI | None = None,
                  log_tool_error_messages: bool = False,
-                 conversation_cache: int | ConversationCache = 512) -> None:
+                 conversation_cache: int | ConversationCache = 512,
+                 mcp_servers: Sequence[MCPServerConfig] = ()) -> None:
         self.toolset = toolset
+        self.mcp = MCPPool(mcp_servers) if mcp_servers else None
+        self._mcp_listed = asyncio.Event()
         cache = (conversation_cache if isinstance(conversation_cache, ConversationCache)
                  else ConversationCache(capacity=conversation_cache))
         # Sync tools get threads of their own, as many as the worker's activity slots
         # (sized in configure_worker): not asyncio's small shared pool.
         self.threads = ToolThreads(ACTIVITY_SLOTS)
         tools = ToolActivities(toolset, deps, cache, threads=self.threads,
-                               log_error_messages=log_tool_error_messages)
+                               log_error_messages=log_tool_error_messages, mcp=self.mcp)
         activities: list[Callable[..., Any]] = [tools.tool_execute]
         if model is not None:
             activities.append(ModelActivities(model, toolset, cache).model_request)
@@ -148,9 +162,28 @@ class Plugin(SimplePlugin, Generic[Deps]):
     async def run_worker(self, worker: temporalio.worker.Worker,
                          next: Callable[[temporalio.worker.Worker], Awaitable[None]]) -> None:
         try:
-            await super().run_worker(worker, next)
+            if self.mcp is None:
+                await super().run_worker(worker, next)
+                return
+            # Sessions before polling: a server that cannot start stops the worker here,
+            # named, rather than failing every run's first call.
+            await self.mcp.start()
+            self._mcp_listed.set()
+            try:
+                await super().run_worker(worker, next)
+            finally:
+                self._mcp_listed.clear()
+                await self.mcp.close()
         finally:
             catalog.unregister(worker.task_queue, self.toolset)
+
+    async def mcp_tools(self) -> list[MCPToolDeclaration]:
+        """The tools this worker's MCP servers declared when it started them (waits for
+        the worker to start; none without MCP servers): pass them to `boundloop.start`."""
+        if self.mcp is None:
+            return []
+        await self._mcp_listed.wait()
+        return self.mcp.declarations()
 
     def configure_replayer(self, config: ReplayerConfig) -> ReplayerConfig:
         # A Replayer replays histories of any task queue.
@@ -171,6 +204,7 @@ class Worker(temporalio.worker.Worker, Generic[Deps]):
       the previous one before any worker may take it (Temporal's default 10 s); after a
       worker crash, a decision waits this long.
     - max_concurrent_activities: model requests and tool executions at once (default 64).
+    - mcp_servers: MCP servers whose tools runs may call (see `Plugin`).
     - plugins: more Temporal worker plugins.
     """
 
@@ -181,14 +215,19 @@ class Worker(temporalio.worker.Worker, Generic[Deps]):
                  max_concurrent_activities: int = ACTIVITY_SLOTS,
                  log_tool_error_messages: bool = False,
                  conversation_cache: int | ConversationCache = 512,
+                 mcp_servers: Sequence[MCPServerConfig] = (),
                  plugins: Sequence[temporalio.worker.Plugin] = ()) -> None:
         self.plugin = Plugin(toolset, deps=deps, model=model,
                              log_tool_error_messages=log_tool_error_messages,
-                             conversation_cache=conversation_cache)
+                             conversation_cache=conversation_cache, mcp_servers=mcp_servers)
         super().__init__(client, task_queue=task_queue, plugins=[self.plugin, *plugins],
                          max_cached_workflows=max_cached_workflows,
                          sticky_queue_schedule_to_start_timeout=sticky_timeout,
                          max_concurrent_activities=max_concurrent_activities)
+
+    async def mcp_tools(self) -> list[MCPToolDeclaration]:
+        """The declarations of this worker's MCP tools, once it has started its servers."""
+        return await self.plugin.mcp_tools()
 
 
 # --- the command-line edge -------------------------------------------------------------
@@ -212,8 +251,9 @@ def model_client(settings: Settings) -> openai.AsyncOpenAI:
 def build_worker(client: Client, settings: Settings, *, toolset: Toolset[Any] | None = None,
                  cache: ConversationCache | None = None) -> Worker[Any]:
     """The worker `boundloop worker` runs: the BOUNDLOOP_TOOLS toolset (the demo tools by
-    default), each tool getting the demo's dependencies (its data directory). A toolset
-    with other dependencies runs in its own worker script (examples/weather_desk/)."""
+    default), each tool getting the demo's dependencies (its data directory), and the
+    MCP servers of BOUNDLOOP_MCP_CONFIG. A toolset with other dependencies runs in its
+    own worker script (examples/weather_desk/)."""
     from boundloop.tools.demo import DemoDeps
 
     return Worker(client, toolset or catalog.load(settings.tools),
@@ -222,7 +262,13 @@ def build_worker(client: Client, settings: Settings, *, toolset: Toolset[Any] | 
                   max_cached_workflows=settings.max_cached_workflows,
                   sticky_timeout=timedelta(seconds=settings.sticky_timeout_seconds),
                   log_tool_error_messages=settings.log_tool_error_messages,
-                  conversation_cache=cache if cache is not None else 512)
+                  conversation_cache=cache if cache is not None else 512,
+                  mcp_servers=mcp_servers(settings))
+
+
+def mcp_servers(settings: Settings) -> list[MCPServerConfig]:
+    """The servers of BOUNDLOOP_MCP_CONFIG (none when unset). Raises MCPConfigError."""
+    return load_mcp_config(settings.mcp_config) if settings.mcp_config else []
 
 
 def unreachable_reason(exc: BaseException) -> str:
@@ -261,7 +307,11 @@ async def run_worker(settings: Settings) -> None:
     client = await connect_with_retry(settings)
     worker = build_worker(client, settings)
     log.info("worker started", extra={"task_queue": settings.task_queue})
-    await worker.run()
+    try:
+        await worker.run()
+    except (MCPServerError, MCPDeclarationError) as exc:  # a server did not start or list
+        sys.stderr.write(f"error: {exc}\n")
+        raise SystemExit(1) from None
 
 
 def main(settings: Settings | None = None) -> None:
@@ -279,6 +329,11 @@ def main(settings: Settings | None = None) -> None:
     if problem is not None:
         sys.stderr.write(f"error: {problem}\n")
         raise SystemExit(2)
+    try:
+        mcp_servers(settings)  # a bad file is refused before anything starts
+    except MCPConfigError as exc:
+        sys.stderr.write(f"error: BOUNDLOOP_MCP_CONFIG: {exc}\n")
+        raise SystemExit(2) from None
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(run_worker(settings))
 

@@ -348,3 +348,11 @@ def _check_unique(by_server: Mapping[str, list[MCPToolDeclaration]]) -> None:
                     f"MCP tool name {d.name!r} is declared by servers {owner[d.name]!r} and "
                     f"{server!r}; give them different prefixes")
             owner[d.name] = server
+
+
+async def list_mcp_tools(servers: Sequence[MCPServerConfig]) -> list[MCPToolDeclaration]:
+    """The tools `servers` declare now: connect, list, close (what `boundloop run` does
+    with BOUNDLOOP_MCP_CONFIG to put the declarations in a run's input). Raises
+    MCPServerError or MCPDeclarationError naming the server."""
+    async with MCPPool(servers) as pool:
+        return pool.declarations()
