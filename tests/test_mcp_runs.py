@@ -138,7 +138,7 @@ async def test_destructive_mcp_tool_waits_for_approval_and_runs_once(
                            ("tool_success", "shop__delete_record")]
     assert rows(db, "SELECT record FROM deleted") == [("r1",)]
     assert len(calls_of(db, "delete_record")) == 1
-    assert outputs(r.bodies[1])["c1"]["data"] == {"text": "deleted r1 as #1"}
+    assert outputs(r.bodies[1])["c1"]["data"] == {"structured": {"result": "deleted r1 as #1"}}
 
 
 async def test_rejected_destructive_mcp_tool_never_runs(temporal: Client, tmp_path: Path,
