@@ -239,3 +239,47 @@ async def test_a_whole_run_with_mcp_server_time(temporal: Client, tmp_path: Path
     # mcp-server-time marks its tools read-only: no approval was asked.
     assert not any(e.event.startswith("approval_") for e in res.events)
 
+
+
+async def test_mcp_result_over_the_runs_cap_becomes_result_too_large(
+        temporal: Client, tmp_path: Path, db: Path) -> None:
+    long_sku = "S" * 400  # the answer echoes it: over a 300-byte cap
+    async with mcp_run(temporal, tmp_path, [shop(db)], [
+        resp(call("shop__lookup", {"sku": long_sku}, "c1")),
+        answer("too large"),
+    ], limits=boundloop.Limits(max_result_bytes=300)) as r:
+        res = await result(r)
+    assert (res.reason, res.tool_executions) == ("completed", 1)
+    out = outputs(r.bodies[1])["c1"]
+    assert out["error_code"] == "RESULT_TOO_LARGE"
+    assert len(calls_of(db, "lookup")) == 1
+
+
+async def test_mcp_call_past_its_timeout_is_retried_then_a_temporary_error(
+        temporal: Client, tmp_path: Path, db: Path) -> None:
+    slow = shop(db, overrides={"sleep": {"timeout_seconds": 1, "max_attempts": 2}})
+    async with mcp_run(temporal, tmp_path, [slow], [
+        resp(call("shop__sleep", {"seconds": 30}, "c1")),
+        answer("the tool is slow today"),
+    ]) as r:
+        res = await result(r)
+    assert res.reason == "completed"
+    out = outputs(r.bodies[1])["c1"]
+    assert (out["status"], out["retryable"]) == ("temporary_error", False)
+    assert len(calls_of(db, "sleep")) == 2  # the declaration's two attempts
+
+
+async def test_cancel_during_an_mcp_call_ends_the_run_cancelled(
+        temporal: Client, tmp_path: Path, db: Path) -> None:
+    async with mcp_run(temporal, tmp_path, [shop(db)], [
+        resp(call("shop__sleep", {"seconds": 60}, "c1")),
+        answer("never sent"),
+    ]) as r:
+        async def sleeping() -> bool:
+            return bool(rows(db, "SELECT pid FROM sleeps"))
+        await wait_until(sleeping, timeout=WAIT)
+        await r.run.cancel("wrong shop")
+        res = await result(r)
+    assert (res.reason, res.tool_executions, res.cancel_reason) == ("cancelled", 0,
+                                                                    "wrong shop")
+    assert len(r.model.requests) == 1
