@@ -21,6 +21,8 @@ from typing import Any
 import openai
 import pytest
 from temporalio.client import Client
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.worker import Replayer
 
 import boundloop
 from boundloop.client import wait_until
@@ -139,6 +141,11 @@ async def test_destructive_mcp_tool_waits_for_approval_and_runs_once(
     assert rows(db, "SELECT record FROM deleted") == [("r1",)]
     assert len(calls_of(db, "delete_record")) == 1
     assert outputs(r.bodies[1])["c1"]["data"] == {"structured": {"result": "deleted r1 as #1"}}
+    # Replay needs no MCP server: the run's rules came from its input.
+    history = await r.run.handle.fetch_history()
+    replayer = Replayer(workflows=[], data_converter=pydantic_data_converter,
+                        plugins=[boundloop.Plugin(test_tools, deps=None)])
+    assert (await replayer.replay_workflow(history)).replay_failure is None
 
 
 async def test_rejected_destructive_mcp_tool_never_runs(temporal: Client, tmp_path: Path,
