@@ -13,6 +13,8 @@ Every failure says in its details whether the tool's body started (`{"started": 
 and so do the heartbeats: the workflow counts a tool execution only when it did.
 `async` tools are awaited on the worker's event loop (a cancel or timeout cancels
 them); sync tools run on the worker's own bounded threads (activities/threads.py).
+A tool from an MCP server (`req.mcp`, the run's declaration of it) is one `tools/call`
+on the worker's `MCPPool` session, under the same failure types, heartbeats and cap.
 """
 
 from __future__ import annotations
