@@ -27,6 +27,7 @@ from temporalio.worker import Replayer
 import boundloop
 from boundloop.client import wait_until
 from boundloop.core.mcp_tools import MCPServerConfig
+from boundloop.mcp import MCPServerError
 from boundloop.scripted.server import ScriptedModelServer
 from boundloop.tools.demo import DemoDeps
 from tests.conftest import workflow_task_failures
@@ -290,3 +291,18 @@ async def test_cancel_during_an_mcp_call_ends_the_run_cancelled(
     assert (res.reason, res.tool_executions, res.cancel_reason) == ("cancelled", 0,
                                                                     "wrong shop")
     assert len(r.model.requests) == 1
+
+
+async def test_a_worker_whose_mcp_server_cannot_start_stops_naming_it(
+        temporal: Client, tmp_path: Path) -> None:
+    missing = MCPServerConfig(name="gone", command=str(tmp_path / "no-such-server"),
+                              connect_timeout_seconds=10)
+    client = openai.AsyncOpenAI(base_url="http://127.0.0.1:9/v1", api_key="sk-test-not-real")
+    worker = boundloop.Worker(temporal, test_tools, deps=DemoDeps(data_dir=tmp_path),
+                              model=client, task_queue=f"mcp-{uuid.uuid4().hex[:8]}",
+                              mcp_servers=[missing])
+    running = asyncio.create_task(worker.run())
+    with pytest.raises(MCPServerError, match="'gone'"):
+        await asyncio.wait_for(worker.mcp_tools(), WAIT)
+    with pytest.raises(MCPServerError, match="'gone'"):
+        await asyncio.wait_for(running, WAIT)

@@ -129,6 +129,7 @@ class Plugin(SimplePlugin, Generic[Deps]):
         self.toolset = toolset
         self.mcp = MCPPool(mcp_servers) if mcp_servers else None
         self._mcp_listed = asyncio.Event()
+        self._mcp_failure: Exception | None = None
         cache = (conversation_cache if isinstance(conversation_cache, ConversationCache)
                  else ConversationCache(capacity=conversation_cache))
         # Sync tools get threads of their own, as many as the worker's activity slots
@@ -167,7 +168,14 @@ class Plugin(SimplePlugin, Generic[Deps]):
                 return
             # Sessions before polling: a server that cannot start stops the worker here,
             # named, rather than failing every run's first call.
-            await self.mcp.start()
+            try:
+                await self.mcp.start()
+            except Exception as exc:
+                self._mcp_failure = exc  # for a caller waiting in mcp_tools()
+                self._mcp_listed.set()
+                await self.mcp.close()  # the servers that did start
+                raise
+            self._mcp_failure = None
             self._mcp_listed.set()
             try:
                 await super().run_worker(worker, next)
@@ -183,6 +191,9 @@ class Plugin(SimplePlugin, Generic[Deps]):
         if self.mcp is None:
             return []
         await self._mcp_listed.wait()
+        if self._mcp_failure is not None:
+            raise MCPServerError(f"the worker's MCP servers did not start: "
+                                 f"{self._mcp_failure}")
         return self.mcp.declarations()
 
     def configure_replayer(self, config: ReplayerConfig) -> ReplayerConfig:
