@@ -37,11 +37,11 @@ from boundloop.errors import (
     ToolFailure,
     TransientToolError,
 )
-from boundloop.mcp.config import load_mcp_config
-from boundloop.mcp.pool import list_mcp_tools
 from boundloop.tools.registry import ToolContext, Toolset, ToolSpec
 
 if TYPE_CHECKING:
+    from boundloop.mcp.config import load_mcp_config
+    from boundloop.mcp.pool import list_mcp_tools
     from boundloop.worker.main import Plugin, Worker
 
 
@@ -52,6 +52,11 @@ def __getattr__(name: str) -> Any:
         from boundloop.worker import main as worker_main
 
         return getattr(worker_main, name)
+    if name in ("list_mcp_tools", "load_mcp_config"):
+        # The MCP SDK (and its HTTP stack) loads only where MCP servers are used.
+        from boundloop import mcp
+
+        return getattr(mcp, name)
     raise AttributeError(f"module 'boundloop' has no attribute {name!r}")
 
 __all__ = [

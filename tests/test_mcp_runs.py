@@ -72,9 +72,10 @@ async def mcp_run(temporal: Client, tmp_path: Path, servers: list[MCPServerConfi
     queue = f"mcp-{uuid.uuid4().hex[:8]}"
     client = openai.AsyncOpenAI(base_url=model.start(), api_key="sk-test-not-real")
     try:
-        async with boundloop.Worker(temporal, test_tools, deps=DemoDeps(data_dir=tmp_path),
-                                    model=client, task_queue=queue, mcp_servers=servers,
-                                    sticky_timeout=timedelta(seconds=1)) as worker:
+        worker = boundloop.Worker(temporal, test_tools, deps=DemoDeps(data_dir=tmp_path),
+                                  model=client, task_queue=queue, mcp_servers=servers,
+                                  sticky_timeout=timedelta(seconds=1))
+        async with worker:
             declared = await asyncio.wait_for(worker.mcp_tools(), WAIT)
             run = await boundloop.start(temporal, "在庫を調べて", tools=[], mcp_tools=declared,
                                         model="scripted-model", task_queue=queue, **start)
