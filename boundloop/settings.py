@@ -6,6 +6,8 @@ workflow input, history or logs.
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Literal
 from urllib.parse import urlsplit
@@ -98,3 +100,10 @@ def one_line(exc: ValidationError) -> str:
     per error)."""
     return "; ".join(f"{'.'.join(str(p) for p in e['loc']) or '(value)'}: {e['msg']}"
                      for e in exc.errors())
+
+
+def process_environment() -> Mapping[str, str]:
+    """The process's environment as it is now, for the `${NAME}` references of MCP server
+    configs (docs/mcp.md): read each time a server is started or connected, so a
+    rotated secret is picked up by the next session. Values are never logged."""
+    return os.environ

@@ -22,7 +22,6 @@ import asyncio
 import contextlib
 import importlib.metadata
 import logging
-import os
 from collections.abc import Mapping, Sequence
 from typing import Any, cast
 
@@ -54,6 +53,7 @@ from boundloop.core.mcp_tools import (
     refused,
 )
 from boundloop.errors import TransientToolError
+from boundloop.settings import process_environment
 
 log = logging.getLogger("boundloop.mcp")
 
@@ -93,7 +93,7 @@ class _Session:
 
     async def open(self) -> Client:
         try:
-            target = _target(self.config, os.environ)
+            target = _target(self.config, process_environment())
         except KeyError as missing:
             raise MCPServerError(f"MCP server {self.config.name!r}: the worker has no "
                                  f"environment variable {missing.args[0]!r}") from None
