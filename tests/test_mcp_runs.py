@@ -33,6 +33,7 @@ from boundloop.tools.demo import DemoDeps
 from tests.conftest import workflow_task_failures
 from tests.scripts import answer, call, outputs, resp
 from tests.support import mcp_servers
+from tests.support.crash_tools import tools as crash_tools
 from tests.support.mcp_servers import rows
 from tests.support.tools import tools as test_tools
 
@@ -143,10 +144,11 @@ async def test_destructive_mcp_tool_waits_for_approval_and_runs_once(
     assert rows(db, "SELECT record FROM deleted") == [("r1",)]
     assert len(calls_of(db, "delete_record")) == 1
     assert outputs(r.bodies[1])["c1"]["data"] == {"structured": {"result": "deleted r1 as #1"}}
-    # Replay needs no MCP server: the run's rules came from its input.
+    # Replay needs no MCP server: the run's rules came from its input. (The toolset
+    # tests/test_replay.py replays with: a process serves one toolset per queue.)
     history = await r.run.handle.fetch_history()
     replayer = Replayer(workflows=[], data_converter=pydantic_data_converter,
-                        plugins=[boundloop.Plugin(test_tools, deps=None)])
+                        plugins=[boundloop.Plugin(crash_tools, deps=None)])
     assert (await replayer.replay_workflow(history)).replay_failure is None
 
 
