@@ -77,6 +77,16 @@ class ModelActivities:
         self.cache.put(wf_id, req.expected.extend(turn.items), full)
         return turn
 
+    def _definitions(self, req: ModelRequest) -> list[dict[str, Any]]:
+        """The function definitions of the run's tools, in its order: function tools from
+        this worker's toolset, MCP tools from the declarations the run started with."""
+        mcp = {d.name: d for d in req.mcp_tools}
+        if not mcp:
+            return self._registry.openai_tools(req.tools, req.api)
+        own = iter(self._registry.openai_tools([n for n in req.tools if n not in mcp],
+                                               req.api))
+        return [mcp[n].openai_tool(req.api) if n in mcp else next(own) for n in req.tools]
+
     async def _send(self, req: ModelRequest, workflow_id: str, items: list[Any],
                     seconds: float) -> Any:
         """POST the request with the SDK's client (auth, base URL, error types) and return
@@ -84,7 +94,7 @@ class ModelActivities:
         type transform of `input` costs O(conversation) on the event loop each step
         (docs/benchmarks.md)."""
         headers = {"Idempotency-Key": model_idempotency_key(workflow_id, req.step)}
-        tools = self._registry.openai_tools(req.tools, req.api)
+        tools = self._definitions(req)
         body: dict[str, Any] = {"model": req.model}
         if req.api == "chat":
             path = "/chat/completions"

@@ -13,6 +13,8 @@ Every failure says in its details whether the tool's body started (`{"started": 
 and so do the heartbeats: the workflow counts a tool execution only when it did.
 `async` tools are awaited on the worker's event loop (a cancel or timeout cancels
 them); sync tools run on the worker's own bounded threads (activities/threads.py).
+A tool from an MCP server (`req.mcp`, the run's declaration of it) is one `tools/call`
+on the worker's `MCPPool` session, under the same failure types, heartbeats and cap.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from boundloop.activities.threads import ToolThreads
 from boundloop.contracts import TOOL_ACTIVITY, ToolRequest
 from boundloop.core.canonical import compact_json
 from boundloop.core.envelope import (
+    Envelope,
     cap_envelope,
     result_too_large,
     success,
@@ -38,6 +41,7 @@ from boundloop.core.envelope import (
 )
 from boundloop.core.fingerprint import fingerprint
 from boundloop.core.loop import ToolOutcome, parse_arguments
+from boundloop.core.mcp_tools import MCPToolDeclaration
 from boundloop.errors import (
     TOOL_TIMED_OUT,
     TRANSIENT_TOOL_ERROR,
@@ -46,6 +50,7 @@ from boundloop.errors import (
     TransientToolError,
 )
 from boundloop.logs import traceback_text
+from boundloop.mcp.pool import MCPPool
 from boundloop.tools.registry import ToolContext, Toolset, ToolSpec
 
 
@@ -56,8 +61,9 @@ class ToolActivities:
 
     def __init__(self, registry: Toolset[Any], deps: Any,
                  cache: ConversationCache | None = None, *, threads: ToolThreads,
-                 log_error_messages: bool = False) -> None:
+                 log_error_messages: bool = False, mcp: MCPPool | None = None) -> None:
         self._registry = registry
+        self._mcp = mcp
         self._deps = deps
         self._cache = cache
         self._threads = threads
@@ -65,6 +71,8 @@ class ToolActivities:
 
     @activity.defn(name=TOOL_ACTIVITY)
     async def tool_execute(self, req: ToolRequest) -> ToolOutcome:
+        if req.mcp is not None:
+            return self._outcome(req, await self._mcp_call(req, req.mcp))
         spec = self._registry.get(req.tool)
         fp = fingerprint(req.tool, req.arguments)
         log = {"tool": req.tool, "step": req.step, "fingerprint": fp,
@@ -118,6 +126,14 @@ class ToolActivities:
                     activity.logger.error("tool returned a value JSON cannot carry",
                                           extra={**log, "error": type(exc).__name__})
                     return ToolOutcome(envelope=unserializable_result(), fatal=True)
+        return self._outcome(req, envelope, log)
+
+    def _outcome(self, req: ToolRequest, envelope: Envelope,
+                 log: dict[str, Any] | None = None) -> ToolOutcome:
+        """The envelope capped at the run's result cap, as the activity's result."""
+        log = log or {"tool": req.tool, "step": req.step,
+                      "fingerprint": fingerprint(req.tool, req.arguments),
+                      "attempt": activity.info().attempt}
         # If even RESULT_TOO_LARGE is over the cap, the workflow stops with result_limit.
         capped = cap_envelope(envelope, req.max_result_bytes) or result_too_large(
             envelope.output_bytes(), req.max_result_bytes)
@@ -127,6 +143,35 @@ class ToolActivities:
         if self._cache is not None:  # the next model request refers to this output
             self._cache.put_output(req.idempotency_key, capped.to_output())
         return ToolOutcome(envelope=capped)
+
+    async def _mcp_call(self, req: ToolRequest, tool: MCPToolDeclaration) -> Envelope:
+        """One `tools/call` on the worker's session to the tool's server (arguments were
+        checked in the workflow; the pool checks them again). Its transport failures are
+        counted like any tool's transient failure; the key goes to the server in `_meta`."""
+        log = {"tool": req.tool, "step": req.step,
+               "fingerprint": fingerprint(req.tool, req.arguments),
+               "attempt": activity.info().attempt}
+        # Sent to the server from here on: a failed attempt may have run there.
+        started = {"started": True}
+        if self._mcp is None:
+            activity.logger.error("no MCP servers on this worker", extra=log)
+            raise ApplicationError(f"{req.tool}: this worker has no MCP servers",
+                                   {"started": False}, type=UNEXPECTED_TOOL_ERROR)
+        timeout = req.timeout_seconds or tool.timeout_seconds
+        async with heartbeating(lambda: (started,)):
+            try:
+                return await self._mcp.call(tool, req.arguments, req.idempotency_key,
+                                            timeout)
+            except TransientToolError:
+                activity.logger.warning("tool transient failure", extra=log)
+                raise ApplicationError(f"{req.tool}: transient failure", started,
+                                       type=TRANSIENT_TOOL_ERROR) from None
+            except LookupError:  # the run's server is not configured on this worker
+                activity.logger.error("MCP server not configured on this worker", extra={
+                    **log, "server": tool.server})
+                raise ApplicationError(f"{req.tool}: MCP server {tool.server!r} is not "
+                                       "configured on this worker", {"started": False},
+                                       type=UNEXPECTED_TOOL_ERROR) from None
 
     async def _call(self, spec: ToolSpec, call: Callable[[], Any], started: threading.Event,
                     stopped: threading.Event, timeout: float, log: dict[str, Any]) -> Any:

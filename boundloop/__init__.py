@@ -29,6 +29,7 @@ from boundloop.core.budget import BudgetLimits
 from boundloop.core.envelope import ToolStatus
 from boundloop.core.limits import Limits, Policy, Price
 from boundloop.core.loop import Approval, Event
+from boundloop.core.mcp_tools import MCPServerConfig, MCPToolDeclaration
 from boundloop.core.reasons import StopReason
 from boundloop.errors import (
     BoundloopError,
@@ -41,6 +42,8 @@ from boundloop.errors import (
 from boundloop.tools.registry import ToolContext, Toolset, ToolSpec
 
 if TYPE_CHECKING:
+    from boundloop.mcp.config import load_mcp_config
+    from boundloop.mcp.pool import list_mcp_tools
     from boundloop.signing import Signer
     from boundloop.worker.main import Plugin, Worker
 
@@ -56,6 +59,11 @@ def __getattr__(name: str) -> Any:
         from boundloop.signing import Signer
 
         return Signer
+    if name in ("list_mcp_tools", "load_mcp_config"):
+        # The MCP SDK (and its HTTP stack) loads only where MCP servers are used.
+        from boundloop import mcp
+
+        return getattr(mcp, name)
     raise AttributeError(f"module 'boundloop' has no attribute {name!r}")
 
 __all__ = [
@@ -67,6 +75,8 @@ __all__ = [
     "DecisionRefused",
     "Event",
     "Limits",
+    "MCPServerConfig",
+    "MCPToolDeclaration",
     "NoToolset",
     "Plugin",
     "Policy",
@@ -86,6 +96,8 @@ __all__ = [
     "Worker",
     "connect",
     "get_run",
+    "list_mcp_tools",
+    "load_mcp_config",
     "set_budget",
     "show_budget",
     "start",

@@ -120,10 +120,12 @@ def build_input(question: str, *, settings: Settings, model: str | None, api: st
     reg = load_registry()
     if tools is not None and not tools.strip():
         raise fail("--tools is empty; name at least one tool, e.g. --tools lookup_stock")
-    names = [t.strip() for t in tools.split(",")] if tools else reg.names()
-    unknown = reg.unknown(names)
+    mcp = {d.name: d for d in load_mcp_tools(settings)}
+    available = [*reg.names(), *mcp]
+    names = [t.strip() for t in tools.split(",")] if tools else available
+    unknown = [n for n in names if n not in available]
     if unknown:
-        raise fail(f"unknown tools {unknown}; available: {reg.names()}")
+        raise fail(f"unknown tools {unknown}; available: {available}")
     if not question.strip():
         raise fail("the question is empty")
     if model is not None and not model.strip():
@@ -134,11 +136,11 @@ def build_input(question: str, *, settings: Settings, model: str | None, api: st
                                    policy=Policy.model_validate(policy_raw),
                                    budget=budget)
         named = {**run_settings.limits.per_tool_max_calls, **run_settings.policy.approvers}
-        strangers = reg.unknown(list(named))
+        strangers = [n for n in named if n not in available]
         if strangers:
             raise fail(f"limits/policy name tools that do not exist: {strangers}")
         return RunInput(question=question, instructions=instructions, settings=run_settings,
-                        tools=names)
+                        tools=names, mcp_tools=[mcp[n] for n in names if n in mcp])
     except ValidationError as exc:
         raise fail("invalid run settings:\n" + validation_lines(exc)) from None
 
@@ -158,6 +160,29 @@ def json_object(flag: str, text: str | None) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise fail(f"{flag} must be a JSON object ({{...}}), not {type(value).__name__}")
     return value
+
+
+def load_mcp_tools(settings: Settings) -> list[Any]:
+    """The tools of the BOUNDLOOP_MCP_CONFIG servers, listed now (the servers are started
+    or connected, listed and closed): a run carries their declarations in its input."""
+    from boundloop.mcp import (
+        MCPConfigError,
+        MCPDeclarationError,
+        MCPServerError,
+        list_mcp_tools,
+        load_mcp_config,
+    )
+
+    if settings.mcp_config is None:
+        return []
+    try:
+        servers = load_mcp_config(settings.mcp_config)
+    except MCPConfigError as exc:
+        raise fail(f"BOUNDLOOP_MCP_CONFIG: {exc}") from None
+    try:
+        return _run(list_mcp_tools(servers))
+    except (MCPServerError, MCPDeclarationError) as exc:
+        raise fail(str(exc), EXIT_FAILED) from None
 
 
 def load_registry() -> Any:
@@ -309,7 +334,8 @@ async def _start(client: Client, settings: Settings, inp: RunInput, workflow_id:
                  task_queue: str | None = None) -> Any:
     run_settings = inp.settings
     try:
-        run = await ops.start(client, inp.question, tools=inp.tools, model=run_settings.model,
+        run = await ops.start(client, inp.question, tools=inp.tools, mcp_tools=inp.mcp_tools,
+                              model=run_settings.model,
                               api=run_settings.api, limits=run_settings.limits,
                               policy=run_settings.policy, instructions=inp.instructions,
                               workflow_id=workflow_id,

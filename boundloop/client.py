@@ -40,6 +40,7 @@ from boundloop.core.canonical import compact_json, preview
 from boundloop.core.fingerprint import fingerprint
 from boundloop.core.limits import Limits, Policy, RunSettings
 from boundloop.core.loop import Approval, Event
+from boundloop.core.mcp_tools import MCPToolDeclaration
 from boundloop.settings import Settings
 from boundloop.tools.registry import Toolset, tool_names
 
@@ -67,9 +68,13 @@ async def start(client: Client, question: str, *,
                 model: str = "gpt-5-mini", api: Literal["responses", "chat"] = "responses",
                 limits: Limits | None = None, policy: Policy | None = None,
                 instructions: str | None = None, workflow_id: str | None = None,
-                task_queue: str = DEFAULT_TASK_QUEUE, budget: str | None = None) -> Run:
+                task_queue: str = DEFAULT_TASK_QUEUE, budget: str | None = None,
+                mcp_tools: Sequence[MCPToolDeclaration] = ()) -> Run:
     """Start a run: `question` to `model`, which may call `tools` (a toolset, or tool
-    names / tool functions of the toolset the worker on `task_queue` serves).
+    names / tool functions of the toolset the worker on `task_queue` serves) and every
+    one of `mcp_tools` (declarations of the worker's MCP servers: `await
+    worker.mcp_tools()`, or `boundloop.list_mcp_tools(servers)`). The run keeps these
+    declarations in its input: what a server lists later does not change it.
 
     `budget` names a shared budget (`boundloop budget set KEY`) the run spends from; it
     needs `limits.max_output_tokens`.
@@ -80,8 +85,10 @@ async def start(client: Client, question: str, *,
     """
     settings = RunSettings(model=model, api=api, limits=limits or Limits(),
                            policy=policy or Policy(), budget=budget)
+    names = tool_names(tools)
+    names += [d.name for d in mcp_tools if d.name not in names]
     inp = RunInput(question=question, instructions=instructions, settings=settings,
-                   tools=tool_names(tools))
+                   tools=names, mcp_tools=list(mcp_tools))
     return Run(await start_run(client, inp, workflow_id=workflow_id, task_queue=task_queue))
 
 

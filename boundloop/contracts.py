@@ -13,6 +13,7 @@ from boundloop.core.budget import Amount, BudgetLimits, LedgerState, Reservation
 from boundloop.core.conversation import ConversationMeta, Item
 from boundloop.core.limits import Limits, PromptText, RunSettings
 from boundloop.core.loop import Approval, Event, LoopState, ToolChoice
+from boundloop.core.mcp_tools import MCPToolDeclaration
 from boundloop.core.reasons import StopReason
 from boundloop.core.signatures import Signature
 
@@ -22,6 +23,12 @@ WORKFLOW_NAME = "BoundLoop"
 def _none(value: object) -> bool:
     """Leave None fields out of payloads: every byte of an activity input is history."""
     return value is None
+
+
+def _empty(value: object) -> bool:
+    return not value
+
+
 MODEL_ACTIVITY = "model_request"
 TOOL_ACTIVITY = "tool_execute"
 #: Key of a `function_call_output` item that refers to a tool activity's result by the
@@ -55,12 +62,18 @@ class Carried(BaseModel):
 
 
 class RunInput(BaseModel):
-    """Workflow input. `tools` is the allowed subset of the registry."""
+    """Workflow input. `tools` is the allowed subset of the registry and of `mcp_tools`.
+
+    `mcp_tools` are the MCP tools the run may call, as declared when it started (name,
+    schema, flags): the workflow reads their rules from here, never from what a server
+    lists later, so replay does not depend on the server.
+    """
 
     question: PromptText = Field(min_length=1)
     instructions: PromptText | None = None
     settings: RunSettings
     tools: list[str]
+    mcp_tools: list[MCPToolDeclaration] = Field(default_factory=list, exclude_if=_empty)
     search_attributes: bool = True
     carried: Carried | None = None
 
@@ -88,6 +101,8 @@ class ModelRequest(BaseModel):
     timeout_seconds: float | None = Field(default=None, exclude_if=_none)
     #: The most output tokens the response may hold (limits.max_output_tokens).
     max_output_tokens: int | None = Field(default=None, exclude_if=_none)
+    #: The run's MCP tools among `tools` (their definitions come from the run's input).
+    mcp_tools: list[MCPToolDeclaration] = Field(default_factory=list, exclude_if=_empty)
 
 
 class ToolRequest(BaseModel):
@@ -101,6 +116,8 @@ class ToolRequest(BaseModel):
     max_result_bytes: int
     #: One attempt's limit, enforced by the activity (None: the tool's own timeout).
     timeout_seconds: float | None = Field(default=None, exclude_if=_none)
+    #: For a tool from an MCP server: the run's declaration of it (without description).
+    mcp: MCPToolDeclaration | None = Field(default=None, exclude_if=_none)
 
 
 class Decision(BaseModel):

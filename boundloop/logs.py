@@ -88,6 +88,7 @@ def configure(fmt: str = "text", level: int = logging.INFO) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)
-    # openai/httpx print request bodies (prompts, arguments) at DEBUG: keep them quiet.
-    for name in ("openai", "httpx", "httpx2", "httpcore"):
+    # openai/httpx print request bodies (prompts, arguments) at DEBUG, and the MCP SDK
+    # (`mcp`) its requests and responses (tool arguments and results): keep them quiet.
+    for name in ("openai", "httpx", "httpx2", "httpcore", "mcp"):
         logging.getLogger(name).setLevel(logging.WARNING)

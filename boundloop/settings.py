@@ -35,6 +35,9 @@ class Settings(BaseSettings):
     - BOUNDLOOP_APPROVER_KEYS: a file of approvers' public keys (`NAME ed25519:BASE64`
       lines, as `boundloop keys new` writes them): the worker's runs then accept only
       signed decisions.
+    - BOUNDLOOP_MCP_CONFIG: a JSON or TOML file of MCP servers (docs/mcp.md): the worker
+      serves their tools; `boundloop run` lists them to put their declarations in the
+      run's input.
 
     This is the only place boundloop reads the environment: the CLI reads it once and
     hands the values to the public API, which takes them as arguments.
@@ -60,6 +63,7 @@ class Settings(BaseSettings):
     max_cached_workflows: int = Field(100, gt=0, alias="BOUNDLOOP_MAX_CACHED_WORKFLOWS")
     sticky_timeout_seconds: float = Field(10.0, gt=0, alias="BOUNDLOOP_STICKY_TIMEOUT_SECONDS")
     approver_keys_file: Path | None = Field(None, alias="BOUNDLOOP_APPROVER_KEYS")
+    mcp_config: Path | None = Field(None, alias="BOUNDLOOP_MCP_CONFIG")
 
     @property
     def model_configured(self) -> bool:
@@ -102,8 +106,8 @@ def one_line(exc: ValidationError) -> str:
                      for e in exc.errors())
 
 
-def worker_environment() -> Mapping[str, str]:
-    """The process environment, for the `${NAME}` references of MCP server configs (so
-    their secrets stay out of config files); the one place besides `Settings` that reads
-    it."""
+def process_environment() -> Mapping[str, str]:
+    """The process's environment as it is now, for the `${NAME}` references of MCP server
+    configs (docs/mcp.md): read each time a server is started or connected, so a
+    rotated secret is picked up by the next session. Values are never logged."""
     return os.environ

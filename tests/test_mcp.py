@@ -124,7 +124,7 @@ async def call(pool: MCPPool, name: str, arguments: dict[str, Any], key: str = "
 async def test_listed_tools_are_prefixed_and_read_only_ones_need_no_approval(pool: MCPPool) -> None:
     by_name = {d.name: d for d in pool.declarations()}
     assert set(by_name) == {f"shop__{n}" for n in
-                            ("lookup", "delete_record", "fail", "sleep", "chart",
+                            ("lookup", "delete_record", "archive_record", "fail", "sleep", "chart",
                              "environment", "add_note")}
     lookup, delete, note = by_name["shop__lookup"], by_name["shop__delete_record"], \
         by_name["shop__add_note"]

@@ -49,6 +49,15 @@ from boundloop.client import DEFAULT_TASK_QUEUE
 from boundloop.core import signatures
 from boundloop.errors import BoundloopError
 from boundloop.logs import configure
+from boundloop.mcp import (
+    MCPConfigError,
+    MCPDeclarationError,
+    MCPPool,
+    MCPServerConfig,
+    MCPServerError,
+    MCPToolDeclaration,
+    load_mcp_config,
+)
 from boundloop.settings import (
     Settings,
     client_settings_given,
@@ -117,6 +126,8 @@ class Plugin(SimplePlugin, Generic[Deps]):
       the runs this worker serves accept only decisions signed by one of them (with the
       run policy's own `approver_keys` for other names). Every worker of a task queue
       needs the same keys, as it needs the same toolset.
+    - mcp_servers: MCP servers whose tools runs may call (docs/mcp.md). The worker owns
+      their sessions: started (and listed) before it polls, closed when it stops.
 
     The client must use the pydantic data converter (`boundloop.connect` sets it, as
     does passing this plugin to `Client.connect`).
@@ -126,16 +137,20 @@ class Plugin(SimplePlugin, Generic[Deps]):
                  model: openai.AsyncOpenAI | None = None,
                  log_tool_error_messages: bool = False,
                  conversation_cache: int | ConversationCache = 512,
-                 approver_keys: Mapping[str, str] | None = None) -> None:
+                 approver_keys: Mapping[str, str] | None = None,
+                 mcp_servers: Sequence[MCPServerConfig] = ()) -> None:
         self.toolset = toolset
         self.approver_keys = _checked_keys(approver_keys)
+        self.mcp = MCPPool(mcp_servers) if mcp_servers else None
+        self._mcp_listed = asyncio.Event()
+        self._mcp_failure: Exception | None = None
         cache = (conversation_cache if isinstance(conversation_cache, ConversationCache)
                  else ConversationCache(capacity=conversation_cache))
         # Sync tools get threads of their own, as many as the worker's activity slots
         # (sized in configure_worker): not asyncio's small shared pool.
         self.threads = ToolThreads(ACTIVITY_SLOTS)
         tools = ToolActivities(toolset, deps, cache, threads=self.threads,
-                               log_error_messages=log_tool_error_messages)
+                               log_error_messages=log_tool_error_messages, mcp=self.mcp)
         # The budget ledger runs on every boundloop worker: runs reserve from it, and
         # `boundloop budget set` starts it on the same task queue.
         activities: list[Callable[..., Any]] = [tools.tool_execute, budget_reserve,
@@ -168,11 +183,40 @@ class Plugin(SimplePlugin, Generic[Deps]):
     async def run_worker(self, worker: temporalio.worker.Worker,
                          next: Callable[[temporalio.worker.Worker], Awaitable[None]]) -> None:
         try:
-            await super().run_worker(worker, next)
+            if self.mcp is None:
+                await super().run_worker(worker, next)
+                return
+            # Sessions before polling: a server that cannot start stops the worker here,
+            # named, rather than failing every run's first call.
+            try:
+                await self.mcp.start()
+            except Exception as exc:
+                self._mcp_failure = exc  # for a caller waiting in mcp_tools()
+                self._mcp_listed.set()
+                await self.mcp.close()  # the servers that did start
+                raise
+            self._mcp_failure = None
+            self._mcp_listed.set()
+            try:
+                await super().run_worker(worker, next)
+            finally:
+                self._mcp_listed.clear()
+                await self.mcp.close()
         finally:
             catalog.unregister(worker.task_queue, self.toolset)
             if self.approver_keys:
                 signing.unregister(worker.task_queue)
+
+    async def mcp_tools(self) -> list[MCPToolDeclaration]:
+        """The tools this worker's MCP servers declared when it started them (waits for
+        the worker to start; none without MCP servers): pass them to `boundloop.start`."""
+        if self.mcp is None:
+            return []
+        await self._mcp_listed.wait()
+        if self._mcp_failure is not None:
+            raise MCPServerError(f"the worker's MCP servers did not start: "
+                                 f"{self._mcp_failure}")
+        return self.mcp.declarations()
 
     def configure_replayer(self, config: ReplayerConfig) -> ReplayerConfig:
         # A Replayer replays histories of any task queue.
@@ -196,6 +240,7 @@ class Worker(temporalio.worker.Worker, Generic[Deps]):
       worker crash, a decision waits this long.
     - max_concurrent_activities: model requests and tool executions at once (default 64).
     - approver_keys: see `Plugin`.
+    - mcp_servers: MCP servers whose tools runs may call (see `Plugin`).
     - plugins: more Temporal worker plugins.
     """
 
@@ -207,15 +252,20 @@ class Worker(temporalio.worker.Worker, Generic[Deps]):
                  log_tool_error_messages: bool = False,
                  conversation_cache: int | ConversationCache = 512,
                  approver_keys: Mapping[str, str] | None = None,
+                 mcp_servers: Sequence[MCPServerConfig] = (),
                  plugins: Sequence[temporalio.worker.Plugin] = ()) -> None:
         self.plugin = Plugin(toolset, deps=deps, model=model,
                              log_tool_error_messages=log_tool_error_messages,
                              conversation_cache=conversation_cache,
-                             approver_keys=approver_keys)
+                             approver_keys=approver_keys, mcp_servers=mcp_servers)
         super().__init__(client, task_queue=task_queue, plugins=[self.plugin, *plugins],
                          max_cached_workflows=max_cached_workflows,
                          sticky_queue_schedule_to_start_timeout=sticky_timeout,
                          max_concurrent_activities=max_concurrent_activities)
+
+    async def mcp_tools(self) -> list[MCPToolDeclaration]:
+        """The declarations of this worker's MCP tools, once it has started its servers."""
+        return await self.plugin.mcp_tools()
 
 
 # --- the command-line edge -------------------------------------------------------------
@@ -239,8 +289,9 @@ def model_client(settings: Settings) -> openai.AsyncOpenAI:
 def build_worker(client: Client, settings: Settings, *, toolset: Toolset[Any] | None = None,
                  cache: ConversationCache | None = None) -> Worker[Any]:
     """The worker `boundloop worker` runs: the BOUNDLOOP_TOOLS toolset (the demo tools by
-    default), each tool getting the demo's dependencies (its data directory). A toolset
-    with other dependencies runs in its own worker script (examples/weather_desk/)."""
+    default), each tool getting the demo's dependencies (its data directory), and the
+    MCP servers of BOUNDLOOP_MCP_CONFIG. A toolset with other dependencies runs in its
+    own worker script (examples/weather_desk/)."""
     from boundloop.tools.demo import DemoDeps
 
     return Worker(client, toolset or catalog.load(settings.tools),
@@ -250,7 +301,7 @@ def build_worker(client: Client, settings: Settings, *, toolset: Toolset[Any] | 
                   sticky_timeout=timedelta(seconds=settings.sticky_timeout_seconds),
                   log_tool_error_messages=settings.log_tool_error_messages,
                   conversation_cache=cache if cache is not None else 512,
-                  approver_keys=approver_keys(settings))
+                  approver_keys=approver_keys(settings), mcp_servers=mcp_servers(settings))
 
 
 def approver_keys(settings: Settings) -> dict[str, str] | None:
@@ -271,6 +322,11 @@ def _checked_keys(keys: Mapping[str, str] | None) -> dict[str, str]:
             raise KeyFileError(f"approver key of {name[:100]!r}: {exc}") from None
         out[name] = key
     return out
+
+
+def mcp_servers(settings: Settings) -> list[MCPServerConfig]:
+    """The servers of BOUNDLOOP_MCP_CONFIG (none when unset). Raises MCPConfigError."""
+    return load_mcp_config(settings.mcp_config) if settings.mcp_config else []
 
 
 def unreachable_reason(exc: BaseException) -> str:
@@ -309,7 +365,11 @@ async def run_worker(settings: Settings) -> None:
     client = await connect_with_retry(settings)
     worker = build_worker(client, settings)
     log.info("worker started", extra={"task_queue": settings.task_queue})
-    await worker.run()
+    try:
+        await worker.run()
+    except (MCPServerError, MCPDeclarationError) as exc:  # a server did not start or list
+        sys.stderr.write(f"error: {exc}\n")
+        raise SystemExit(1) from None
 
 
 def main(settings: Settings | None = None) -> None:
@@ -331,6 +391,11 @@ def main(settings: Settings | None = None) -> None:
         approver_keys(settings)  # a bad keys file stops the worker before it connects
     except KeyFileError as exc:
         sys.stderr.write(f"error: BOUNDLOOP_APPROVER_KEYS: {exc}\n")
+        raise SystemExit(2) from None
+    try:
+        mcp_servers(settings)  # a bad file is refused before anything starts
+    except MCPConfigError as exc:
+        sys.stderr.write(f"error: BOUNDLOOP_MCP_CONFIG: {exc}\n")
         raise SystemExit(2) from None
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(run_worker(settings))

@@ -45,7 +45,7 @@ with workflow.unsafe.imports_passed_through():
         ToolRequest,
         budget_workflow_id,
     )
-    from boundloop.core import approvals, retries, signatures
+    from boundloop.core import approvals, mcp_tools, retries, signatures
     from boundloop.core import budget as shared
     from boundloop.core import loop as core
     from boundloop.core import model_failures as mf
@@ -57,6 +57,7 @@ with workflow.unsafe.imports_passed_through():
     from boundloop.core.reasons import NEXT_CHECK, StopReason
     from boundloop.core.turn import FunctionCall, Turn
     from boundloop.tools import catalog
+    from boundloop.tools.registry import DEFAULT_RETRY
 
 #: Both activities heartbeat every second: an attempt whose worker died is noticed
 #: within this and retried by Temporal (not counted), and a cancel reaches the attempt.
@@ -108,8 +109,13 @@ class BoundLoopWorkflow:
         # The toolset of this worker's task queue (registered by the boundloop plugin;
         # the catalog is passed through the sandbox, so it is the worker's own table).
         self._toolset = catalog.toolset_for(workflow.info().task_queue)
-        self._unknown = self._toolset.unknown(list(inp.tools))
-        self._rules = self._toolset.rules([t for t in inp.tools if t not in self._unknown])
+        # MCP tools come with their declarations in the input (never from a server now).
+        self._mcp = {d.name: d for d in inp.mcp_tools if d.name in inp.tools}
+        self._unknown = self._toolset.unknown([t for t in inp.tools if t not in self._mcp])
+        self._rules = {
+            **self._toolset.rules([t for t in inp.tools
+                                   if t not in self._unknown and t not in self._mcp]),
+            **{name: mcp_tools.tool_rule(d) for name, d in self._mcp.items()}}
         carried = inp.carried
         if carried is not None:
             self._state = carried.state
@@ -229,7 +235,8 @@ class BoundLoopWorkflow:
             model=state.settings.model, api=state.settings.api, tools=list(state.allowed_tools),
             tool_choice=plan.tool_choice, instructions=self._inp.instructions,
             prior=self._sent, new_items=new_items, expected=state.conversation,
-            base=self._base, max_output_tokens=state.limits.max_output_tokens)
+            base=self._base, max_output_tokens=state.limits.max_output_tokens,
+            mcp_tools=[self._mcp[n] for n in state.allowed_tools if n in self._mcp])
         too_large = core.check_payload(state, "model_request", payload_bytes(req))
         if too_large is not None:
             return too_large
@@ -439,19 +446,28 @@ class BoundLoopWorkflow:
     async def _execute(self, step: int,
                        p: core.Execute) -> tuple[Envelope, str | None] | StopReason:
         state = self._state
-        spec = self._toolset.get(p.call.name)
-        timeout = state.limits.tool_timeout_seconds or spec.timeout.total_seconds()
+        mcp = self._mcp.get(p.call.name)
+        if mcp is not None:
+            # An MCP tool: its timeout and attempts from its declaration, the backoff of
+            # any tool; the activity calls the worker's session to its server.
+            timeout = state.limits.tool_timeout_seconds or mcp.timeout_seconds
+            policy = RetryPolicy(initial_interval=DEFAULT_RETRY.initial_interval,
+                                 maximum_attempts=mcp.max_attempts)
+        else:
+            spec = self._toolset.get(p.call.name)
+            timeout = state.limits.tool_timeout_seconds or spec.timeout.total_seconds()
+            policy = spec.retry
         req = ToolRequest(tool=p.call.name,
                           call_id=p.call.call_id, step=step, arguments=p.arguments,
                           idempotency_key=p.idempotency_key,
                           max_result_bytes=state.limits.max_result_bytes,
-                          timeout_seconds=timeout)
+                          timeout_seconds=timeout,
+                          mcp=mcp_tools.call_target(mcp) if mcp is not None else None)
         too_large = core.check_payload(state, "tool_request", payload_bytes(req))
         if too_large is not None:
             return too_large
         workflow.logger.info("tool execution", extra={
             "step": step, "tool": p.call.name, "fingerprint": p.fingerprint})
-        policy = spec.retry
         backoff = retries.tool_backoff(
             policy.maximum_attempts, policy.initial_interval.total_seconds(),
             policy.backoff_coefficient,

@@ -7,6 +7,7 @@ through `check`, so an update is refused - and a signal ignored - for the same r
 
 from __future__ import annotations
 
+import json
 from datetime import datetime, timedelta
 from typing import Any, Protocol
 
@@ -96,8 +97,13 @@ def check(state: LoopState, decision: DecisionLike, rules: dict[str, ToolRule],
     if decision.arguments is not None:
         if not decision.approve:
             return "edited arguments are only accepted with an approval"
+        rule = rules[approval.tool]
+        if rule.args_model is None:  # a JSON schema tool (MCP)
+            assert rule.check is not None
+            invalid = rule.check(decision.arguments)
+            return None if invalid is None else f"edited {invalid.message}"
         try:
-            edited(rules[approval.tool], decision.arguments)
+            edited(rule, decision.arguments)
         except ValidationError as exc:
             return (f"edited arguments do not match the {approval.tool} schema: "
                     f"{validation_problems(exc)}")
@@ -107,6 +113,9 @@ def check(state: LoopState, decision: DecisionLike, rules: dict[str, ToolRule],
 def edited(rule: ToolRule, arguments: dict[str, Any]) -> dict[str, Any]:
     """Edited arguments validated like the model's own (from their JSON text) and in the
     same normal form. Raises ValidationError."""
+    if rule.args_model is None:  # a JSON schema tool (MCP): checked by `check`, kept as JSON
+        parsed: dict[str, Any] = json.loads(compact_json(arguments))
+        return parsed
     return parse_arguments(rule.args_model, compact_json(arguments)).model_dump(mode="json")
 
 

@@ -29,15 +29,21 @@ ToolChoice = Literal["auto", "none"]
 
 @dataclass(frozen=True)
 class ToolRule:
-    """What the core needs to know of a tool (the registry's pure part)."""
+    """What the core needs to know of a tool (the registry's pure part).
+
+    A function tool validates its arguments with `args_model`; a tool from an MCP server
+    has a JSON schema instead and sets `check` (arguments -> an `invalid_input` envelope,
+    or None when they match), with `args_model` None.
+    """
 
     name: str
-    args_model: type[BaseModel]
+    args_model: type[BaseModel] | None
     side_effects: bool = False
     #: True, or a pure predicate over the validated argument model (runs in the workflow).
     needs_approval: bool | Callable[[Any], bool] = False
     cost_units: int = 0
     max_calls: int | None = None
+    check: Callable[[Any], Envelope | None] | None = None
 
 
 class Event(BaseModel):
@@ -265,7 +271,8 @@ def validation_problems(exc: ValidationError) -> str:
         for e in exc.errors(include_url=False, include_input=False)[:5])
 
 
-def _validate_arguments(call: FunctionCall, rule: ToolRule) -> BaseModel | Envelope:
+def _validate_arguments(call: FunctionCall,
+                        rule: ToolRule) -> BaseModel | dict[str, Any] | Envelope:
     if call.truncated:
         return env.invalid_input(
             "ARGUMENTS_TRUNCATED",
@@ -285,6 +292,9 @@ def _validate_arguments(call: FunctionCall, rule: ToolRule) -> BaseModel | Envel
         return env.invalid_input(
             "INVALID_ARGUMENTS",
             f"arguments must be a JSON object, got {preview(call.arguments)!r}.")
+    if rule.args_model is None:  # a JSON schema tool (MCP): its own check, same envelope
+        assert rule.check is not None
+        return rule.check(parsed) or parsed
     try:
         return parse_arguments(rule.args_model, call.arguments)
     except ValidationError as exc:
@@ -293,7 +303,7 @@ def _validate_arguments(call: FunctionCall, rule: ToolRule) -> BaseModel | Envel
             600))
 
 
-def needs_approval(rule: ToolRule, args: BaseModel, policy: Policy) -> bool:
+def needs_approval(rule: ToolRule, args: BaseModel | dict[str, Any], policy: Policy) -> bool:
     """The policy, the tool's flag or its predicate. A predicate that raises asks for
     approval: when in doubt, a person decides."""
     if policy.approval == "never":
@@ -315,7 +325,7 @@ _SCHEMA_WORDS = frozenset({"type", "properties", "required", "additionalProperti
 
 def _schema_problems(exc: ValidationError, rule: ToolRule) -> str:
     """Which field was wrong and what was expected, briefly (at most five problems)."""
-    fields = list(rule.args_model.model_fields)
+    fields = list(rule.args_model.model_fields) if rule.args_model is not None else []
     extras: list[str] = []
     problems: list[str] = []
     for e in exc.errors(include_url=False, include_input=False):
@@ -405,7 +415,7 @@ def _plan_one(state: LoopState, call: FunctionCall, rules: dict[str, ToolRule],
         fp = invalid_fingerprint(call.name, call.arguments)
         return _refused_repeat(state, call, fp) or _count_refusal(
             state, "invalid_input", call, fp, model)
-    args = model.model_dump(mode="json")
+    args = model if isinstance(model, dict) else model.model_dump(mode="json")
     fp = fingerprint(call.name, args)
     if fp in state.rejected_fingerprints:
         state.log("refused_rejected_again", tool=call.name, call_id=call.call_id, fp=fp)

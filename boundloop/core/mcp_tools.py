@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
@@ -26,6 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from boundloop.core import envelope as env
 from boundloop.core.canonical import preview
 from boundloop.core.limits import MAX_COUNT, PositiveInt, Seconds
+from boundloop.core.loop import ToolRule
 
 #: OpenAI's rule for function names; every model-facing tool name must match it.
 TOOL_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
@@ -211,6 +213,22 @@ class MCPToolDeclaration(BaseModel):
               "parameters": self.parameters, "strict": self.strict}
         return {"type": "function", **fn} if api == "responses" else {"type": "function",
                                                                        "function": fn}
+
+
+def tool_rule(declaration: MCPToolDeclaration) -> ToolRule:
+    """The loop's rule for an MCP tool: arguments checked against its JSON schema (in the
+    workflow, before anything runs), its approval, side-effect, cost and call flags."""
+    return ToolRule(name=declaration.name, args_model=None,
+                    side_effects=declaration.side_effects,
+                    needs_approval=declaration.needs_approval,
+                    cost_units=declaration.cost_units, max_calls=declaration.max_calls,
+                    check=partial(check_arguments, declaration))
+
+
+def call_target(declaration: MCPToolDeclaration) -> MCPToolDeclaration:
+    """What a tool activity needs of the declaration: all but the description, which
+    only the model reads (every tool request is history)."""
+    return declaration.model_copy(update={"description": ""})
 
 
 class MCPDeclarationError(ValueError):

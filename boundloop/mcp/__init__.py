@@ -14,7 +14,7 @@ from boundloop.core.mcp_tools import (
     declare_tools,
 )
 from boundloop.mcp.config import MCPConfigError, load_mcp_config
-from boundloop.mcp.pool import MCPPool, MCPServerError
+from boundloop.mcp.pool import MCPPool, MCPServerError, list_mcp_tools
 
 __all__ = [
     "IDEMPOTENCY_META_KEY",
@@ -27,5 +27,6 @@ __all__ = [
     "MCPToolOverride",
     "check_arguments",
     "declare_tools",
+    "list_mcp_tools",
     "load_mcp_config",
 ]

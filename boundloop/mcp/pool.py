@@ -53,7 +53,7 @@ from boundloop.core.mcp_tools import (
     refused,
 )
 from boundloop.errors import TransientToolError
-from boundloop.settings import worker_environment
+from boundloop.settings import process_environment
 
 log = logging.getLogger("boundloop.mcp")
 
@@ -93,7 +93,7 @@ class _Session:
 
     async def open(self) -> Client:
         try:
-            target = _target(self.config, worker_environment())
+            target = _target(self.config, process_environment())
         except KeyError as missing:
             raise MCPServerError(f"MCP server {self.config.name!r}: the worker has no "
                                  f"environment variable {missing.args[0]!r}") from None
@@ -348,3 +348,11 @@ def _check_unique(by_server: Mapping[str, list[MCPToolDeclaration]]) -> None:
                     f"MCP tool name {d.name!r} is declared by servers {owner[d.name]!r} and "
                     f"{server!r}; give them different prefixes")
             owner[d.name] = server
+
+
+async def list_mcp_tools(servers: Sequence[MCPServerConfig]) -> list[MCPToolDeclaration]:
+    """The tools `servers` declare now: connect, list, close (what `boundloop run` does
+    with BOUNDLOOP_MCP_CONFIG to put the declarations in a run's input). Raises
+    MCPServerError or MCPDeclarationError naming the server."""
+    async with MCPPool(servers) as pool:
+        return pool.declarations()

@@ -12,6 +12,8 @@ over HTTP) and every side effect of
 - `lookup(sku)`: read-only, structured result.
 - `delete_record(record)`: destructive; honours the idempotency key from the
   request's `_meta` (a repeated key returns the first result and deletes nothing).
+- `archive_record(record, seconds)`: like `delete_record` (same tables, same key rule),
+  but answers `seconds` after its side effect is committed (for worker-crash tests).
 - `fail(reason)`: returns `isError: true` with the reason.
 - `sleep(seconds)`: writes its process id into `sleeps`, then sleeps (for kill tests).
 - `chart()`: a text block and an image block.
@@ -104,6 +106,13 @@ def build(db: Path) -> MCPServer:
             conn.execute("INSERT INTO effects (key, record, result) VALUES (?, ?, ?)",
                          (key, record, result))
             conn.execute("COMMIT")
+        return result
+
+    @server.tool(annotations=ToolAnnotations(read_only_hint=False, destructive_hint=True))
+    async def archive_record(record: str, seconds: float, ctx: Context) -> str:
+        """Archive one record."""
+        result = delete_record(record, ctx)
+        await asyncio.sleep(seconds)
         return result
 
     @server.tool(annotations=ToolAnnotations(read_only_hint=True))
