@@ -22,16 +22,27 @@ See README.md ("Build your own agent") and examples/weather_desk/.
 
 from typing import TYPE_CHECKING, Any
 
-from boundloop.client import DEFAULT_TASK_QUEUE, Run, connect, get_run, start
-from boundloop.contracts import RunResult, RunStatus
+from boundloop.client import (
+    DEFAULT_TASK_QUEUE,
+    Run,
+    Session,
+    connect,
+    get_run,
+    get_session,
+    start,
+    start_session,
+)
+from boundloop.contracts import RunResult, RunStatus, SessionStatus
 from boundloop.core.envelope import ToolStatus
 from boundloop.core.limits import Limits, Policy, Price
 from boundloop.core.loop import Approval, Event
 from boundloop.core.reasons import StopReason
+from boundloop.core.session import SessionLimits
 from boundloop.errors import (
     BoundloopError,
     DecisionRefused,
     NoToolset,
+    SessionRefused,
     ToolDefinitionError,
     ToolFailure,
     TransientToolError,
@@ -65,6 +76,10 @@ __all__ = [
     "Run",
     "RunResult",
     "RunStatus",
+    "Session",
+    "SessionLimits",
+    "SessionRefused",
+    "SessionStatus",
     "StopReason",
     "ToolContext",
     "ToolDefinitionError",
@@ -76,5 +91,7 @@ __all__ = [
     "Worker",
     "connect",
     "get_run",
+    "get_session",
     "start",
+    "start_session",
 ]

@@ -56,6 +56,7 @@ from boundloop.tools import catalog
 from boundloop.tools.registry import Toolset
 from boundloop.tracing import client_interceptors
 from boundloop.workflows.loop import BoundLoopWorkflow
+from boundloop.workflows.session import BoundloopSessionWorkflow
 
 
 def pass_boundloop_through(runner: WorkflowRunner | None) -> WorkflowRunner:
@@ -126,7 +127,8 @@ class Plugin(SimplePlugin, Generic[Deps]):
         if model is not None:
             activities.append(ModelActivities(model, toolset, cache).model_request)
         super().__init__("boundloop", data_converter=pydantic_data_converter,
-                         workflows=[BoundLoopWorkflow], activities=activities,
+                         workflows=[BoundLoopWorkflow, BoundloopSessionWorkflow],
+                         activities=activities,
                          workflow_runner=pass_boundloop_through)
 
     def configure_worker(self, config: WorkerConfig) -> WorkerConfig:
