@@ -31,10 +31,10 @@ WAIT = RUN_TIMEOUT
 _answers = iter(range(1, 1_000_000))
 
 
-def answer(text: str) -> dict[str, Any]:
+def answer(text: str, item_id: str | None = None) -> dict[str, Any]:
     """A final answer with an item id of its own (a provider never repeats one, and the
     scripted server refuses a conversation that holds one twice)."""
-    item = {**message(text), "id": f"msg_{next(_answers)}"}
+    item = {**message(text), "id": item_id or f"msg_{next(_answers)}"}
     return resp(item, rid=f"resp_{text}")
 
 
