@@ -10,6 +10,7 @@ conversation to each turn would add a copy of it per turn (quadratic total).
 from __future__ import annotations
 
 import asyncio
+import itertools
 from collections.abc import Callable
 from typing import Any
 
@@ -68,4 +69,4 @@ async def session_growth(client: Client, queue: str, model_name: str, turns: int
 def increments(rows: list[dict[str, Any]], key: str) -> list[int]:
     """Bytes each turn added (the first turn: all it wrote)."""
     values = [r[key] for r in rows]
-    return [values[0], *(b - a for a, b in zip(values, values[1:], strict=False))]
+    return [values[0], *(b - a for a, b in itertools.pairwise(values))]

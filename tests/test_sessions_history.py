@@ -105,5 +105,4 @@ async def test_history_bytes_of_a_20_turn_session_grow_linearly(
     # Each turn adds the same conversation bytes; a turn that wrote the conversation so
     # far into history again would add that whole conversation to its increment.
     assert rows[-1]["conversation"] > 15 * conversation[1]
-    print("history increments", history, "conversation increments", conversation)
     assert max(history[1:]) - min(history[1:]) < conversation[1], history
