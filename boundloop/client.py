@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import urllib.parse
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, Literal
@@ -266,7 +267,10 @@ async def search_attributes_registered(client: Client) -> bool:
 
 
 def ui_link(settings: Settings, workflow_id: str, run_id: str | None = None) -> str:
-    base = f"{settings.ui_url}/namespaces/{settings.temporal_namespace}/workflows/{workflow_id}"
+    # Encoded: a session turn's id holds a slash (`{session}/turn-2`), as the UI's own
+    # links encode it.
+    wf = urllib.parse.quote(workflow_id, safe="")
+    base = f"{settings.ui_url}/namespaces/{settings.temporal_namespace}/workflows/{wf}"
     return f"{base}/{run_id}/history" if run_id else base
 
 

@@ -232,7 +232,7 @@ async def test_end_cancels_a_running_turn_and_ends_the_session(
         assert (await session.handle.describe()).status == WorkflowExecutionStatus.COMPLETED
         assert await workflow_task_failures(session.handle) == 0
     assert result.reason == StopReason.CANCELLED and result.cancel_reason == "session ended"
-    assert status.ended == "ended" and status.turns == 1
+    assert status.ended == "requested" and status.turns == 1
 
 
 async def test_max_turns_and_the_token_budget_end_a_session(temporal: Client,

@@ -54,7 +54,7 @@ async def test_session_commands_from_the_cli(temporal: Client, tmp_path: Path) -
             assert code == 0 and "idle · turns 2 of 5" in out, (out, err)
 
             code, out, err = await cli("session", "end", session_id, env=env)
-            assert code == 0 and "ended (ended)" in out, (out, err)
+            assert code == 0 and "ended (requested)" in out, (out, err)
 
             code, out, err = await cli("say", session_id, "まだ?", env=env)
             assert code == 1 and "has ended" in err, (out, err)
@@ -64,7 +64,7 @@ async def test_session_commands_from_the_cli(temporal: Client, tmp_path: Path) -
 
             code, out, err = await asyncio.wait_for(
                 cli("watch", session_id, env=env), timeout=60)
-            assert code == 0 and "ended (ended)" in out, (out, err)
+            assert code == 0 and "ended (requested)" in out, (out, err)
 
             code, out, err = await cli("say", "no-such-session", "hi", env=env)
             assert code == 2 and "no-such-session" in err, (out, err)

@@ -48,7 +48,7 @@ class BoundloopSessionWorkflow:
         state, limits = self._state, inp.limits
         while True:
             if self._running is None:
-                ended = "ended" if self._end_asked else core.end_reason(state, limits)
+                ended = "requested" if self._end_asked else core.end_reason(state, limits)
                 left = (limits.idle_seconds
                         - (workflow.now() - _at(state.idle_since)).total_seconds())
                 if ended is None and left <= 0:

@@ -24,9 +24,9 @@ from boundloop.core.limits import Limits, PositiveInt, Seconds
 from boundloop.core.reasons import StopReason
 from boundloop.core.turn import FunctionCall
 
-#: Why a session ended: `boundloop session end`, no message for `idle_seconds`, its
+#: Why a session ended: `boundloop session end` (requested), no message for `idle_seconds`, its
 #: last allowed turn, or its token budget spent.
-SessionEnd = Literal["ended", "idle", "max_turns", "token_budget"]
+SessionEnd = Literal["requested", "idle", "max_turns", "token_budget"]
 #: The envelope code of a call whose turn stopped before it ran.
 NOT_RUN = "NOT_RUN"
 
