@@ -17,6 +17,7 @@ import pytest
 from temporalio.client import Client, WorkflowExecutionStatus
 
 import boundloop
+from boundloop.activities.conversation import ConversationCache
 from boundloop.client import result_of
 from boundloop.core.limits import Limits
 from boundloop.core.reasons import StopReason
@@ -55,13 +56,13 @@ class Env:
 
 
 @asynccontextmanager
-async def session_env(client: Client, tmp_path: Path,
-                      script: list[dict[str, Any]]) -> AsyncIterator[Env]:
+async def session_env(client: Client, tmp_path: Path, script: list[dict[str, Any]],
+                      cache: ConversationCache | None = None) -> AsyncIterator[Env]:
     server = ScriptedModelServer(script)
     base_url = server.start()
     queue = f"s-{uuid.uuid4().hex[:8]}"
     try:
-        async with make_worker(client, queue, base_url, tmp_path / "data"):
+        async with make_worker(client, queue, base_url, tmp_path / "data", cache=cache):
             yield Env(client, server, queue, tmp_path / "data")
     finally:
         server.stop()
@@ -265,3 +266,33 @@ async def test_turn_results_are_the_turns_own_run_results(temporal: Client,
         said = await say(session, "stock?")
         read = await asyncio.wait_for(result_of(session.turn(1).handle), timeout=WAIT)
     assert said == read
+
+
+def http_error(status: int) -> dict[str, Any]:
+    return {"status": status, "body": {"error": {"message": "scripted", "type": "server_error"}}}
+
+
+async def test_a_turn_whose_model_request_failed_is_continued_from_history(
+        temporal: Client, tmp_path: Path) -> None:
+    # No conversation cache: every request is rebuilt from history. Turn 1's second
+    # request is refused (model_error); its items were never sent and must not appear
+    # twice in turn 2's conversation.
+    script = [resp(call("lookup_stock", {"sku": "A-001"}, "c1")), http_error(400),
+              answer("second turn")]
+    async with session_env(temporal, tmp_path, script, ConversationCache(capacity=0)) as env:
+        session = await env.start()
+        first = await say(session, "stock?")
+        second = await say(session, "again")
+    assert first.reason == StopReason.MODEL_ERROR
+    assert second.reason == StopReason.COMPLETED, second.events
+    last = env.inputs()[2]
+    assert user_messages(last) == ["stock?", "again"]
+    assert list(outputs_of(last)) == ["c1"]
+
+
+async def test_a_retried_model_request_is_rebuilt_once_from_history(run_script: Any) -> None:
+    # The workflow schedules a failed request again (counted retries); a later step
+    # rebuilt from history must read that request's items once.
+    out = await run_script([http_error(500), resp(call("lookup_stock", {"sku": "A-001"}, "c1")),
+                            answer("done")], cache=ConversationCache(capacity=0))
+    assert out.result.reason == StopReason.COMPLETED, out.result.events
