@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from boundloop.core import envelope as env
 from boundloop.core.conversation import ConversationMeta
@@ -26,8 +27,8 @@ from boundloop.core.turn import FunctionCall
 NOW = "2026-12-01T09:00:00+00:00"
 
 
-def state(**kw: object) -> SessionState:
-    return SessionState(idle_since=NOW, **kw)  # type: ignore[arg-type]
+def state(**kw: Any) -> SessionState:
+    return SessionState(idle_since=NOW, **kw)
 
 
 def summary(turn: int, tokens: int) -> TurnSummary:

@@ -23,12 +23,12 @@ async def test_worker_killed_mid_turn_loses_nothing_and_repeats_no_side_effect(
         tmp_path: Path) -> None:
     async with cluster(tmp_path) as c:
         assert c.client is not None
-        for turn in [resp(call("lookup_stock", {"sku": "B-002"}, "c1"), rid="r1"),
+        for scripted in [resp(call("lookup_stock", {"sku": "B-002"}, "c1"), rid="r1"),
                      answer("B-002: 在庫あり"),
                      resp(call("create_ticket", TICKET, "c2"), rid="r3"),
                      answer("チケットを作成しました"),
                      answer("在庫を確認し、チケットを作成しました")]:
-            c.model.append(turn)
+            c.model.append(scripted)
         doomed = c.start_worker(crash_after_ticket_write=True)
         session = await boundloop.start_session(c.client, tools=TOOLS, model="scripted-model",
                                                 task_queue=c.queue)
