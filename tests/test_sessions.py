@@ -15,6 +15,8 @@ from typing import Any
 
 import pytest
 from temporalio.client import Client, WorkflowExecutionStatus
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.worker import Replayer
 
 import boundloop
 from boundloop.activities.conversation import ConversationCache
@@ -26,6 +28,7 @@ from boundloop.scripted.server import ScriptedModelServer
 from tests.conftest import DEMO_TOOLS, RUN_TIMEOUT, workflow_task_failures
 from tests.conftest import test_worker as make_worker
 from tests.scripts import call, message, resp
+from tests.support.tools import tools as test_tools
 
 #: Bound on one session test's waits.
 WAIT = RUN_TIMEOUT
@@ -296,3 +299,22 @@ async def test_a_retried_model_request_is_rebuilt_once_from_history(run_script: 
     out = await run_script([http_error(500), resp(call("lookup_stock", {"sku": "A-001"}, "c1")),
                             answer("done")], cache=ConversationCache(capacity=0))
     assert out.result.reason == StopReason.COMPLETED, out.result.events
+
+
+async def test_a_session_history_replays_without_nondeterminism(
+        temporal: Client, tmp_path: Path) -> None:
+    # Two turns and an end: replayed with the plugin, as a worker
+    # that picks the session up after a restart (or a deploy) would.
+    script = [resp(call("lookup_stock", {"sku": "A-001"}, "c1")), answer("one"),
+              answer("two")]
+    async with session_env(temporal, tmp_path, script) as env:
+        session = await env.start()
+        await say(session, "one")
+        await say(session, "two")
+        await asyncio.wait_for(session.end(), timeout=WAIT)
+    replayer = Replayer(workflows=[], data_converter=pydantic_data_converter,
+                        plugins=[boundloop.Plugin(test_tools, deps=None)])
+    for handle in (session.handle, session.turn(2).handle):
+        history = await handle.fetch_history()
+        result = await replayer.replay_workflow(history)
+        assert result.replay_failure is None
