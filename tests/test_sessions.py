@@ -28,7 +28,7 @@ from boundloop.scripted.server import ScriptedModelServer
 from tests.conftest import DEMO_TOOLS, RUN_TIMEOUT, workflow_task_failures
 from tests.conftest import test_worker as make_worker
 from tests.scripts import call, message, resp
-from tests.support.tools import tools as test_tools
+from tests.support.crash_tools import tools as replay_tools
 
 #: Bound on one session test's waits.
 WAIT = RUN_TIMEOUT
@@ -303,7 +303,8 @@ async def test_a_retried_model_request_is_rebuilt_once_from_history(run_script: 
 
 async def test_a_session_history_replays_without_nondeterminism(
         temporal: Client, tmp_path: Path) -> None:
-    # Two turns and an end: replayed with the plugin, as a worker
+    # Two turns and an end: replayed with the plugin (the toolset test_replay.py replays
+    # with: a process holds one toolset per task queue), as a worker
     # that picks the session up after a restart (or a deploy) would.
     script = [resp(call("lookup_stock", {"sku": "A-001"}, "c1")), answer("one"),
               answer("two")]
@@ -313,7 +314,7 @@ async def test_a_session_history_replays_without_nondeterminism(
         await say(session, "two")
         await asyncio.wait_for(session.end(), timeout=WAIT)
     replayer = Replayer(workflows=[], data_converter=pydantic_data_converter,
-                        plugins=[boundloop.Plugin(test_tools, deps=None)])
+                        plugins=[boundloop.Plugin(replay_tools, deps=None)])
     for handle in (session.handle, session.turn(2).handle):
         history = await handle.fetch_history()
         result = await replayer.replay_workflow(history)
