@@ -124,7 +124,7 @@ async def _read_run(client: Client, workflow_id: str, run_id: str,
     handle = client.get_workflow_handle(workflow_id, run_id=run_id)
     converter = client.data_converter
     run = _RunHistory()
-    models: set[int] = set()
+    models: dict[int, list[Item]] = {}  # scheduled event id -> the request's new items
     tools: dict[int, str] = {}
     async for event in handle.fetch_history_events():
         if event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
@@ -140,13 +140,16 @@ async def _read_run(client: Client, workflow_id: str, run_id: str,
                     break
                 if not models:
                     run.base = req.base
-                models.add(event.event_id)
-                run.items.extend(req.new_items)
+                models[event.event_id] = req.new_items
         elif event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED:
             done = event.activity_task_completed_event_attributes
             if done.scheduled_event_id in models:
                 [turn] = await converter.decode(list(done.result.payloads), [Turn])
                 assert isinstance(turn, Turn)
+                # A request's items count once it returned: a failed request (retried
+                # by the workflow, or the last one of a stopped session turn) is
+                # scheduled again or never answered, and sent nothing.
+                run.items.extend(models[done.scheduled_event_id])
                 run.items.extend(turn.items)
             elif done.scheduled_event_id in tools:
                 [outcome] = await converter.decode(list(done.result.payloads), [ToolOutcome])
@@ -188,6 +191,10 @@ async def rebuild(cache: ConversationCache, client: Client, req: ModelRequest,
     `req.expected`. Cache first; the event history when the cache cannot answer."""
     prior: list[Item] | None = [] if req.prior.count == 0 else cache.get(workflow_id,
                                                                          req.prior)
+    if prior is None and req.base is not None and req.base.workflow_id != workflow_id \
+            and req.prior == req.base.meta:
+        # A session's turn starts where the previous turn's workflow left off.
+        prior = cache.get(req.base.workflow_id, req.prior)
     new = None if prior is None else _resolve(req.new_items, cache.output)
     if prior is not None and new is not None and req.prior.extend(new) == req.expected:
         return [*prior, *new]

@@ -56,6 +56,9 @@ from boundloop.tools.demo import tools as demo_tools
 from boundloop.tools.registry import ToolContext
 
 MODEL_NAME = "scripted-model"
+#: Workflow ids of boundloop runs (`Bench.wid("loop")`): their results are read with
+#: `result_of`.
+LOOP_ID_PREFIX = "bench-loop-"
 
 
 @dataclass
@@ -329,7 +332,7 @@ async def _all(starts: list[Callable[[], Awaitable[WorkflowHandle[Any, Any]]]],
         async with gate:
             handle = await start()
         # A boundloop run that stopped fails its workflow with the RunResult as detail.
-        return await (result_of(handle) if handle.result_type is RunResult
+        return await (result_of(handle) if handle.id.startswith(LOOP_ID_PREFIX)
                       else handle.result())
 
     return list(await bounded(asyncio.gather(*(one(s) for s in starts)), seconds, what))

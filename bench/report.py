@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.harness import REPO
+from bench.sessions import increments
 from boundloop.devserver import FAST_FLAGS, temporal_binary
 
 TARGETS = {
@@ -123,6 +124,12 @@ def render_table(r: dict[str, Any], facts: dict[str, str]) -> str:
         out.append(f"          {h['steps']:>5}  {_kb(h['conversation']):>12}   "
                    f"{_kb(h['history']):>11} ({h['ratio']:.2f}x)  "
                    f"{_kb(h['naive_history']):>12} ({h['naive_ratio']:.1f}x)")
+    sessions = r.get("sessions")
+    if sessions:
+        added = increments(sessions, "history")
+        out.append(f"session:  {len(sessions)} turns, {_kb(sessions[-1]['history'])} history; "
+                   f"each turn added {_kb(min(added[1:]))} to {_kb(max(added[1:]))} "
+                   f"(conversation {_kb(sessions[-1]['conversation'])})")
     out.append(f"total {r['total_seconds']:.0f} s")
     return "\n".join(out)
 
@@ -295,6 +302,23 @@ def render_markdown(r: dict[str, Any], facts: dict[str, str]) -> str:
              f"{d['rss_after_kib'] / 1024:.1f} MiB"],
             ["growth", f"{p['growth_mb']:.1f} MB", f"{d['growth_mb']:.1f} MB"],
         ])
+    sessions = r.get("sessions")
+    if sessions:
+        added = increments(sessions, "history")
+        lines += [
+            "",
+            f"## 5. History bytes of a {len(sessions)}-turn session",
+            "",
+            "`boundloop.start_session`, then one `say` a turn; each turn is a `lookup_stock`",
+            "call and an answer (2 steps). History = the session's own runs plus every",
+            "turn's runs (`bench/sessions.py`); conversation = the bytes the model reads.",
+            "Turns continue the conversation by reference, so each turn adds about the same",
+            "history bytes while the conversation grows: history is linear in turns.",
+            "",
+        ]
+        lines += _md_table(["turn", "conversation", "history (total)", "added this turn"],
+                           [[str(row["turn"]), _kb(row["conversation"]), _kb(row["history"]),
+                             _kb(a)] for row, a in zip(sessions, added, strict=True)])
     lines += ["", "## What limits the numbers", ""]
     lines += notes(r)
     secs = ", ".join(f"{k} {v:.0f} s" for k, v in r["timings"].items())

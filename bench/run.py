@@ -6,7 +6,8 @@ the scripted model server (answers at once) and a worker process, then measures:
 1. per-step time of a boundloop step vs a bare activity round trip;
 2. event-history bytes vs steps, against the conversation's bytes and a naive loop;
 3. throughput of 100 concurrent runs vs 100 concurrent bare workflows;
-4. worker RSS growth with 1,000 runs waiting for approval.
+4. worker RSS growth with 1,000 runs waiting for approval;
+5. history bytes of a 20-turn session, turn by turn (linear in turns).
 
 Prints a table and writes docs/benchmarks.md. A missed target is reported, never an
 error: this is a benchmark, not a test.
@@ -27,12 +28,15 @@ from typing import Any
 from bench import phases
 from bench.harness import REPO, Model, WorkerProcess, connect, now
 from bench.report import machine_facts, render_markdown, render_table
+from bench.sessions import session_growth
 from boundloop.devserver import DevServer, free_port
 
 FULL = {"steps": 20, "reps": 5, "sizes": [10, 25, 50, 100], "runs": 100, "run_steps": 5,
-        "bare_acts": 10, "rounds": 4, "parked": 1000, "warmup": 20, "diag_cache": 100}
+        "bare_acts": 10, "rounds": 4, "parked": 1000, "warmup": 20, "diag_cache": 100,
+        "session_turns": 20}
 QUICK = {"steps": 5, "reps": 2, "sizes": [5, 10], "runs": 10, "run_steps": 5,
-         "bare_acts": 10, "rounds": 2, "parked": 50, "warmup": 5, "diag_cache": 10}
+         "bare_acts": 10, "rounds": 2, "parked": 50, "warmup": 5, "diag_cache": 10,
+         "session_turns": 5}
 
 
 async def measure(cfg: dict[str, Any], tmp: Path) -> dict[str, Any]:
@@ -70,6 +74,17 @@ async def measure(cfg: dict[str, Any], tmp: Path) -> dict[str, Any]:
         _say("2/4 history bytes")
         out["history"] = await phases.history(b, cfg["sizes"])
         timings["history"] = now() - t0
+
+        t0 = now()
+        _say(f"5/5 history bytes of a {cfg['session_turns']}-turn session")
+        b.model.fresh()
+
+        def feed(n: int) -> None:
+            b.model.feed([b.model.call("lookup_stock", {"sku": phases.sku(n)}),
+                          b.model.answer()])
+        out["sessions"] = await session_growth(client, worker.queue, phases.MODEL_NAME,
+                                               cfg["session_turns"], feed)
+        timings["sessions"] = now() - t0
 
         await worker.stop()
         t0 = now()

@@ -21,6 +21,7 @@ from typing import Any
 from temporalio.worker import Worker
 
 from bench.workflows import BareWorkflow, NaiveModel, NaiveWorkflow, bench_noop
+from boundloop.activities.threads import ToolThreads
 from boundloop.activities.tools import ToolActivities
 from boundloop.settings import Settings
 from boundloop.tools import catalog
@@ -43,7 +44,8 @@ async def serve(bench_queue: str | None, max_cached_workflows: int | None = None
     if bench_queue is not None:
         reg = catalog.load(settings.tools)
         naive = NaiveModel(settings.openai_base_url, reg)
-        tools = ToolActivities(reg, DemoDeps(data_dir=settings.data_dir))
+        # The same thread pool size as the bench queue's activity slots.
+        tools = ToolActivities(reg, DemoDeps(data_dir=settings.data_dir), threads=ToolThreads(64))
         workers.append(Worker(
             client, task_queue=bench_queue, workflows=[BareWorkflow, NaiveWorkflow],
             activities=[bench_noop, naive.model, tools.tool_execute],

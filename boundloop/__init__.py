@@ -23,18 +23,29 @@ See README.md ("Build your own agent") and examples/weather_desk/.
 from typing import TYPE_CHECKING, Any
 
 from boundloop.budgets import set_budget, show_budget
-from boundloop.client import DEFAULT_TASK_QUEUE, Run, connect, get_run, start
-from boundloop.contracts import BudgetView, RunResult, RunStatus
+from boundloop.client import (
+    DEFAULT_TASK_QUEUE,
+    Run,
+    Session,
+    connect,
+    get_run,
+    get_session,
+    start,
+    start_session,
+)
+from boundloop.contracts import BudgetView, RunResult, RunStatus, SessionStatus
 from boundloop.core.budget import BudgetLimits
 from boundloop.core.envelope import ToolStatus
 from boundloop.core.limits import Limits, Policy, Price
 from boundloop.core.loop import Approval, Event
 from boundloop.core.mcp_tools import MCPServerConfig, MCPToolDeclaration
 from boundloop.core.reasons import StopReason
+from boundloop.core.session import SessionLimits
 from boundloop.errors import (
     BoundloopError,
     DecisionRefused,
     NoToolset,
+    SessionRefused,
     ToolDefinitionError,
     ToolFailure,
     TransientToolError,
@@ -84,6 +95,10 @@ __all__ = [
     "Run",
     "RunResult",
     "RunStatus",
+    "Session",
+    "SessionLimits",
+    "SessionRefused",
+    "SessionStatus",
     "Signer",
     "StopReason",
     "ToolContext",
@@ -96,9 +111,11 @@ __all__ = [
     "Worker",
     "connect",
     "get_run",
+    "get_session",
     "list_mcp_tools",
     "load_mcp_config",
     "set_budget",
     "show_budget",
     "start",
+    "start_session",
 ]

@@ -31,10 +31,19 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from boundloop import client as ops
 from boundloop import search_attributes as sa
-from boundloop.contracts import CancelRequest, Decision, RunInput, RunResult, RunStatus
+from boundloop.contracts import (
+    SESSION_WORKFLOW,
+    CancelRequest,
+    Decision,
+    RunInput,
+    RunResult,
+    RunStatus,
+    SessionStatus,
+)
 from boundloop.core.limits import Limits, Policy, RunSettings
 from boundloop.core.reasons import StopReason
-from boundloop.errors import DecisionRefused
+from boundloop.core.session import SessionLimits
+from boundloop.errors import DecisionRefused, SessionRefused
 from boundloop.settings import Settings, one_line, worker_settings_problem
 from boundloop.terminal import STOPPED_EXIT, console, exit_code, print_event, print_result, safe
 
@@ -476,7 +485,8 @@ async def describe(handle: Any) -> Any:
 
 @app.command()
 def watch(run_id: Annotated[str, typer.Argument(help="Workflow id")]) -> None:
-    """Follow a run live (steps, tool executions, tokens, cost, approvals) until it ends."""
+    """Follow a run live (steps, tool executions, tokens, cost, approvals) until it ends;
+    for a session, each of its turns as it runs, until the session ends."""
     settings = load_settings()
 
     async def go() -> int:
@@ -484,7 +494,9 @@ def watch(run_id: Annotated[str, typer.Argument(help="Workflow id")]) -> None:
 
         client = await connect(settings)
         handle = client.get_workflow_handle(run_id, result_type=RunResult)
-        await describe(handle)
+        desc = await describe(handle)
+        if desc.workflow_type == SESSION_WORKFLOW:  # follows each turn as it runs
+            return await _watch_session(client, ops.get_session(client, run_id), settings)
         await live_watch(handle)
         result = await run_result(handle)
         print_result(result, settings)
@@ -801,6 +813,214 @@ def demo(interactive: Annotated[bool, typer.Option(
     check_approver_keys(settings)
     code = _run(run_demo(settings, interactive=interactive))
     raise typer.Exit(code)
+
+
+# --- sessions: `boundloop session start|show|end`, `boundloop say` ---------------------
+
+
+session_app = typer.Typer(no_args_is_help=True, help="Multi-turn sessions: one "
+                          "conversation across turns (send messages with `boundloop say`).")
+app.add_typer(session_app, name="session")
+
+
+def print_session(st: SessionStatus) -> None:
+    state = st.status + (f" ({st.ended})" if st.ended else "")
+    budget = f" of {st.limits.token_budget}" if st.limits.token_budget else ""
+    console.print(f"{safe(st.session_id)}: [bold]{state}[/] · turns {st.turns} of "
+                  f"{st.limits.max_turns} · steps {st.steps} · tool executions "
+                  f"{st.tool_executions} · tokens {st.total_tokens}{budget}"
+                  + (f" · cost ${st.cost_usd:.6f}" if st.cost_usd is not None else ""))
+    if st.current_turn:
+        console.print(f"running: {safe(st.current_turn)} (`boundloop watch "
+                      f"{safe(st.session_id)}` follows it)")
+    if st.last is not None:
+        console.print(f"last turn: {safe(st.last.workflow_id)} · {st.last.reason.value} · "
+                      f"steps {st.last.steps} · tokens {st.last.total_tokens}")
+    if st.idle_until:
+        console.print(f"ends if idle until {st.idle_until}")
+
+
+@session_app.command("start")
+def start(
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object")] = False,
+    idle_seconds: Annotated[float | None, typer.Option(
+        help="End the session after this long without a turn (default 3600)")] = None,
+    max_turns: Annotated[int | None, typer.Option(help="Turns allowed (default 100)")] = None,
+    token_budget: Annotated[int | None, typer.Option(
+        help="Known total tokens of all turns; each turn's token threshold is at most "
+             "what is left")] = None,
+    model: Annotated[str | None, typer.Option(help="Model name")] = None,
+    api: Annotated[str | None, typer.Option(help="responses | chat")] = None,
+    tools: Annotated[str | None, typer.Option(help="Allowed tools, comma-separated")] = None,
+    instructions: Annotated[str | None, typer.Option(help="Instructions")] = None,
+    session_id: Annotated[str | None, typer.Option("--id", help="Session id")] = None,
+    max_steps: Annotated[int | None, typer.Option(help="Per turn")] = None,
+    max_tool_executions: Annotated[int | None, typer.Option(help="Per turn")] = None,
+    token_threshold: Annotated[int | None, typer.Option(help="Per turn")] = None,
+    max_result_bytes: Annotated[int | None, typer.Option()] = None,
+    max_history_bytes: Annotated[int | None, typer.Option()] = None,
+    max_identical_calls: Annotated[int | None, typer.Option(help="Per turn")] = None,
+    deadline_seconds: Annotated[float | None, typer.Option(help="Per turn")] = None,
+    approval_timeout_seconds: Annotated[float | None, typer.Option()] = None,
+    limits: Annotated[str | None, typer.Option("--limits", help="Turn limits as JSON")] = None,
+    policy: Annotated[str | None, typer.Option("--policy", help="Policy as JSON")] = None,
+) -> None:
+    """Start a session. Each turn is one bounded run with these limits; the session's
+    own limits bound the turns, their tokens and the idle time."""
+    settings = load_settings()
+    flags = {"max_steps": max_steps, "max_tool_executions": max_tool_executions,
+             "token_threshold": token_threshold, "max_result_bytes": max_result_bytes,
+             "max_history_bytes": max_history_bytes, "max_identical_calls": max_identical_calls,
+             "deadline_seconds": deadline_seconds,
+             "approval_timeout_seconds": approval_timeout_seconds}
+    # The turns' settings are a run's settings, checked the same way (the message comes
+    # with each `say`).
+    inp = build_input("-", settings=settings, model=model, api=api, tools=tools,
+                      instructions=instructions, limits_json=limits, policy_json=policy,
+                      limit_flags=flags)
+    chosen = {"idle_seconds": idle_seconds, "max_turns": max_turns,
+              "token_budget": token_budget}
+    try:
+        session_limits = SessionLimits.model_validate(
+            {k: v for k, v in chosen.items() if v is not None})
+    except ValidationError as exc:
+        raise fail("invalid session limits:\n" + validation_lines(exc)) from None
+
+    async def go() -> None:
+        client = await connect(settings)
+        run = inp.settings
+        try:
+            session = await ops.start_session(
+                client, tools=inp.tools, model=run.model, api=run.api, limits=run.limits,
+                policy=run.policy, session_limits=session_limits,
+                instructions=inp.instructions, session_id=session_id,
+                task_queue=settings.task_queue)
+        except WorkflowAlreadyStartedError:
+            raise fail(f"workflow id {session_id!r} is already used; each session needs "
+                       "its own (its turns' ids scope idempotency keys)") from None
+        if as_json:
+            print(json.dumps({"session_id": session.id}))
+        else:
+            console.print(f"started session {session.id}: send messages with `boundloop "
+                          f"say {session.id} \"…\"`")
+            console.print(f"Web UI: {ops.ui_link(settings, session.id)}")
+
+    _run(go())
+
+
+def _session(client: Client, session_id: str) -> ops.Session:
+    return ops.get_session(client, session_id)
+
+
+@app.command()
+def say(session_id: Annotated[str, typer.Argument(help="Session id")],
+        message: Annotated[str, typer.Argument(help="The user's next message")],
+        as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object")]
+        = False) -> None:
+    """Run one turn of a session and print its result (as `run --wait`; exit 0 when the
+    turn completed, 3 when it stopped). Refused while a turn runs, or once ended."""
+    if not message.strip():
+        raise fail("the message is empty")
+    settings = load_settings()
+
+    async def go() -> int:
+        client = await connect(settings)
+        session = _session(client, session_id)
+        await _described(session)
+        try:
+            result = await session.say(message)
+        except SessionRefused as exc:
+            raise fail(f"session {session_id}: {exc}", EXIT_FAILED) from None
+        return _print_turn(result, settings, as_json)
+
+    raise typer.Exit(_run(go()))
+
+
+def _print_turn(result: RunResult, settings: Settings, as_json: bool) -> int:
+    if as_json:
+        print(result.model_dump_json(exclude={"continuation"}))
+    else:
+        for ev in result.events:
+            print_event(ev)
+        print_result(result, settings)
+    return exit_code(result)
+
+
+async def _described(session: ops.Session) -> Any:
+    desc = await describe(session.handle)
+    if desc.workflow_type != SESSION_WORKFLOW:
+        raise fail(f"{session.id} is not a session (it is a {desc.workflow_type} workflow)")
+    return desc
+
+
+@session_app.command("show")
+def show(session_id: Annotated[str, typer.Argument(help="Session id")],
+         as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
+    """A session's turns, tokens, running or last turn, and when it ends if idle."""
+    settings = load_settings()
+
+    async def go() -> None:
+        client = await connect(settings)
+        session = _session(client, session_id)
+        await _described(session)
+        try:
+            st = await asyncio.wait_for(session.show(), timeout=QUERY_TIMEOUT)
+        except (RPCError, TimeoutError):
+            raise fail(f"{session_id}: no worker answered the status query — is `boundloop "
+                       "worker` running?", EXIT_FAILED) from None
+        if as_json:
+            print(st.model_dump_json())
+        else:
+            print_session(st)
+
+    _run(go())
+
+
+@session_app.command("end")
+def end(session_id: Annotated[str, typer.Argument(help="Session id")],
+        as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
+    """End a session; a running turn is cancelled first (it ends `cancelled`)."""
+    settings = load_settings()
+
+    async def go() -> None:
+        client = await connect(settings)
+        session = _session(client, session_id)
+        await _described(session)
+        try:
+            st = await session.end()
+        except SessionRefused as exc:
+            raise fail(f"session {session_id}: {exc}", EXIT_FAILED) from None
+        if as_json:
+            print(st.model_dump_json())
+        else:
+            print_session(st)
+
+    _run(go())
+
+
+async def _watch_session(client: Client, session: ops.Session, settings: Settings) -> int:
+    """`boundloop watch SESSION`: follow each turn live as it runs, print its result,
+    until the session ends."""
+    from boundloop.live import watch as live_watch
+
+    followed: set[str] = set()
+    code = EXIT_OK
+    while True:
+        desc = await session.handle.describe()
+        st = await asyncio.wait_for(session.show(), timeout=QUERY_TIMEOUT)
+        turn = st.current_turn
+        if turn is not None and turn not in followed:
+            followed.add(turn)
+            handle = client.get_workflow_handle(turn, result_type=RunResult)
+            await live_watch(handle)
+            result = await run_result(handle)
+            print_result(result, settings)
+            code = exit_code(result)
+            continue
+        if desc.status != WorkflowExecutionStatus.RUNNING:
+            print_session(st)
+            return code
+        await asyncio.sleep(0.3)
 
 
 def main() -> None:

@@ -7,7 +7,9 @@ functions below them are what the CLI builds its commands from.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import urllib.parse
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, Literal
@@ -24,23 +26,29 @@ from temporalio.client import (
 from temporalio.common import WorkflowIDReusePolicy
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.exceptions import ApplicationError
-from temporalio.service import RPCError
+from temporalio.service import RPCError, RPCStatusCode
 
 from boundloop import errors
 from boundloop import search_attributes as sa
 from boundloop.contracts import (
+    SESSION_WORKFLOW,
     WORKFLOW_NAME,
     CancelRequest,
     Decision,
     RunInput,
     RunResult,
     RunStatus,
+    SayRequest,
+    SessionInput,
+    SessionStatus,
 )
+from boundloop.core import session as session_core
 from boundloop.core.canonical import compact_json, preview
 from boundloop.core.fingerprint import fingerprint
 from boundloop.core.limits import Limits, Policy, RunSettings
 from boundloop.core.loop import Approval, Event
 from boundloop.core.mcp_tools import MCPToolDeclaration
+from boundloop.core.session import SessionLimits
 from boundloop.settings import Settings
 from boundloop.tools.registry import Toolset, tool_names
 
@@ -194,6 +202,105 @@ def _approver(approver: str | None, signer: Signer | None) -> str:
     return signer.name
 
 
+async def start_session(client: Client, *,
+                        tools: Toolset[Any] | Sequence[str | Callable[..., Any]],
+                        model: str = "gpt-5-mini",
+                        api: Literal["responses", "chat"] = "responses",
+                        limits: Limits | None = None, policy: Policy | None = None,
+                        session_limits: SessionLimits | None = None,
+                        instructions: str | None = None, session_id: str | None = None,
+                        task_queue: str = DEFAULT_TASK_QUEUE) -> Session:
+    """Start a session: one conversation whose turns each run the loop with `limits`
+    (and `policy`, `instructions`, `tools`), within `session_limits` (turns, a token
+    budget across turns, the idle time after which it ends). Send messages with
+    `Session.say`. Like a run's, a session's id is never reused."""
+    settings = RunSettings(model=model, api=api, limits=limits or Limits(),
+                           policy=policy or Policy())
+    inp = SessionInput(instructions=instructions, settings=settings, tools=tool_names(tools),
+                       limits=session_limits or SessionLimits(),
+                       search_attributes=await search_attributes_registered(client))
+    handle = await client.start_workflow(
+        SESSION_WORKFLOW, inp, id=session_id or f"boundloop-session-{uuid.uuid4().hex[:12]}",
+        task_queue=task_queue, result_type=SessionStatus,
+        static_summary=f"session · model {model} · tools {', '.join(inp.tools)}",
+        id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE)
+    return Session(client, handle)
+
+
+def get_session(client: Client, session_id: str) -> Session:
+    """The session with this workflow id."""
+    return Session(client, client.get_workflow_handle(session_id, result_type=SessionStatus))
+
+
+class Session:
+    """One conversation across turns. `say` runs one bounded turn and returns its
+    RunResult (whatever its reason); a message sent while a turn runs is refused
+    (`SessionRefused`), not queued."""
+
+    def __init__(self, client: Client, handle: WorkflowHandle[Any, SessionStatus]) -> None:
+        self.client = client
+        self.handle = handle
+
+    @property
+    def id(self) -> str:
+        """The session's workflow id (its turns are `{id}/turn-{n}`)."""
+        return self.handle.id
+
+    async def say(self, message: str) -> RunResult:
+        """Run one turn with the user's `message` and return its RunResult. Raises
+        SessionRefused when a turn is running or the session has ended."""
+        try:
+            result: RunResult = await self.handle.execute_update(
+                "say", SayRequest(message=message), result_type=RunResult)
+        except (WorkflowUpdateFailedError, RPCError) as exc:
+            raise await self._refused(exc) from None
+        return result
+
+    async def show(self) -> SessionStatus:
+        """Counters, the running or last turn, tokens left, when an idle session ends
+        (a query while the session is open; its result once it has ended)."""
+        desc = await self.handle.describe()
+        if desc.status != WorkflowExecutionStatus.RUNNING:
+            return await self.handle.result()
+        status: SessionStatus = await self.handle.query("status", result_type=SessionStatus)
+        return status
+
+    async def end(self) -> SessionStatus:
+        """End the session (a running turn is cancelled first) and return its status.
+        Raises SessionRefused when it has already ended."""
+        try:
+            status: SessionStatus = await self.handle.execute_update(
+                "end", result_type=SessionStatus)
+        except (WorkflowUpdateFailedError, RPCError) as exc:
+            raise await self._refused(exc) from None
+        return status
+
+    def turn(self, number: int) -> Run:
+        """Turn `number` of this session, as a Run (status, approvals, cancel, result)."""
+        return Run(self.client.get_workflow_handle(
+            session_core.turn_id(self.id, number), result_type=RunResult))
+
+
+    async def _refused(self, exc: WorkflowUpdateFailedError | RPCError) -> Exception:
+        """SessionRefused for what the session refused, or for a session that has ended
+        (a closed workflow takes no update); anything else as it came."""
+        if isinstance(exc, WorkflowUpdateFailedError):
+            cause = exc.cause
+            if isinstance(cause, ApplicationError) and cause.type in (
+                    errors.SESSION_REFUSED, errors.TURN_FAILED):
+                return errors.SessionRefused(cause.message)
+            return exc
+        if exc.status == RPCStatusCode.NOT_FOUND:
+            with contextlib.suppress(RPCError):
+                desc = await self.handle.describe()
+                if desc.status != WorkflowExecutionStatus.RUNNING:
+                    ended = await self.show()
+                    how = ended.ended or (desc.status.name.lower() if desc.status else "")
+                    return errors.SessionRefused(
+                        f"the session has ended (reason: {how}); start a new one")
+        return exc
+
+
 # --- what the CLI builds on -----------------------------------------------------------
 
 
@@ -208,7 +315,10 @@ async def search_attributes_registered(client: Client) -> bool:
 
 
 def ui_link(settings: Settings, workflow_id: str, run_id: str | None = None) -> str:
-    base = f"{settings.ui_url}/namespaces/{settings.temporal_namespace}/workflows/{workflow_id}"
+    # Encoded: a session turn's id holds a slash (`{session}/turn-2`), as the UI's own
+    # links encode it.
+    wf = urllib.parse.quote(workflow_id, safe="")
+    base = f"{settings.ui_url}/namespaces/{settings.temporal_namespace}/workflows/{wf}"
     return f"{base}/{run_id}/history" if run_id else base
 
 

@@ -11,10 +11,19 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from boundloop.core.budget import Amount, BudgetLimits, LedgerState, Reservation
 from boundloop.core.conversation import ConversationMeta, Item
+from boundloop.core.conversation import ConversationRef as ConversationRef  # re-exported
 from boundloop.core.limits import Limits, PromptText, RunSettings
 from boundloop.core.loop import Approval, Event, LoopState, ToolChoice
 from boundloop.core.mcp_tools import MCPToolDeclaration
 from boundloop.core.reasons import StopReason
+from boundloop.core.session import (
+    Continuation,
+    SessionEnd,
+    SessionLimits,
+    SessionState,
+    TurnOf,
+    TurnSummary,
+)
 from boundloop.core.signatures import Signature
 
 WORKFLOW_NAME = "BoundLoop"
@@ -34,16 +43,6 @@ TOOL_ACTIVITY = "tool_execute"
 #: Key of a `function_call_output` item that refers to a tool activity's result by the
 #: call's idempotency key instead of copying it (docs/history.md).
 OUTPUT_REF = "output_ref"
-
-
-class ConversationRef(BaseModel):
-    """The conversation of an earlier run of the same workflow (continue-as-new)."""
-
-    model_config = ConfigDict(frozen=True)
-
-    workflow_id: str
-    run_id: str
-    meta: ConversationMeta
 
 
 class Carried(BaseModel):
@@ -76,6 +75,9 @@ class RunInput(BaseModel):
     mcp_tools: list[MCPToolDeclaration] = Field(default_factory=list, exclude_if=_empty)
     search_attributes: bool = True
     carried: Carried | None = None
+    #: Set when the run is a session's turn: it continues the session's conversation and
+    #: its RunResult says where the conversation goes on (`RunResult.continuation`).
+    turn: TurnOf | None = Field(default=None, exclude_if=_none)
 
 
 class ModelRequest(BaseModel):
@@ -164,6 +166,8 @@ class RunResult(BaseModel):
     answer_looks_like_tool_call: bool = False
     #: The operator's reason when the run was cancelled with one (`boundloop cancel`).
     cancel_reason: str | None = Field(default=None, exclude_if=_none)
+    #: A session turn's conversation, for the next turn (only runs that are turns).
+    continuation: Continuation | None = Field(default=None, exclude_if=_none)
 
 
 class RunStatus(BaseModel):
@@ -245,3 +249,53 @@ class BudgetView(BaseModel):
     left: Amount
     holders: list[Reservation]
     refused: int
+
+
+# --- multi-turn sessions (workflows/session.py) ----------------------------------------
+
+SESSION_WORKFLOW = "BoundloopSession"
+
+
+class SessionInput(BaseModel):
+    """Session workflow input (also what continue-as-new carries, with `state`).
+
+    `settings` are each turn's model, run limits and policy; `limits` the session's.
+    """
+
+    instructions: PromptText | None = None
+    settings: RunSettings
+    tools: list[str]
+    limits: SessionLimits = Field(default_factory=SessionLimits)
+    search_attributes: bool = True
+    state: SessionState | None = None
+
+
+class SayRequest(BaseModel):
+    """Update `say`: the user's next message; the update returns the turn's RunResult."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    message: PromptText = Field(min_length=1)
+
+
+class SessionStatus(BaseModel):
+    """Query `status` (`boundloop session show`), and the session's result when it ends."""
+
+    session_id: str
+    status: Literal["idle", "running", "ended"]
+    ended: SessionEnd | None
+    turns: int
+    limits: SessionLimits
+    #: The workflow id of the running turn (follow it with `boundloop watch`).
+    current_turn: str | None
+    last: TurnSummary | None
+    steps: int
+    tool_executions: int
+    input_tokens: int
+    output_tokens: int
+    total_tokens: int
+    tokens_left: int | None
+    cost_usd: float | None
+    #: When an idle session ends (ISO 8601 UTC); None while a turn runs or once ended.
+    idle_until: str | None
+    model: str

@@ -41,6 +41,10 @@ INVALID_BUDGET_MESSAGE = "InvalidBudgetMessage"
 RUN_STOPPED = "RunStopped"
 #: A run named tools its worker's toolset does not have: the run fails at once.
 UNKNOWN_TOOLS = "UnknownTools"
+#: A session refused a message or an end (a turn is running, the session has ended).
+SESSION_REFUSED = "SessionRefused"
+#: A session's turn ended without a RunResult (terminated, its tools not served).
+TURN_FAILED = "TurnFailed"
 
 
 # --- exceptions boundloop raises -------------------------------------------------------
@@ -58,6 +62,11 @@ class DecisionRefused(BoundloopError):
     """The run refused an approval decision (unknown or already decided call id, an
     approver outside the allow-list, edited arguments that fail the schema); nothing
     changed. The message says why."""
+
+
+class SessionRefused(BoundloopError):
+    """The session refused a message (a turn is still running, the session has ended)
+    or an end (already ended); nothing changed. The message says why."""
 
 
 class NoToolset(BoundloopError):

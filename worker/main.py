@@ -70,6 +70,7 @@ from boundloop.tools.registry import Toolset
 from boundloop.tracing import client_interceptors
 from boundloop.workflows.budget import BudgetLedgerWorkflow
 from boundloop.workflows.loop import BoundLoopWorkflow
+from boundloop.workflows.session import BoundloopSessionWorkflow
 
 
 def pass_boundloop_through(runner: WorkflowRunner | None) -> WorkflowRunner:
@@ -158,7 +159,8 @@ class Plugin(SimplePlugin, Generic[Deps]):
         if model is not None:
             activities.append(ModelActivities(model, toolset, cache).model_request)
         super().__init__("boundloop", data_converter=pydantic_data_converter,
-                         workflows=[BoundLoopWorkflow, BudgetLedgerWorkflow],
+                         workflows=[BoundLoopWorkflow, BudgetLedgerWorkflow,
+                                    BoundloopSessionWorkflow],
                          activities=activities,
                          workflow_runner=pass_boundloop_through)
 

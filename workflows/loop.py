@@ -49,9 +49,15 @@ with workflow.unsafe.imports_passed_through():
     from boundloop.core import budget as shared
     from boundloop.core import loop as core
     from boundloop.core import model_failures as mf
+    from boundloop.core import session as sessions
     from boundloop.core.budget import Amount, Grant
     from boundloop.core.canonical import preview
-    from boundloop.core.conversation import ConversationMeta, Item, user_message
+    from boundloop.core.conversation import (
+        ConversationMeta,
+        Item,
+        function_call_output,
+        user_message,
+    )
     from boundloop.core.envelope import Envelope, temporary_error_exhausted, tool_timed_out
     from boundloop.core.limits import MAX_PAYLOAD_VALUE_BYTES, payload_bytes
     from boundloop.core.reasons import NEXT_CHECK, StopReason
@@ -129,6 +135,17 @@ class BoundLoopWorkflow:
             self._base = None
             self._sent = ConversationMeta()
             self._processing_before = 0.0
+            follows = inp.turn.follows if inp.turn is not None else None
+            if follows is not None:  # a session's next turn: its conversation so far
+                self._state.conversation = follows.conversation
+                self._unsent = list(follows.unsent)
+                self._base = follows.base
+                self._sent = follows.base.meta if follows.base else ConversationMeta()
+        # The last model turn's calls that have no output in the conversation yet, and
+        # the outputs they got so far: a session's next turn answers each of them.
+        self._open_calls: list[FunctionCall] = []
+        self._answered: dict[str, tuple[Envelope, str | None]] = {}
+        self._turn_returned = False  # a model turn of this run is in history
         self._waited = 0.0  # approval waits of this run (excluded from processing time)
         self._published: tuple[object, ...] = ()
         self._refs: dict[str, str] = {}  # call_id -> idempotency key of its tool output
@@ -151,7 +168,7 @@ class BoundLoopWorkflow:
                                    non_retryable=True)
         if inp.carried is None:
             first = [user_message(inp.question)]
-            self._unsent = first
+            self._unsent = [*self._unsent, *first]
             self._state.conversation = self._state.conversation.extend(first)
             self._state.log("run_started")
         try:
@@ -196,6 +213,7 @@ class BoundLoopWorkflow:
             state.conversation = state.conversation.extend(turn.items)
             self._sent = state.conversation
             before = (state.usage.total_tokens, state.cost_usd)
+            self._open_calls, self._answered, self._turn_returned = list(turn.calls), {}, True
             stop = core.account_usage(state, turn, state.conversation.bytes)
             self._settle_budget(plan.step, shared.settlement(
                 self._reserved, state.usage.total_tokens - before[0],
@@ -214,6 +232,7 @@ class BoundLoopWorkflow:
             self._unsent = items
             self._refs = {call.call_id: key for call, _, key in outputs if key is not None}
             state.conversation = state.conversation.extend(items)
+            self._open_calls = []
 
     # --- model ---------------------------------------------------------------------
 
@@ -387,7 +406,7 @@ class BoundLoopWorkflow:
         """Every call's output in call order, with the idempotency key when the output is
         the tool activity's own result (then history already holds it: docs/history.md)."""
         state = self._state
-        results: dict[str, tuple[Envelope, str | None]] = {}
+        results = self._answered  # kept as they come: a stopped turn hands them on
         waiting: list[core.Execute] = []
         for p in plans:
             if isinstance(p, core.Execute) and p.needs_approval:
@@ -644,11 +663,31 @@ class BoundLoopWorkflow:
             usage_estimated=s.usage.estimated, cost_usd=self._cost(), cost_units=s.cost_units,
             events=list(s.events), workflow_id=info.workflow_id, run_id=info.run_id,
             answer_looks_like_tool_call=s.answer_looks_like_tool_call,
-            cancel_reason=self._cancel_reason if s.reason == StopReason.CANCELLED else None)
+            cancel_reason=self._cancel_reason if s.reason == StopReason.CANCELLED else None,
+            continuation=self._continuation() if self._inp.turn is not None else None)
         excess = payload_bytes(result) - MAX_PAYLOAD_VALUE_BYTES
         if excess <= 0:
             return result
         return result.model_copy(update={"events": core.events_within(result.events, excess)})
+
+
+    def _continuation(self) -> sessions.Continuation:
+        """Where a session's next turn continues this conversation: this run's history
+        up to its last model turn (or the conversation it was given, when the model was
+        never answered), then the unsent items, and an output for every open call."""
+        s, info = self._state, workflow.info()
+        assert s.reason is not None
+        closing = sessions.closing_outputs(self._open_calls, self._answered, s.reason)
+        wire = [{"type": "function_call_output", "call_id": call_id, OUTPUT_REF: key}
+                if key is not None else function_call_output(call_id, envelope.to_output())
+                for call_id, envelope, key in closing]
+        base = (ConversationRef(workflow_id=info.workflow_id, run_id=info.run_id,
+                                meta=self._sent) if self._turn_returned else self._base)
+        conversation = s.conversation.extend(
+            [function_call_output(call_id, envelope.to_output())
+             for call_id, envelope, _ in closing])
+        return sessions.Continuation(base=base, unsent=[*self._wire_items(), *wire],
+                                     conversation=conversation)
 
 
 def _model_failure(err: ActivityError, timeout_seconds: float) -> mf.ModelFailure:

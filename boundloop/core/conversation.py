@@ -34,6 +34,17 @@ class ConversationMeta(BaseModel):
         return ConversationMeta(count=count, bytes=size, digest=digest)
 
 
+class ConversationRef(BaseModel):
+    """The conversation of an earlier run: of the same workflow (continue-as-new), or
+    of a session's previous turn (`boundloop.core.session`)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    workflow_id: str
+    run_id: str
+    meta: ConversationMeta
+
+
 def meta_of(items: list[Item]) -> ConversationMeta:
     return ConversationMeta().extend(items)
 

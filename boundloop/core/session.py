@@ -1,0 +1,182 @@
+"""A session's decisions: pure, deterministic, no Temporal, no I/O.
+
+A session holds one conversation across turns; each turn is one bounded run of the
+loop (a child workflow). The session workflow (`workflows/session.py`) is a thin shell:
+it asks here whether a message may start a turn, which limits the turn gets, how a
+finished turn changes the session, and when the session ends.
+
+How a turn continues the conversation: a run ends with a `Continuation` (the run that
+holds the conversation up to its last model turn, by reference, plus the items the model
+has not seen yet). The next turn starts from it, the way continue-as-new does
+(docs/history.md), so no item is written to history twice.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from boundloop.core import envelope as env
+from boundloop.core.conversation import ConversationMeta, ConversationRef, Item
+from boundloop.core.envelope import Envelope
+from boundloop.core.limits import Limits, PositiveInt, Seconds
+from boundloop.core.reasons import StopReason
+from boundloop.core.turn import FunctionCall
+
+#: Why a session ended: `boundloop session end` (requested), no message for `idle_seconds`, its
+#: last allowed turn, or its token budget spent.
+SessionEnd = Literal["requested", "idle", "max_turns", "token_budget"]
+#: The envelope code of a call whose turn stopped before it ran.
+NOT_RUN = "NOT_RUN"
+
+
+class SessionLimits(BaseModel):
+    """Limits of a whole session (each turn also has the run `Limits`).
+
+    - max_turns: turns per session; the session ends after the last one.
+    - token_budget: known total tokens of all its turns. Each turn's `token_threshold`
+      is at most what is left, so a turn that spends the rest stops with `usage_limit`;
+      the session then ends (`token_budget`). None: no session-wide budget.
+    - idle_seconds: the session ends when no turn ran for this long (a durable timer;
+      a turn waiting for an approval is not idle).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    max_turns: PositiveInt = 100
+    token_budget: PositiveInt | None = None
+    idle_seconds: Seconds = 3600.0
+
+
+class Continuation(BaseModel):
+    """Where a conversation goes on: `base` holds it up to its last model turn (None when
+    the model was never asked), `unsent` the items after it as a `ModelRequest`'s
+    `new_items` carry them (a tool activity's output by `output_ref`), `conversation`
+    the meta of base + unsent with every reference resolved."""
+
+    model_config = ConfigDict(frozen=True)
+
+    base: ConversationRef | None
+    unsent: list[Item] = Field(default_factory=list)
+    conversation: ConversationMeta
+
+
+class TurnOf(BaseModel):
+    """A run that is a session's turn: which session, which turn, and the conversation
+    it continues (None for the first turn)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    session_id: str
+    turn: int = Field(ge=1)
+    follows: Continuation | None = None
+
+
+class TurnSummary(BaseModel):
+    """The last turn, as `boundloop session show` prints it."""
+
+    turn: int
+    workflow_id: str
+    reason: StopReason
+    steps: int
+    tool_executions: int
+    total_tokens: int
+
+
+class SessionState(BaseModel):
+    """All a session carries (and hands on at continue-as-new): counters, the last turn,
+    and the reference its next turn continues from. Small whatever the turn count."""
+
+    #: Turns started (numbers the turns' workflow ids, so a failed turn's id is not reused).
+    turns: int = 0
+    steps: int = 0
+    tool_executions: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+    total_tokens: int = 0
+    cost_usd: float | None = None
+    last: TurnSummary | None = None
+    follows: Continuation | None = None
+    #: When the session became idle (ISO 8601 UTC, workflow time): its start, or the end
+    #: of its last turn.
+    idle_since: str
+    ended: SessionEnd | None = None
+
+
+def turn_id(session_id: str, turn: int) -> str:
+    """A turn's workflow id: idempotency keys are scoped by it, so they differ per turn."""
+    return f"{session_id}/turn-{turn}"
+
+
+def tokens_left(state: SessionState, limits: SessionLimits) -> int | None:
+    if limits.token_budget is None:
+        return None
+    return max(limits.token_budget - state.total_tokens, 0)
+
+
+def end_reason(state: SessionState, limits: SessionLimits) -> SessionEnd | None:
+    """Whether the session is done after its last turn (None: it takes more messages)."""
+    if state.ended is not None:
+        return state.ended
+    if state.turns >= limits.max_turns:
+        return "max_turns"
+    if tokens_left(state, limits) == 0:
+        return "token_budget"
+    return None
+
+
+def refusal(state: SessionState, limits: SessionLimits, running: str | None) -> str | None:
+    """Why a new message cannot start a turn now (None: it can). Messages are refused,
+    not queued, while a turn runs: the sender gets the turn's answer from its own `say`,
+    and a queued message would be answered in a conversation it never saw."""
+    if running is not None:
+        return (f"turn {running} is still running; send the next message when it has "
+                "ended (`boundloop watch` follows it)")
+    ended = end_reason(state, limits)
+    if ended is not None:
+        return f"the session has ended (reason: {ended}); start a new one"
+    return None
+
+
+def turn_limits(limits: Limits, session: SessionLimits, state: SessionState) -> Limits:
+    """A turn's limits: the run limits, with `token_threshold` shrunk to what is left of
+    the session's token budget."""
+    left = tokens_left(state, session)
+    if left is None or left >= limits.token_threshold:
+        return limits
+    return limits.model_copy(update={"token_threshold": left})
+
+
+def record_turn(state: SessionState, summary: TurnSummary, *, input_tokens: int,
+                output_tokens: int, cost_usd: float | None, follows: Continuation,
+                now: str) -> None:
+    """A turn ended with a RunResult: add its counts; the next turn continues from it."""
+    state.steps += summary.steps
+    state.tool_executions += summary.tool_executions
+    state.input_tokens += input_tokens
+    state.output_tokens += output_tokens
+    state.total_tokens += summary.total_tokens
+    if cost_usd is not None:
+        state.cost_usd = round((state.cost_usd or 0.0) + cost_usd, 8)
+    state.last = summary
+    state.follows = follows
+    state.idle_since = now
+
+
+def not_run(reason: StopReason) -> Envelope:
+    """The output of a call whose turn stopped before it ran: every `function_call` needs
+    one `function_call_output` before the next request (Responses API; Chat pairs tool
+    messages the same way), and the model should know the call did nothing."""
+    return env.blocked(NOT_RUN, f"This call did not run: the previous turn stopped "
+                                f"({reason.value}) before it. Nothing was changed.")
+
+
+def closing_outputs(calls: list[FunctionCall],
+                    answered: dict[str, tuple[Envelope, str | None]],
+                    reason: StopReason) -> list[tuple[str, Envelope, str | None]]:
+    """(call_id, envelope, idempotency key when the output is a tool activity's result)
+    for each call of the last model turn that has no output in the conversation yet: the
+    real output when the call ran before the turn stopped (a side effect is never
+    reported as not done), else `not_run`."""
+    return [(c.call_id, *answered.get(c.call_id, (not_run(reason), None))) for c in calls]

@@ -1,0 +1,177 @@
+"""The BoundloopSession workflow: one conversation across turns.
+
+A user message arrives by the validated update `say`; it runs one bounded turn as a
+child workflow of the BoundLoop workflow (same loop, limits and approvals) and returns
+that turn's RunResult, however the turn ended. The next turn continues the conversation
+by reference (`boundloop.core.session`); between turns the session continues as new when
+Temporal suggests it, carrying only its counters and that reference. The decisions are
+in `boundloop.core.session`; this is the shell.
+"""
+
+from __future__ import annotations
+
+import builtins
+import contextlib
+from datetime import datetime, timedelta
+from typing import Any
+
+from temporalio import workflow
+from temporalio.exceptions import ApplicationError, ChildWorkflowError
+
+with workflow.unsafe.imports_passed_through():
+    from boundloop import errors
+    from boundloop.contracts import (
+        SESSION_WORKFLOW,
+        WORKFLOW_NAME,
+        CancelRequest,
+        RunInput,
+        RunResult,
+        SayRequest,
+        SessionInput,
+        SessionStatus,
+    )
+    from boundloop.core import session as core
+    from boundloop.core.canonical import preview
+
+
+@workflow.defn(name=SESSION_WORKFLOW)
+class BoundloopSessionWorkflow:
+    @workflow.init
+    def __init__(self, inp: SessionInput) -> None:
+        self._inp = inp
+        self._state = inp.state or core.SessionState(idle_since=workflow.now().isoformat())
+        self._running: str | None = None  # the running turn's workflow id
+        self._end_asked = False
+
+    @workflow.run
+    async def run(self, inp: SessionInput) -> SessionStatus:
+        state, limits = self._state, inp.limits
+        while True:
+            if self._running is None:
+                ended = "requested" if self._end_asked else core.end_reason(state, limits)
+                left = (limits.idle_seconds
+                        - (workflow.now() - _at(state.idle_since)).total_seconds())
+                if ended is None and left <= 0:
+                    ended = "idle"
+                if ended is not None:
+                    state.ended = ended  # a `say` from now on is refused
+                    break
+                if workflow.info().is_continue_as_new_suggested():
+                    await workflow.wait_condition(workflow.all_handlers_finished)
+                    if self._running is None:
+                        workflow.continue_as_new(inp.model_copy(update={"state": state}))
+                    continue
+                # Timing out means idle: checked at the top, where a turn just begun wins.
+                with contextlib.suppress(builtins.TimeoutError):
+                    await workflow.wait_condition(
+                        lambda: self._running is not None or self._end_asked
+                        or workflow.info().is_continue_as_new_suggested(),
+                        timeout=timedelta(seconds=left))
+            else:
+                await workflow.wait_condition(lambda: self._running is None)
+        workflow.logger.info("session ended", extra={"reason": state.ended})
+        await workflow.wait_condition(workflow.all_handlers_finished)
+        return self.status()
+
+    # --- messages ---------------------------------------------------------------------
+
+    @workflow.update
+    async def say(self, req: SayRequest) -> RunResult:
+        # Checked again here: two messages in one workflow task both pass the validator.
+        self._refuse_if_busy()
+        state = self._state
+        state.turns += 1
+        turn_id = core.turn_id(workflow.info().workflow_id, state.turns)
+        self._running = turn_id
+        try:
+            settings = self._inp.settings.model_copy(update={"limits": core.turn_limits(
+                self._inp.settings.limits, self._inp.limits, state)})
+            run = RunInput(question=req.message, instructions=self._inp.instructions,
+                           settings=settings, tools=self._inp.tools,
+                           search_attributes=self._inp.search_attributes,
+                           turn=core.TurnOf(session_id=workflow.info().workflow_id,
+                                            turn=state.turns, follows=state.follows))
+            handle = await workflow.start_child_workflow(
+                WORKFLOW_NAME, run, id=turn_id, result_type=RunResult,
+                static_summary=f"turn {state.turns}: {preview(req.message, 100)}")
+            result = await self._result_of(handle, state.turns)
+        finally:
+            self._running = None
+            state.idle_since = workflow.now().isoformat()
+        assert result.continuation is not None  # every turn's RunResult carries one
+        core.record_turn(state, core.TurnSummary(
+            turn=state.turns, workflow_id=turn_id, reason=result.reason, steps=result.steps,
+            tool_executions=result.tool_executions, total_tokens=result.total_tokens),
+            input_tokens=result.input_tokens, output_tokens=result.output_tokens,
+            cost_usd=result.cost_usd, follows=result.continuation,
+            now=workflow.now().isoformat())
+        workflow.logger.info("turn ended", extra={"reason": result.reason.value,
+                                                  "step": result.steps})
+        return result
+
+    @say.validator
+    def _validate_say(self, req: SayRequest) -> None:
+        self._refuse_if_busy()
+
+    @workflow.update
+    async def end(self) -> SessionStatus:
+        """End the session; a running turn is cancelled first (it ends `cancelled`)."""
+        if self._state.ended is not None:
+            raise ApplicationError(f"the session has ended (reason: {self._state.ended})",
+                                   type=errors.SESSION_REFUSED, non_retryable=True)
+        self._end_asked = True
+        if self._running is not None:
+            # Asked of the turn's workflow as `boundloop cancel` asks it: the RunResult
+            # then comes back through `say` as for any other stop.
+            turn = workflow.get_external_workflow_handle(self._running)
+            await turn.signal("cancel_reason", CancelRequest(reason="session ended"))
+            await turn.cancel()
+        await workflow.wait_condition(lambda: self._state.ended is not None)
+        return self.status()
+
+    @workflow.query
+    def status(self) -> SessionStatus:
+        s, limits = self._state, self._inp.limits
+        idle_until = None
+        if self._running is None and s.ended is None:
+            idle_until = (_at(s.idle_since)
+                          + timedelta(seconds=limits.idle_seconds)).isoformat()
+        return SessionStatus(
+            session_id=workflow.info().workflow_id,
+            status="ended" if s.ended else ("running" if self._running else "idle"),
+            ended=s.ended, turns=s.turns, limits=limits, current_turn=self._running,
+            last=s.last, steps=s.steps, tool_executions=s.tool_executions,
+            input_tokens=s.input_tokens, output_tokens=s.output_tokens,
+            total_tokens=s.total_tokens, tokens_left=core.tokens_left(s, limits),
+            cost_usd=s.cost_usd, idle_until=idle_until, model=self._inp.settings.model)
+
+    # --- helpers ----------------------------------------------------------------------
+
+    def _refuse_if_busy(self) -> None:
+        problem = core.refusal(self._state, self._inp.limits, self._running)
+        if self._end_asked and problem is None:
+            problem = "the session is ending; start a new one"
+        if problem is not None:
+            raise ApplicationError(problem, type=errors.SESSION_REFUSED, non_retryable=True)
+
+    async def _result_of(self, handle: workflow.ChildWorkflowHandle[Any, RunResult],
+                         turn: int) -> RunResult:
+        """The turn's RunResult however it ended: a stopped turn fails its workflow with
+        `RunStopped` carrying it (docs/design.md, "How a run ends")."""
+        try:
+            return await handle
+        except ChildWorkflowError as err:
+            cause = err.cause
+            if (isinstance(cause, ApplicationError) and cause.type == errors.RUN_STOPPED
+                    and cause.details):
+                return RunResult.model_validate(cause.details[0])
+            kind = cause.type if isinstance(cause, ApplicationError) else type(cause).__name__
+            # The turn left no RunResult (its tools are not served, it was terminated):
+            # the conversation goes on from the turn before it.
+            raise ApplicationError(f"turn {turn} ({handle.id}) ended without a RunResult: "
+                                   f"{kind}", type=errors.TURN_FAILED,
+                                   non_retryable=True) from None
+
+
+def _at(iso: str) -> datetime:
+    return datetime.fromisoformat(iso)
