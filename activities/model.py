@@ -1,4 +1,4 @@
-"""The model activity: one model request per activity (SPEC §2), both OpenAI APIs.
+"""The model activity: one model request per activity, both OpenAI APIs.
 
 The SDK client runs with `max_retries=0`. A failed request is raised as a typed
 `ApplicationError` (activities/model_errors.py) that the workflow counts against the

@@ -122,7 +122,7 @@ def build_input(question: str, *, settings: Settings, model: str | None, api: st
                 tools: str | None, instructions: str | None, limits_json: str | None,
                 policy_json: str | None, limit_flags: dict[str, Any],
                 budget: str | None = None) -> RunInput:
-    """Validate everything before anything starts (SPEC §4)."""
+    """Validate everything before anything starts."""
     limits_raw = json_object("--limits", limits_json)
     policy_raw = json_object("--policy", policy_json)
     limits_raw.update({k: v for k, v in limit_flags.items() if v is not None})

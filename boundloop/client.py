@@ -329,7 +329,7 @@ async def start_run(client: Client, inp: RunInput, *, workflow_id: str | None = 
     limits = compact_json(inp.settings.limits.model_dump(mode="json"))
     details = (f"model `{inp.settings.model}` ({inp.settings.api})\n\n"
                f"tools: {', '.join(inp.tools)}\n\nlimits: `{limits}`")
-    # Idempotency keys are scoped by workflow id (SPEC §7): a finished run's id is never
+    # Idempotency keys are scoped by workflow id: a finished run's id is never
     # reused, or its side effects would be "already done" for the new run.
     return await client.start_workflow(
         WORKFLOW_NAME, inp, id=wf_id, task_queue=task_queue,

@@ -1,6 +1,6 @@
 """Data that crosses Temporal boundaries (workflow input/output, activities, messages).
 
-All are pydantic models carried by `pydantic_data_converter` (SPEC §2).
+All are pydantic models carried by `pydantic_data_converter`.
 """
 
 from __future__ import annotations
@@ -146,7 +146,7 @@ class CancelRequest(BaseModel):
 
 
 class RunResult(BaseModel):
-    """SPEC §3 output. `events` hold no raw arguments, outputs or text."""
+    """A run's output. `events` hold no raw arguments, outputs or text."""
 
     reason: StopReason
     text: str

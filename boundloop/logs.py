@@ -1,4 +1,4 @@
-"""Structured worker logs: message + workflow id, step, tool, fingerprint (SPEC §8).
+"""Structured worker logs: message + workflow id, step, tool, fingerprint.
 
 Only allow-listed fields are printed, so a raw argument, tool output, prompt or key
 that reached a log record's attributes still never reaches the log line.

@@ -1,4 +1,4 @@
-"""Search attributes shown and filterable in the Temporal Web UI (SPEC §8)."""
+"""Search attributes shown and filterable in the Temporal Web UI."""
 
 from __future__ import annotations
 

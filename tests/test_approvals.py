@@ -1,4 +1,4 @@
-"""Approvals through the real workflow (SPEC §6): decisions by update and by signal,
+"""Approvals through the real workflow: decisions by update and by signal,
 rejections, timeouts, mixed batches, edited arguments and the deadline."""
 
 from __future__ import annotations

@@ -290,7 +290,7 @@ async def test_budget_commands_from_the_cli(client: Client, tmp_path: Path) -> N
                 "--max-output-tokens", "200", "--model", MODEL, "--policy", json.dumps(
                     {"prices": {MODEL: {"input_usd_per_mtok": 0.25,
                                         "output_usd_per_mtok": 2.0}}}), "--model-script",
-                "examples/scripts/seed000_stock.json", env=env)
+                "examples/scripts/stock_two_skus.json", env=env)
             assert code == 0, err
             result = json.loads(out)
             code, out, err = await cli("budget", "show", key, "--json", env=env)

@@ -55,7 +55,7 @@ async def test_run_with_model_script_prints_one_json_result(temporal: Client,
                                                             tmp_path: Path) -> None:
     code, out, err = await cli(
         "run", "A-001とB-002の在庫をそれぞれ調べて。", "--json",
-        "--model-script", "examples/scripts/seed000_stock.json", env=env_for(temporal, tmp_path))
+        "--model-script", "examples/scripts/stock_two_skus.json", env=env_for(temporal, tmp_path))
     assert code == 0, err
     result = json.loads(out)
     assert (result["reason"], result["steps"], result["tool_executions"]) == ("completed", 3, 2)
@@ -318,7 +318,7 @@ async def test_exit_codes_are_one_table(temporal: Client, tmp_path: Path) -> Non
     env = env_for(temporal, tmp_path)
     run_id = f"cli-ok-{tmp_path.name[-8:]}"
     code, _out, err = await cli("run", "A-001とB-002の在庫をそれぞれ調べて。", "--id", run_id,
-                                "--model-script", "examples/scripts/seed000_stock.json",
+                                "--model-script", "examples/scripts/stock_two_skus.json",
                                 env=env)
     assert code == 0, err
     for args in (["status", run_id], ["watch", run_id], ["list"], ["pending"]):

@@ -1,4 +1,4 @@
-"""The conversation (size, digest, Chat rendering) and approval decisions (SPEC §3, §6).
+"""The conversation (size, digest, Chat rendering) and approval decisions.
 
 - `ConversationMeta` tracks the history byte size the loop checks before a request
   (UTF-8 JSON of the conversation) and a digest chain, so extending it step by step

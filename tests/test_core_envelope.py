@@ -1,4 +1,4 @@
-"""The tool result envelope and its byte cap (SPEC §5, §3 `result_limit`).
+"""The tool result envelope and its byte cap (and `result_limit`).
 
 `cap_envelope` returns the envelope when its UTF-8 JSON fits the cap, a
 `RESULT_TOO_LARGE` envelope when only that fits, and None when not even that fits (the

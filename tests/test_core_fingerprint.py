@@ -1,6 +1,6 @@
 """Fingerprints (tool name + canonical JSON of the arguments) and byte-bounded previews.
 
-SPEC §1: a fingerprint identifies a call whatever the key order, whitespace or unicode
+A fingerprint identifies a call whatever the key order, whitespace or unicode
 escaping the model used; different arguments or tools never share one.
 """
 

@@ -1,4 +1,4 @@
-"""The core never reports `completed` for a run a limit cut short (SPEC §3).
+"""The core never reports `completed` for a run a limit cut short.
 
 Pure decisions only: forced answers name their limit, invalid and unknown calls count
 toward the identical-call limit by fingerprint, text that looks like a tool call is

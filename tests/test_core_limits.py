@@ -1,4 +1,4 @@
-"""Limits, policy and run settings (SPEC §4), and the loop's limit arithmetic (SPEC §3).
+"""Limits, policy and run settings, and the loop's limit arithmetic.
 
 Validation: every limit is a positive integer (or a positive finite number for money
 and time); anything else is refused before the run starts, naming the field.

@@ -1,7 +1,7 @@
 """Normalising untrusted model responses (`parse_responses`, `parse_chat`) and what the
 loop decides from them (`plan_calls`).
 
-SPEC §3.4: validate status, item types and call ids; decide by the presence of tool
+Validate status, item types and call ids; decide by the presence of tool
 calls, never by `finish_reason`; text that looks like a tool call is an answer. The
 response body is untrusted: parsing never raises, a body that makes no sense is a
 `protocol_error`, and every call the model made gets exactly one decision.

@@ -1,4 +1,4 @@
-"""Issue 3: crashes with real processes (SPEC §6-§7).
+"""Crashes with real processes: approvals and side effects survive kill -9.
 
 Each test starts its own Temporal dev server (a SQLite file in tmp_path), the scripted
 model server, and worker *processes* (`python -m boundloop.worker.main`), then kills one of them

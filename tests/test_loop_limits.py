@@ -1,4 +1,4 @@
-"""Seed 001 and the other stop reasons, through the real workflow."""
+"""Identical calls and the other stop reasons, through the real workflow."""
 
 from __future__ import annotations
 

@@ -40,7 +40,7 @@ from boundloop.scripted.validation import (
 )
 
 REPO = Path(__file__).resolve().parents[1]
-SEED000 = REPO / "examples" / "scripts" / "seed000_stock.json"
+STOCK_SCRIPT = REPO / "examples" / "scripts" / "stock_two_skus.json"
 MODEL = "gpt-5-mini"
 
 Serve = Callable[..., ScriptedModelServer]
@@ -762,9 +762,9 @@ def _lookup_stock(arguments: str) -> str:
     return json.dumps({"sku": sku, "stock": stock[sku]})
 
 
-def test_seed000_example_runs_a_strictly_valid_responses_loop(serve: Serve) -> None:
+def test_stock_example_runs_a_strictly_valid_responses_loop(serve: Serve) -> None:
     """Drive the shipped demo script the way a stateless tool loop does."""
-    server = serve(load_script(SEED000))
+    server = serve(load_script(STOCK_SCRIPT))
     client = client_for(server)
     items: list[Any] = [{"role": "user", "content": "A-001とB-002の在庫をそれぞれ調べて。"}]
 

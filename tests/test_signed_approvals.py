@@ -323,7 +323,7 @@ async def test_a_bad_keys_file_stops_the_worker_in_one_line(tmp_path: Path) -> N
                      "is 32 bytes, this one is 3"], lines
     # `run --model-script` runs a worker of its own: refused the same way, before it starts.
     code, out, err = await cli("run", "hi", "--model-script",
-                               "examples/scripts/seed000_stock.json", env=env)
+                               "examples/scripts/stock_two_skus.json", env=env)
     assert code == 2 and "BOUNDLOOP_APPROVER_KEYS:" in err and "Traceback" not in err, err
 
 

@@ -1,7 +1,7 @@
 """The BoundLoop workflow: a thin Temporal shell around `boundloop.core.loop`.
 
 Each model request and each tool execution is one activity; the counters, the
-identical-call table and pending approvals live in workflow state (SPEC §2). The
+identical-call table and pending approvals live in workflow state. The
 conversation itself is written to history once and rebuilt by the model activity
 from references (docs/history.md).
 """
@@ -526,7 +526,7 @@ class BoundLoopWorkflow:
                 # an unexpected exception stops the run.
                 transient = isinstance(cause, TimeoutError) or kind in (
                     errors.TRANSIENT_TOOL_ERROR, errors.TOOL_TIMED_OUT)
-                # Timing out on the last attempt is told apart, with the numbers (SPEC §5).
+                # Timing out on the last attempt is told apart, with the numbers.
                 exhausted = (tool_timed_out(timeout, failures) if kind == errors.TOOL_TIMED_OUT
                              else temporary_error_exhausted())
                 outcome = core.ToolOutcome(envelope=exhausted, executed=started,
@@ -608,7 +608,7 @@ class BoundLoopWorkflow:
         return round(self._state.cost_usd, 8) if known else None
 
     def _publish(self, attributes: bool = True) -> None:
-        """Search attributes and current details for the Web UI (SPEC §8).
+        """Search attributes and current details for the Web UI.
 
         Each upsert is an event in history: upsert only when a value changed, and not
         after every tool execution (current details, which cost no history, show it).

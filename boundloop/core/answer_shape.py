@@ -1,4 +1,4 @@
-"""Final answers that look like tool calls (SPEC §3: never executed, flagged).
+"""Final answers that look like tool calls (never executed, flagged).
 
 Small models often write a call as text, e.g. `{"name": "lookup_stock", "arguments":
 {"sku": "A-001"}}`, when they may not (or cannot) call tools. Such text is an answer,

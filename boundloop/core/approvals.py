@@ -1,4 +1,4 @@
-"""Approval decisions (SPEC §6): pure checks and state changes.
+"""Approval decisions: pure checks and state changes.
 
 A call to an approval-required tool is validated first (arguments, limits, identical
 calls) and then recorded here as pending. Decisions come by signal or update; both go

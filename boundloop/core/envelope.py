@@ -1,4 +1,4 @@
-"""The tool result envelope (SPEC §5, seed 001 "原因3": explicit status, retryable, code).
+"""The tool result envelope: an explicit status, whether to retry, and a code.
 
 Every call the model makes gets exactly one envelope back as its
 `function_call_output` (Responses API) or `tool` message (Chat Completions). The model
@@ -61,25 +61,25 @@ def unserializable_result() -> Envelope:
 
 
 def invalid_input(code: str, message: str) -> Envelope:
-    """Arguments the model can correct: not executed, not counted (SPEC §5)."""
+    """Arguments the model can correct: not executed, not counted."""
     return Envelope(status=ToolStatus.INVALID_INPUT, retryable=True, error_code=code,
                     message=message)
 
 
 def blocked(code: str, message: str) -> Envelope:
-    """A limit refused the call; the model should answer with what it has (seed 001)."""
+    """A limit refused the call; the model should answer with what it has."""
     return Envelope(status=ToolStatus.BLOCKED, retryable=False, error_code=code, message=message)
 
 
 def rejected(reason: str | None) -> Envelope:
-    """A human rejected the call (SPEC §6): not executed, do not retry."""
+    """A human rejected the call: not executed, do not retry."""
     why = f" Reason: {reason}" if reason else ""
     return Envelope(status=ToolStatus.REJECTED, retryable=False, error_code="REJECTED",
                     message=f"A human rejected this call. It was not executed; do not retry.{why}")
 
 
 def temporary_error_exhausted() -> Envelope:
-    """Transient failures after Temporal's retries are used up (SPEC §5)."""
+    """Transient failures after Temporal's retries are used up."""
     return Envelope(status=ToolStatus.TEMPORARY_ERROR, retryable=False,
                     error_code="RETRIES_EXHAUSTED",
                     message="The tool failed temporarily and retries are exhausted. "
@@ -87,7 +87,7 @@ def temporary_error_exhausted() -> Envelope:
 
 
 def tool_timed_out(seconds: float, attempts: int) -> Envelope:
-    """A tool that hit its timeout on every attempt (SPEC §5: `temporary_error`,
+    """A tool that hit its timeout on every attempt (`temporary_error`,
     `retryable: false`): the numbers tell the model that calling again will not help."""
     return Envelope(status=ToolStatus.TEMPORARY_ERROR, retryable=False,
                     error_code="RETRIES_EXHAUSTED",
@@ -116,7 +116,7 @@ def cap_envelope(envelope: Envelope, max_bytes: int) -> Envelope | None:
     """The envelope if it fits `max_bytes`, else `RESULT_TOO_LARGE`, else None.
 
     None means even the error envelope is over the cap: the run stops with
-    `result_limit` (seed 000, "エラーも上限を超える設定なら").
+    `result_limit` (a cap so small that even the error does not fit).
     """
     size = envelope.output_bytes()
     if size <= max_bytes:

@@ -1,4 +1,4 @@
-"""Fingerprints: tool name + canonical JSON of the arguments (SPEC §1, seed 001).
+"""Fingerprints: tool name + canonical JSON of the arguments.
 
 Two calls are identical when their fingerprints match, whatever the key order,
 whitespace or unicode escaping of the arguments the model wrote. Logs and the event

@@ -1,4 +1,4 @@
-"""Limits and run policy (SPEC §4): validated before a run starts.
+"""Limits and run policy: validated before a run starts.
 
 Every limit is a strictly positive integer, or a strictly positive finite number for
 money and time. Booleans, strings, zero, negatives, NaN and infinity are refused with
@@ -99,7 +99,7 @@ class Price(BaseModel):
 
 
 class Limits(BaseModel):
-    """Hard limits of one run. Defaults are seed 000's table and seed 001's identical calls.
+    """Hard limits of one run, with the defaults of the product's reference table.
 
     - max_steps: model requests per run; the last one is sent with `tool_choice: "none"`.
     - max_tool_executions: tool activities that actually ran.
@@ -141,10 +141,10 @@ class Limits(BaseModel):
 
 
 class Policy(BaseModel):
-    """Run-level choices where the SPEC allows more than one behaviour.
+    """Run-level choices where more than one behaviour is reasonable.
 
     - unknown_tool: "stop" ends the run with `forbidden_tool`; "report" answers the call
-      with an `UNKNOWN_TOOL` envelope and goes on (SPEC §5).
+      with an `UNKNOWN_TOOL` envelope and goes on.
     - missing_usage: "stop" ends with `usage_unknown`; "estimate" counts UTF-8 bytes / 4
       and marks the result as estimated.
     - approval: "tool" asks for approval where a tool declares it, "always" for every

@@ -1,4 +1,4 @@
-"""The loop's decisions: pure, deterministic, no Temporal, no I/O (SPEC §2-§6).
+"""The loop's decisions: pure, deterministic, no Temporal, no I/O.
 
 The workflow feeds events in (a step starts, a response arrives, a tool returns, a
 human decides) and carries `LoopState` between them; every rule that decides whether
@@ -70,7 +70,7 @@ class UsageTotals(BaseModel):
 
 
 class Approval(BaseModel):
-    """A call waiting for (or decided by) a human (SPEC §6)."""
+    """A call waiting for (or decided by) a human."""
 
     call_id: str
     tool: str
@@ -134,7 +134,7 @@ class LoopState(BaseModel):
         if text is not None:
             self.text = text
             if looks_like_tool_call(text, self.allowed_tools):
-                # Never executed (SPEC §3.4), but flagged: not the answer the user wanted.
+                # Never executed, but flagged: not the answer the user wanted.
                 self.answer_looks_like_tool_call = True
                 self.log("answer_looks_like_tool_call")
         self.log(f"stopped:{reason.value}")
@@ -153,7 +153,7 @@ class StepPlan(BaseModel):
 
 
 def begin_step(state: LoopState, processing_seconds: float) -> StepPlan | StopReason:
-    """SPEC §3.1: deadline, history bytes, remaining steps - in that order."""
+    """Before a request: deadline, history bytes, remaining steps - in that order."""
     lim = state.limits
     if processing_seconds >= lim.deadline_seconds:
         return state.stop(StopReason.DEADLINE)
@@ -196,7 +196,7 @@ def estimate_usage(input_bytes: int, output_bytes: int) -> Usage:
 
 
 def account_usage(state: LoopState, turn: Turn, input_bytes: int) -> StopReason | None:
-    """SPEC §3.3: add usage, then check the token threshold and the USD budget."""
+    """After a response: add usage, then check the token threshold and the USD budget."""
     usage = turn.usage
     state.last_tokens = None if usage is None else usage.input_tokens + usage.output_tokens
     state.last_bytes = input_bytes
@@ -252,7 +252,8 @@ CallPlan = Execute | Reply
 
 
 def idempotency_key(workflow_id: str, step: int, index: int) -> str:
-    """SPEC §7: the workflow id and the call's position in the run; nothing else."""
+    """The workflow id and the call's position in the run; nothing else (stable across
+    retries, crashes and resets, never shared by two runs)."""
     return f"{workflow_id}/step-{step}/call-{index}"
 
 
@@ -348,7 +349,7 @@ def _schema_problems(exc: ValidationError, rule: ToolRule) -> str:
 
 def plan_calls(state: LoopState, turn: Turn, plan: StepPlan, rules: dict[str, ToolRule],
                workflow_id: str) -> list[CallPlan] | StopReason:
-    """SPEC §3.4-§3.6 up to execution: validate the response, check the batch, then
+    """From a response up to execution: validate the response, check the batch, then
     decide each call in order. Returns the per-call plans, or the stop reason.
 
     Text that merely looks like a tool call is an answer (never parsed for calls).
@@ -371,7 +372,7 @@ def plan_calls(state: LoopState, turn: Turn, plan: StepPlan, rules: dict[str, To
             state.log("duplicate_call_id", call_id=call.call_id)
             return state.stop(StopReason.PROTOCOL_ERROR, turn.text)
     if plan.last or state.force_final:
-        # tool_choice "none" was sent; providers may ignore it: never execute (SPEC §3.2).
+        # tool_choice "none" was sent; providers may ignore it: never execute.
         state.log("tool_calls_ignored")
         if state.pending_limit is not None:
             return state.stop(state.pending_limit, turn.text)
@@ -466,7 +467,7 @@ def _count_refusal(state: LoopState, event: str, call: FunctionCall, fp: str,
 
 
 def answer_reason(state: LoopState, plan: StepPlan) -> StopReason:
-    """SPEC §3: `completed` only for an answer given while the model was free to call
+    """`completed` only for an answer given while the model was free to call
     tools, or after a terminal side effect succeeded (the run's goal). A forced answer
     names what forced it: the blocking limit, or the step limit on the last step."""
     if state.pending_limit is not None:
@@ -578,5 +579,5 @@ def reply_output(state: LoopState, reply: Reply) -> Envelope | StopReason:
 
 
 def outputs_items(pairs: list[tuple[FunctionCall, Envelope]]) -> list[Item]:
-    """`function_call_output` items, one per call, in call order (SPEC §3.6)."""
+    """`function_call_output` items, one per call, in call order."""
     return [function_call_output(call.call_id, envelope.to_output()) for call, envelope in pairs]

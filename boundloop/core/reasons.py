@@ -1,4 +1,4 @@
-"""The closed set of stop reasons (SPEC §3): exactly one per run."""
+"""The closed set of stop reasons: exactly one per run."""
 
 from __future__ import annotations
 

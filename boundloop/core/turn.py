@@ -2,7 +2,7 @@
 
 The response body is untrusted input: these functions never raise on any JSON value.
 A body they cannot make sense of yields a `Turn` with a `fault` (-> `protocol_error`).
-Decisions use the presence of tool calls, never `finish_reason` (SPEC §3.4).
+Decisions use the presence of tool calls, never `finish_reason`.
 
 Conversation items are kept in Responses API form (`message`, `reasoning`,
 `function_call`, `function_call_output`); `boundloop.core.conversation` renders them

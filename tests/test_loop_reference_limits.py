@@ -1,4 +1,5 @@
-"""Seed 000's table, through the real workflow on a real dev server (Responses API)."""
+"""The reference limits table, through the real workflow on a real dev server
+(Responses API)."""
 
 from __future__ import annotations
 
