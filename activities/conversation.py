@@ -62,11 +62,20 @@ class _Entry:
 @dataclass
 class ConversationCache:
     """Per-worker LRUs: workflow id -> conversation after its last model turn, and
-    idempotency key -> tool output text. Shared by the model and tool activities."""
+    idempotency key -> tool output text. Shared by the model and tool activities.
+
+    Counters (for operators and `make bench`): `hits`/`misses` of conversation look-ups,
+    `rebuilds` (model requests whose conversation was read from the event history) and
+    `history_bytes` (event bytes those reads fetched). `queue` is the task queue only
+    this worker polls (None outside a running worker): a run's next activities are sent
+    there so they find this cache (docs/history.md, "Several workers")."""
 
     capacity: int = 512
     hits: int = 0
     misses: int = 0
+    rebuilds: int = 0
+    history_bytes: int = 0
+    queue: str | None = None
     _conversations: _Lru = field(init=False)
     _outputs: _Lru = field(init=False)
 
@@ -116,6 +125,7 @@ class _RunHistory:
     base: ConversationRef | None = None
     items: list[Item] = field(default_factory=list)  # may hold output_ref items
     outputs: dict[str, str] = field(default_factory=dict)
+    bytes_read: int = 0
 
 
 async def _read_run(client: Client, workflow_id: str, run_id: str,
@@ -127,6 +137,7 @@ async def _read_run(client: Client, workflow_id: str, run_id: str,
     models: dict[int, list[Item]] = {}  # scheduled event id -> the request's new items
     tools: dict[int, str] = {}
     async for event in handle.fetch_history_events():
+        run.bytes_read += event.ByteSize()
         if event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
             attrs = event.activity_task_scheduled_event_attributes
             name = attrs.activity_type.name
@@ -165,17 +176,21 @@ def _mismatch(what: str) -> ApplicationError:
 
 async def from_history(client: Client, workflow_id: str, run_id: str,
                        before_step: int | None, base: ConversationRef | None,
+                       cache: ConversationCache | None = None,
                        ) -> tuple[list[Item], dict[str, str]]:
     """(conversation before model step `before_step`, the tool outputs of this run and
     of the runs it continued from). A run's items may refer to outputs of the run before
-    it: continue-as-new carries the unsent outputs as references."""
+    it: continue-as-new carries the unsent outputs as references. The bytes read are
+    added to `cache.history_bytes`."""
     run = await _read_run(client, workflow_id, run_id, before_step)
+    if cache is not None:
+        cache.history_bytes += run.bytes_read
     base = base or run.base
     earlier: list[Item] = []
     outputs: dict[str, str] = {}
     if base is not None:
         earlier, outputs = await from_history(client, base.workflow_id, base.run_id, None,
-                                              None)
+                                              None, cache)
         if meta_of(earlier) != base.meta:
             raise _mismatch(f"conversation of run {base.run_id}")
     outputs.update(run.outputs)  # idempotency keys are unique across the runs
@@ -186,9 +201,10 @@ async def from_history(client: Client, workflow_id: str, run_id: str,
 
 
 async def rebuild(cache: ConversationCache, client: Client, req: ModelRequest,
-                  workflow_id: str, run_id: str) -> list[Item]:
-    """The full conversation for `req`: `prior` + resolved `new_items`, checked against
-    `req.expected`. Cache first; the event history when the cache cannot answer."""
+                  workflow_id: str, run_id: str) -> tuple[list[Item], bool]:
+    """(The full conversation for `req`: `prior` + resolved `new_items`, checked against
+    `req.expected`; whether it was read from the event history). Cache first; the event
+    history when the cache cannot answer."""
     prior: list[Item] | None = [] if req.prior.count == 0 else cache.get(workflow_id,
                                                                          req.prior)
     if prior is None and req.base is not None and req.base.workflow_id != workflow_id \
@@ -197,11 +213,13 @@ async def rebuild(cache: ConversationCache, client: Client, req: ModelRequest,
         prior = cache.get(req.base.workflow_id, req.prior)
     new = None if prior is None else _resolve(req.new_items, cache.output)
     if prior is not None and new is not None and req.prior.extend(new) == req.expected:
-        return [*prior, *new]
-    prior, outputs = await from_history(client, workflow_id, run_id, req.step, req.base)
+        return [*prior, *new], False
+    cache.rebuilds += 1
+    prior, outputs = await from_history(client, workflow_id, run_id, req.step, req.base,
+                                        cache)
     if meta_of(prior) != req.prior:
         raise _mismatch(f"model step {req.step}: the rebuilt conversation")
     new = _resolve(req.new_items, outputs.get)
     if new is None or req.prior.extend(new) != req.expected:
         raise _mismatch(f"model step {req.step}: the new items")
-    return [*prior, *new]
+    return [*prior, *new], True

@@ -60,9 +60,10 @@ class ModelActivities:
     async def _request(self, req: ModelRequest) -> Turn:
         info = activity.info()
         wf_id, run_id = info.workflow_id or "", info.workflow_run_id or ""
-        items = await rebuild(self.cache, activity.client(), req, wf_id, run_id)
+        items, rebuilt = await rebuild(self.cache, activity.client(), req, wf_id, run_id)
         activity.logger.info("model request", extra={
-            "step": req.step, "api": req.api, "items": len(items), "attempt": info.attempt})
+            "step": req.step, "api": req.api, "items": len(items), "attempt": info.attempt,
+            "rebuilt_from_history": rebuilt})
         timeout = req.timeout_seconds or (
             info.start_to_close_timeout.total_seconds() if info.start_to_close_timeout else 60.0)
         body = await self._send(req, wf_id, items, timeout)
@@ -75,7 +76,8 @@ class ModelActivities:
                 non_retryable=True)
         full = [*items, *turn.items]
         self.cache.put(wf_id, req.expected.extend(turn.items), full)
-        return turn
+        # The run's next activities go to this worker's own queue, where this cache is.
+        return turn.model_copy(update={"worker_queue": self.cache.queue})
 
     def _definitions(self, req: ModelRequest) -> list[dict[str, Any]]:
         """The function definitions of the run's tools, in its order: function tools from

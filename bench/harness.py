@@ -99,6 +99,8 @@ class WorkerProcess:
     log_file: Path
     bench_queue: str | None = None
     max_cached_workflows: int | None = None
+    stats_file: Path | None = None
+    shared_queue_only: bool = False
     proc: asyncio.subprocess.Process | None = field(default=None, init=False)
 
     async def start(self, timeout: float = 60.0) -> WorkerProcess:
@@ -111,6 +113,10 @@ class WorkerProcess:
             args += ["--bench-queue", self.bench_queue]
         if self.max_cached_workflows is not None:
             args += ["--max-cached-workflows", str(self.max_cached_workflows)]
+        if self.stats_file is not None:
+            args += ["--stats", str(self.stats_file)]
+        if self.shared_queue_only:
+            args.append("--shared-queue-only")
         log = self.log_file.open("ab")
         self.proc = await asyncio.create_subprocess_exec(
             *args, cwd=REPO, env=env, stdin=asyncio.subprocess.DEVNULL,

@@ -466,3 +466,165 @@ async def parked(b: Bench, worker: WorkerProcess, runs: int, warmup: int) -> dic
             "rss_before_kib": before, "rss_after_kib": after,
             "growth_mb": (after - before) * 1024 / 1e6,
             "per_run_kib": (after - before) / runs, "park_seconds": park_seconds}
+
+
+# --- 5. several workers ------------------------------------------------------------
+
+
+async def _scale_round(b: Bench, address: str, model_url: str, tmp: Path, workers: int,
+                       shared_only: bool, runs: int, steps: int) -> dict[str, Any]:
+    """`runs` concurrent `steps`-step runs (each step reads a ~4 KB report) on `workers`
+    fresh worker processes; the conversation caches' counters summed over the workers."""
+    b.model.fresh()
+    queue = f"bench-scale-{uuid.uuid4().hex[:6]}"
+    procs = [WorkerProcess(address=address, queue=queue, model_url=model_url,
+                           data_dir=b.data_dir, log_file=tmp / f"{queue}-{i}.log",
+                           stats_file=tmp / f"{queue}-{i}.json",
+                           shared_queue_only=shared_only) for i in range(workers)]
+    for p in procs:
+        await p.start()
+    try:
+        # Every turn is a call (served in arrival order, to any run): each run ends at
+        # max_steps after exactly `steps` model requests.
+        b.model.feed([b.model.call("fetch_report", {"part": i}) for i in range(runs * steps)])
+        limits = Limits(max_steps=steps, max_tool_executions=steps, token_threshold=10**9,
+                        max_result_bytes=REPORT_RESULT_CAP, max_history_bytes=100_000_000)
+        t0 = now()
+        results = await _all([lambda: b.start_loop("Read every part of the inventory report.",
+                                                   ["fetch_report"], limits, queue=queue)
+                              for _ in range(runs)], 600, f"{workers}-worker runs")
+        wall = now() - t0
+        for r in results:
+            _check(r, StopReason.MAX_STEPS, steps, steps - 1)
+        steps_done = sum(r.steps for r in results)
+        parts: dict[str, list[float]] = {}
+        for r in results:
+            for k, v in _loop_parts(activities(await history_events(b.client,
+                                                                    r.workflow_id))).items():
+                parts.setdefault(k, []).extend(v)
+    finally:
+        for p in procs:
+            await p.stop()
+    assert b.model.server is not None
+    requests = len(b.model.server.requests)
+    _no_violations(b)
+    totals = {"hits": 0, "misses": 0, "rebuilds": 0, "history_bytes": 0}
+    per_worker = []
+    for p in procs:
+        assert p.stats_file is not None
+        counters = json.loads(p.stats_file.read_text(encoding="utf-8"))
+        per_worker.append(counters)
+        for k in totals:
+            totals[k] += counters[k]
+    return {"workers": workers, "shared_only": shared_only, "runs": runs, "steps": steps,
+            "requests": requests, "steps_done": steps_done, **totals,
+            "rebuild_rate": totals["rebuilds"] / requests,
+            "bytes_per_run": totals["history_bytes"] / runs, "per_worker": per_worker,
+            "wall_seconds": wall, "parts_ms": {k: 1000 * median(v) for k, v in parts.items()}}
+
+
+async def scale_out(b: Bench, address: str, model_url: str, tmp: Path, runs: int,
+                    sizes: list[int], workers: int) -> list[dict[str, Any]]:
+    """For each run size: 1 worker, `workers` workers on the shared queue only, and
+    `workers` workers each with its own queue (the run's steps follow its conversation)."""
+    rows = []
+    for steps in sizes:
+        for n, shared_only in ((1, False), (workers, True), (workers, False)):
+            rows.append(await _scale_round(b, address, model_url, tmp, n, shared_only,
+                                           runs, steps))
+    return rows
+
+
+# --- 6. performance levers ---------------------------------------------------------
+
+
+@dataclass
+class Variant:
+    """One side of a lever: runs on `queue` (a worker process of its own) through
+    `client`'s server, each step calling `tool`."""
+
+    name: str
+    client: Client
+    queue: str
+    tool: str = "lookup_stock"
+
+
+async def _variant_run(b: Bench, v: Variant, steps: int) -> dict[str, float]:
+    b.model.feed([b.model.call(v.tool, {"sku": sku(i)}) for i in range(steps)]
+                 + [b.model.answer()])
+    limits = Limits(max_steps=steps + 2, max_tool_executions=steps, token_threshold=10**9)
+    inp = RunInput(question="Look up each SKU in turn.", tools=[v.tool],
+                   settings=RunSettings(model=MODEL_NAME, api="responses", limits=limits))
+    t0 = now()
+    handle = await v.client.start_workflow(WORKFLOW_NAME, inp, id=b.wid("loop"),
+                                           task_queue=v.queue, result_type=RunResult)
+    result = await bounded(result_of(handle), 120, f"{v.name} run")
+    wall = now() - t0
+    _check(result, StopReason.COMPLETED, steps + 1, steps)
+    parts = _loop_parts(activities(await history_events(v.client, handle.id)))
+    return {"wall_step_ms": 1000 * wall / (steps + 1),
+            **{f"{k}_ms": 1000 * median(vals) for k, vals in parts.items()}}
+
+
+async def levers(b: Bench, variants: list[Variant], pairs: list[tuple[str, str, str]],
+                 steps: int, rounds: int) -> dict[str, Any]:
+    """`rounds` rounds, each one run of every variant, the order rotating each round;
+    for each lever (name, A, B), the per-round ratio A/B of the median step time."""
+    b.model.fresh()
+    runs: dict[str, list[dict[str, float]]] = {v.name: [] for v in variants}
+    for i in range(rounds):
+        order = variants[i % len(variants):] + variants[:i % len(variants)]
+        for v in order:
+            runs[v.name].append(await _variant_run(b, v, steps))
+    _no_violations(b)
+    out: dict[str, Any] = {"steps": steps, "rounds": rounds, "variants": {}, "levers": []}
+    for name, rs in runs.items():
+        out["variants"][name] = {k: median(r[k] for r in rs) for k in rs[0]}
+        out["variants"][name]["each_step_ms"] = [r["step_ms"] for r in rs]
+    out["pydantic_us"] = pydantic_step_cost()
+    for lever, a, bname in pairs:
+        ratios = [ra["step_ms"] / rb["step_ms"] for ra, rb in zip(runs[a], runs[bname],
+                                                                  strict=True)]
+        out["levers"].append({"lever": lever, "a": a, "b": bname, "ratios": ratios,
+                              "ratio": median(ratios)})
+    return out
+
+
+def pydantic_step_cost(repeat: int = 500) -> dict[str, float]:
+    """Microseconds of the pydantic work a step's workflow tasks do, in this process: the
+    size checks (`payload_bytes`) and the data converter's encode of both activity inputs
+    and decode of both results (a ~4 KB tool result, a one-call turn)."""
+    import timeit
+
+    from temporalio.contrib.pydantic import pydantic_data_converter
+
+    from bench.tools import report
+    from boundloop.contracts import ModelRequest, ToolRequest
+    from boundloop.core.conversation import ConversationMeta, user_message
+    from boundloop.core.limits import payload_bytes
+    from boundloop.core.loop import ToolOutcome
+    from boundloop.core.turn import Turn
+
+    meta = ConversationMeta().extend([user_message("Read every part of the report.")])
+    req = ModelRequest(step=25, model=MODEL_NAME, api="responses", tools=["fetch_report"],
+                       tool_choice="auto", prior=meta, expected=meta, new_items=[
+                           {"type": "function_call_output", "call_id": "call_1",
+                            "output_ref": "wf/tool/call_1"}])
+    treq = ToolRequest(tool="fetch_report", call_id="call_1", step=25, arguments={"part": 3},
+                       idempotency_key="wf/tool/call_1", max_result_bytes=REPORT_RESULT_CAP,
+                       timeout_seconds=10.0)
+    turn = Turn(items=[{"type": "reasoning", "id": "rs_1", "summary": [],
+                        "encrypted_content": "x" * 300},
+                       {"type": "function_call", "call_id": "call_1", "name": "fetch_report",
+                        "arguments": '{"part": 3}'}])
+    outcome = ToolOutcome(envelope=success(report(3)))
+    pc = pydantic_data_converter.payload_converter
+    [p_turn], [p_out] = pc.to_payloads([turn]), pc.to_payloads([outcome])
+    cases = {
+        "size checks (payload_bytes x2)": lambda: (payload_bytes(req), payload_bytes(treq)),
+        "encode both activity inputs": lambda: pc.to_payloads([req, treq]),
+        "decode the model turn": lambda: pc.from_payloads([p_turn], [Turn]),
+        "decode the 4 KB tool outcome": lambda: pc.from_payloads([p_out], [ToolOutcome]),
+    }
+    return {k: 1e6 * min(timeit.repeat(f, number=repeat, repeat=5)) / repeat
+            for k, f in cases.items()}

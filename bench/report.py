@@ -19,6 +19,7 @@ TARGETS = {
     "history": ("≤", 1.5),
     "throughput": ("≥", 0.8),
     "parked": ("≤", 50.0),
+    "rebuilds": ("≤", 0.05),
 }
 HISTORY_AT = 50
 
@@ -100,7 +101,35 @@ def summary(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
         (f"4. worker RSS growth, {p['runs']} runs parked",
          f"{p['growth_mb']:.1f} MB  ({p['per_run_kib']:.1f} KiB a run)",
          "≤ 50 MB", verdict("parked", p["growth_mb"])),
+        *_scale_summary(r),
     ]
+
+
+def _scale_row(rows: list[dict[str, Any]], workers: int, shared_only: bool,
+               steps: int) -> dict[str, Any]:
+    [row] = [x for x in rows if (x["workers"], x["shared_only"], x["steps"])
+             == (workers, shared_only, steps)]
+    return row
+
+
+def _scale_summary(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
+    if "scale" not in r:
+        return []
+    cfg = r["config"]
+    n, steps = cfg["scale_workers"], max(cfg["scale_sizes"])
+    out = []
+    for key, server in (("scale_no_eager", "eager off"), ("scale", "eager on")):
+        if key not in r:
+            continue
+        own = _scale_row(r[key], n, False, steps)
+        shared = _scale_row(r[key], n, True, steps)
+        out.append((f"5. model requests rebuilt from history, {n} workers, {steps} steps "
+                    f"(server: {server})",
+                    f"{own['rebuild_rate']:.1%}  ({own['rebuilds']} of {own['requests']}; "
+                    f"{_kb(own['bytes_per_run'])} read a run; shared queue only: "
+                    f"{shared['rebuild_rate']:.1%}, {_kb(shared['bytes_per_run'])})",
+                    "≤ 5%", verdict("rebuilds", own["rebuild_rate"])))
+    return out
 
 
 def render_table(r: dict[str, Any], facts: dict[str, str]) -> str:
@@ -319,6 +348,8 @@ def render_markdown(r: dict[str, Any], facts: dict[str, str]) -> str:
         lines += _md_table(["turn", "conversation", "history (total)", "added this turn"],
                            [[str(row["turn"]), _kb(row["conversation"]), _kb(row["history"]),
                              _kb(a)] for row, a in zip(sessions, added, strict=True)])
+    lines += _scale_section(r)
+    lines += _levers_section(r)
     lines += ["", "## What limits the numbers", ""]
     lines += notes(r)
     secs = ", ".join(f"{k} {v:.0f} s" for k, v in r["timings"].items())
@@ -392,4 +423,139 @@ def notes(r: dict[str, Any]) -> list[str]:
             f"arrives. The diagnostic with `max_cached_workflows={d['max_cached_workflows']}` "
             f"grew the worker by {d['growth_mb']:.1f} MB.")
     out.append(parked)
+    out += _scale_notes(r)
+    out += _levers_notes(r)
     return out
+
+
+def _effect(ratios: list[float]) -> str:
+    """What the rounds say, without claiming more than they agree on."""
+    if all(q < 1 for q in ratios):
+        return "A faster in every round"
+    if all(q > 1 for q in ratios):
+        return "A slower in every round"
+    return "no measurable effect (the rounds disagree)"
+
+
+def _levers_notes(r: dict[str, Any]) -> list[str]:
+    lv = r.get("levers")
+    if not lv:
+        return []
+    parts = "; ".join(f"{x['lever']}: {x['ratio']:.2f}x, {_effect(x['ratios'])}"
+                      for x in lv["levers"])
+    pyd = lv["pydantic_us"]
+    total_us = sum(pyd.values())
+    step = lv["variants"]["default"]["step_ms"]
+    return [
+        f"- **6. Levers.** Median A / B of step time: {parts}. Fewer pydantic round trips "
+        f"in the workflow task: the pydantic work of a step's two workflow tasks is "
+        f"{total_us:.0f} µs in all (" + ", ".join(f"{k} {v:.1f} µs" for k, v in pyd.items())
+        + f"), {total_us / 10 / step:.1f}% of a {step:.1f} ms step; the one avoidable part, "
+        "the size check serialising each input once more before the data converter does, "
+        f"is {pyd['size checks (payload_bytes x2)']:.1f} µs: below what this benchmark "
+        "can resolve, so it was not changed.",
+    ]
+
+
+def _scale_notes(r: dict[str, Any]) -> list[str]:
+    if "scale_no_eager" not in r:
+        return []
+    cfg = r["config"]
+    n, sizes = cfg["scale_workers"], sorted(cfg["scale_sizes"])
+    rows = r["scale_no_eager"]
+    small, big = (_scale_row(rows, n, True, k) for k in (sizes[0], sizes[-1]))
+    own_small, own_big = (_scale_row(rows, n, False, k) for k in (sizes[0], sizes[-1]))
+    eager = [_scale_row(r["scale"], n, True, k) for k in sizes]
+    growth = big["bytes_per_run"] / small["bytes_per_run"] if small["bytes_per_run"] else 0
+    return [
+        f"- **5. Several workers.** Without eager activity execution, {n} workers on the "
+        f"shared queue rebuilt {big['rebuild_rate']:.0%} of model requests from history "
+        f"(a step stays warm only when the model request, its tool and the next model "
+        f"request all land on one worker: about 1 in {n * n}), reading "
+        f"{_kb(small['bytes_per_run'])} of history a run at {sizes[0]} steps and "
+        f"{_kb(big['bytes_per_run'])} at {sizes[-1]} ({growth:.1f}x for "
+        f"{sizes[-1] / sizes[0]:.0f}x the steps: quadratic). With a queue of each "
+        f"worker's own: {own_small['rebuilds'] + own_big['rebuilds']} rebuilds and "
+        f"{_kb(own_small['bytes_per_run'] + own_big['bytes_per_run'])} read in both sizes. "
+        "On a server with eager activity execution on (the dev server's default) the "
+        "shared queue already kept each run on one worker "
+        f"({sum(x['rebuilds'] for x in eager)} rebuilds): the worker that runs a "
+        "workflow task starts the activities it schedules on the workflow's own queue, "
+        "and workflow tasks stick to one worker; it needs the server option, a free "
+        "activity slot at that moment, and the run to stay in that worker's workflow "
+        "cache. Activities sent to a worker's own queue are never eager, so they are "
+        "polled (the 'queued' columns).",
+    ]
+
+
+def _scale_section(r: dict[str, Any]) -> list[str]:
+    if "scale" not in r:
+        return []
+    cfg = r["config"]
+    n = cfg["scale_workers"]
+    lines = [
+        "",
+        "## 5. Several workers",
+        "",
+        f"{cfg['scale_runs']} concurrent runs on fresh worker processes (`build_worker`), "
+        "each step reading a ~4 KB report (`fetch_report`), every run ending at `max_steps`. "
+        "Counted by the workers' conversation caches (`ConversationCache.rebuilds`, "
+        "`.history_bytes`, written by each worker at shutdown): model requests whose "
+        "conversation was read from the event history, and the history bytes those reads "
+        "fetched. Three set-ups: one worker; "
+        f"{n} workers on the shared task queue only (`own_task_queue=False`, as before); {n} "
+        "workers each also polling a task queue of its own, the run's steps following the "
+        "worker that holds its conversation (the default). On two dev servers: this one "
+        "(eager activity execution on, its default) and one started with "
+        "`system.enableActivityEagerExecution=false`. Step times are medians from the "
+        "histories (server clock), one round each: indicative, not paired.",
+        "",
+    ]
+    header = ["server", "steps", "set-up", "model requests", "rebuilt from history",
+              "history bytes read a run", "step", "model queued", "tool queued"]
+    rows = []
+    for key, server in (("scale", "eager on"), ("scale_no_eager", "eager off")):
+        for x in r.get(key, []):
+            setup = ("1 worker" if x["workers"] == 1 else
+                     f"{x['workers']} workers, shared queue only" if x["shared_only"] else
+                     f"{x['workers']} workers, own queues")
+            pm = x["parts_ms"]
+            rows.append([server, str(x["steps"]), setup, str(x["requests"]),
+                         f"{x['rebuilds']} ({x['rebuild_rate']:.1%})",
+                         _kb(x["bytes_per_run"]), f"{pm['step']:.1f} ms",
+                         f"{pm['model queue']:.1f} ms", f"{pm['tool queue']:.1f} ms"])
+    lines += _md_table(header, rows)
+    return lines
+
+
+def _levers_section(r: dict[str, Any]) -> list[str]:
+    lv = r.get("levers")
+    if not lv:
+        return []
+    lines = [
+        "",
+        "## 6. Performance levers",
+        "",
+        f"The per-step benchmark of item 1 ({lv['steps']} steps calling `lookup_stock`, "
+        f"then the answer), {lv['rounds']} rounds; each round runs every variant once, the "
+        "order rotating; each variant on a worker process of its own. A lever's ratio is "
+        "the median of the rounds' ratios of median step time (history, server clock), "
+        "A / B: below 1, A is faster. Eager activity execution is the SDK's default "
+        "(`Worker(disable_eager_activity_execution=False)`, up to 3 reservations a "
+        "workflow task) and needs the server's `system.enableActivityEagerExecution`, on "
+        "in this dev server; it applies only to activities on the workflow's own task "
+        "queue, so the lever is measured on workers without their own queue "
+        "(`own_task_queue=False`), and the own queue's price is measured against it.",
+        "",
+    ]
+    lines += _md_table(["variant", "step (median)", "step, each round", "model queued",
+                        "tool queued", "tool ran", "wall / step"], [
+        [name, f"{v['step_ms']:.1f} ms", ", ".join(f"{x:.1f}" for x in v["each_step_ms"]),
+         f"{v['model queue_ms']:.1f} ms", f"{v['tool queue_ms']:.1f} ms",
+         f"{v['tool run_ms']:.1f} ms", f"{v['wall_step_ms']:.1f} ms"]
+        for name, v in lv["variants"].items()])
+    lines += [""]
+    lines += _md_table(["lever", "A", "B", "A / B each round", "A / B median"], [
+        [x["lever"], x["a"], x["b"], ", ".join(f"{q:.2f}" for q in x["ratios"]),
+         f"**{x['ratio']:.2f}**"] for x in lv["levers"]])
+    return lines

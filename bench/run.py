@@ -8,6 +8,8 @@ the scripted model server (answers at once) and a worker process, then measures:
 3. throughput of 100 concurrent runs vs 100 concurrent bare workflows;
 4. worker RSS growth with 1,000 runs waiting for approval;
 5. history bytes of a 20-turn session, turn by turn (linear in turns).
+6. with several worker processes: model requests that rebuilt the conversation from
+   history, and history bytes read per run.
 
 Prints a table and writes docs/benchmarks.md. A missed target is reported, never an
 error: this is a benchmark, not a test.
@@ -17,6 +19,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
+import json
 import os
 import sys
 import tempfile
@@ -33,13 +37,30 @@ from boundloop.devserver import DevServer, free_port
 
 FULL = {"steps": 20, "reps": 5, "sizes": [10, 25, 50, 100], "runs": 100, "run_steps": 5,
         "bare_acts": 10, "rounds": 4, "parked": 1000, "warmup": 20, "diag_cache": 100,
-        "session_turns": 20}
+        "session_turns": 20,
+        "scale_runs": 6, "scale_sizes": [25, 50], "scale_workers": 3,
+        "lever_steps": 20, "lever_rounds": 6}
 QUICK = {"steps": 5, "reps": 2, "sizes": [5, 10], "runs": 10, "run_steps": 5,
          "bare_acts": 10, "rounds": 2, "parked": 50, "warmup": 5, "diag_cache": 10,
-         "session_turns": 5}
+         "session_turns": 5, "scale_runs": 2, "scale_sizes": [5, 10], "scale_workers": 3,
+         "lever_steps": 5, "lever_rounds": 2}
 
 
-async def measure(cfg: dict[str, Any], tmp: Path) -> dict[str, Any]:
+#: Dev server flags that turn eager activity execution off (the dev server's default: on).
+NO_EAGER = ["--dynamic-config-value", "system.enableActivityEagerExecution=false"]
+PHASES = ("overhead", "throughput", "history", "scale", "levers", "parked")
+LEVERS = [
+    ("pooled store connection (lookup_stock)", "default", "store opened per call"),
+    ("eager activity execution (shared queue only)", "shared queue, eager on",
+     "shared queue, eager off"),
+    ("own task queue, server with eager on", "default", "shared queue, eager on"),
+    ("own task queue, server with eager off", "default, eager off",
+     "shared queue, eager off"),
+]
+
+
+async def measure(cfg: dict[str, Any], tmp: Path,
+                  only: frozenset[str] = frozenset(PHASES)) -> dict[str, Any]:
     server = DevServer(tmp / "temporal", port=free_port(), ui_port=None).start()
     model = Model(free_port())
     model.fresh()
@@ -59,21 +80,24 @@ async def measure(cfg: dict[str, Any], tmp: Path) -> dict[str, Any]:
         out: dict[str, Any] = {"config": cfg}
         timings: dict[str, float] = {}
 
-        t0 = now()
-        _say("1/4 per-step overhead")
-        out["overhead"] = await phases.overhead(b, cfg["steps"], cfg["reps"])
-        timings["overhead"] = now() - t0
+        if "overhead" in only:
+            t0 = now()
+            _say("1/6 per-step overhead")
+            out["overhead"] = await phases.overhead(b, cfg["steps"], cfg["reps"])
+            timings["overhead"] = now() - t0
 
-        t0 = now()
-        _say("3/4 throughput")
-        out["throughput"] = await phases.throughput(
-            b, cfg["runs"], cfg["run_steps"], cfg["bare_acts"], cfg["rounds"])
-        timings["throughput"] = now() - t0
+        if "throughput" in only:
+            t0 = now()
+            _say("3/6 throughput")
+            out["throughput"] = await phases.throughput(
+                b, cfg["runs"], cfg["run_steps"], cfg["bare_acts"], cfg["rounds"])
+            timings["throughput"] = now() - t0
 
-        t0 = now()
-        _say("2/4 history bytes")
-        out["history"] = await phases.history(b, cfg["sizes"])
-        timings["history"] = now() - t0
+        if "history" in only:
+            t0 = now()
+            _say("2/6 history bytes")
+            out["history"] = await phases.history(b, cfg["sizes"])
+            timings["history"] = now() - t0
 
         t0 = now()
         _say(f"5/5 history bytes of a {cfg['session_turns']}-turn session")
@@ -87,14 +111,42 @@ async def measure(cfg: dict[str, Any], tmp: Path) -> dict[str, Any]:
         timings["sessions"] = now() - t0
 
         await worker.stop()
+        if "scale" in only:
+            t0 = now()
+            _say(f"5/6 several workers ({cfg['scale_workers']} processes)")
+            out["scale"] = await phases.scale_out(b, server.address, model.base_url, tmp,
+                                                  cfg["scale_runs"], cfg["scale_sizes"],
+                                                  cfg["scale_workers"])
+            # The same on a server with eager activity execution off (on in this dev
+            # server by default): then only the routing keeps a run on one worker.
+            _say("5/6 the same with eager activity execution off on the server")
+            plain = DevServer(tmp / "temporal-no-eager", port=free_port(), ui_port=None,
+                              extra_flags=NO_EAGER).start()
+            try:
+                b2 = dataclasses.replace(b, client=await connect(plain.address))
+                out["scale_no_eager"] = await phases.scale_out(
+                    b2, plain.address, model.base_url, tmp, cfg["scale_runs"],
+                    cfg["scale_sizes"], cfg["scale_workers"])
+            finally:
+                plain.stop()
+            timings["scale"] = now() - t0
+        if "levers" in only:
+            t0 = now()
+            _say("6/6 performance levers")
+            out["levers"] = await _levers(cfg, b, server.address, model.base_url, tmp)
+            timings["levers"] = now() - t0
+        out["timings"] = timings
+        if "parked" not in only:
+            return out
+
         t0 = now()
-        _say("4/4 parked runs (fresh worker process)")
+        _say("4/6 parked runs (fresh worker process)")
         worker = await WorkerProcess(
             address=server.address, queue=f"bench-park-{tag}", model_url=model.base_url,
             data_dir=tmp / "data", log_file=tmp / "worker-park.log").start()
         out["parked"] = await phases.parked(b, worker, cfg["parked"], cfg["warmup"])
         await worker.stop()
-        _say(f"4/4 diagnostic: the same with max_cached_workflows={cfg['diag_cache']}")
+        _say(f"4/6 diagnostic: the same with max_cached_workflows={cfg['diag_cache']}")
         worker = await WorkerProcess(
             address=server.address, queue=f"bench-park-small-{tag}", model_url=model.base_url,
             data_dir=tmp / "data", log_file=tmp / "worker-park-small.log",
@@ -111,6 +163,41 @@ async def measure(cfg: dict[str, Any], tmp: Path) -> dict[str, Any]:
         server.stop()
 
 
+async def _levers(cfg: dict[str, Any], b: phases.Bench, address: str, model_url: str,
+                  tmp: Path) -> dict[str, Any]:
+    """Each lever's two sides on worker processes of their own, runs interleaved."""
+    plain = DevServer(tmp / "temporal-levers-no-eager", port=free_port(), ui_port=None,
+                      extra_flags=NO_EAGER).start()
+    workers: list[WorkerProcess] = []
+    try:
+        plain_client = await connect(plain.address)
+
+        async def worker(addr: str, name: str, shared_only: bool) -> str:
+            queue = f"bench-lever-{name}-{uuid.uuid4().hex[:6]}"
+            workers.append(await WorkerProcess(
+                address=addr, queue=queue, model_url=model_url, data_dir=tmp / "data",
+                log_file=tmp / f"{queue}.log", shared_queue_only=shared_only).start())
+            return queue
+
+        own = await worker(address, "own", False)
+        variants = [
+            phases.Variant("default", b.client, own),
+            phases.Variant("store opened per call", b.client, own, "lookup_stock_per_call"),
+            phases.Variant("shared queue, eager on", b.client,
+                           await worker(address, "shared", True)),
+            phases.Variant("shared queue, eager off", plain_client,
+                           await worker(plain.address, "plain-shared", True)),
+            phases.Variant("default, eager off", plain_client,
+                           await worker(plain.address, "plain-own", False)),
+        ]
+        return await phases.levers(b, variants, LEVERS, cfg["lever_steps"],
+                                   cfg["lever_rounds"])
+    finally:
+        for w in workers:
+            await w.stop()
+        plain.stop()
+
+
 def _say(text: str) -> None:
     print(f"[bench] {time.strftime('%H:%M:%S')} {text}", file=sys.stderr, flush=True)
 
@@ -123,14 +210,33 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=REPO / "docs" / "benchmarks.md",
                         help="markdown report to write (default docs/benchmarks.md)")
     parser.add_argument("--no-write", action="store_true", help="print only")
+    parser.add_argument("--json", type=Path,
+                        help="also save the measured numbers here (to --render them later)")
+    parser.add_argument("--render", type=Path, metavar="JSON",
+                        help="measure nothing: write the report from numbers saved by --json")
+    parser.add_argument("--only", help="comma-separated phases of " + ", ".join(PHASES)
+                        + ": print their numbers as JSON, write nothing")
     args = parser.parse_args(argv)
     cfg = QUICK if args.quick else FULL
-    started = now()
-    with tempfile.TemporaryDirectory(prefix="boundloop-bench-") as tmp:
-        results = asyncio.run(measure(cfg, Path(tmp)))
-    results["total_seconds"] = now() - started
-    command = "python -m bench.run" + (" --quick" if args.quick else "")
-    facts = machine_facts(command)
+    only = frozenset(args.only.split(",")) if args.only else frozenset(PHASES)
+    if not only <= set(PHASES):
+        parser.error(f"--only: unknown phases {sorted(only - set(PHASES))}")
+    if args.render is not None:
+        saved = json.loads(args.render.read_text(encoding="utf-8"))
+        results, facts = saved["results"], saved["facts"]
+    else:
+        started = now()
+        with tempfile.TemporaryDirectory(prefix="boundloop-bench-") as tmp:
+            results = asyncio.run(measure(cfg, Path(tmp), only))
+        results["total_seconds"] = now() - started
+        if args.only:
+            print(json.dumps(results, indent=1, default=str))
+            return 0
+        command = "python -m bench.run" + (" --quick" if args.quick else "")
+        facts = machine_facts(command)
+        if args.json is not None:
+            args.json.write_text(json.dumps({"results": results, "facts": facts},
+                                            default=str), encoding="utf-8")
     print(render_table(results, facts))
     if not args.no_write:
         args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -6,15 +6,16 @@
 
 from __future__ import annotations
 
+from contextlib import closing
 from datetime import timedelta
 from typing import Annotated, Any
 
 from pydantic import Field
 
 from boundloop.core.canonical import json_bytes
-from boundloop.tools.demo import DemoDeps
+from boundloop.tools.demo import DemoDeps, connect
 from boundloop.tools.demo import tools as demo_tools
-from boundloop.tools.registry import Toolset
+from boundloop.tools.registry import ToolContext, Toolset
 
 #: UTF-8 JSON bytes of `fetch_report`'s data (the envelope adds ~60 bytes).
 REPORT_BYTES = 3900
@@ -52,3 +53,17 @@ def fetch_report(
 ) -> dict[str, Any]:
     """Fetch one part of the inventory report (about 4 KB)."""
     return report(part)
+
+
+@tools.tool(timeout=timedelta(seconds=10))
+def lookup_stock_per_call(
+    ctx: ToolContext[DemoDeps],
+    sku: Annotated[str, Field(pattern=r"^[A-Z]-[0-9]{3}$", description="SKU such as A-001")],
+) -> dict[str, Any]:
+    """`lookup_stock` as it was: a new store connection (and schema check) each call. The
+    pooled-connection lever compares the two."""
+    with closing(connect(ctx.deps.data_dir)) as conn:
+        row = conn.execute("SELECT quantity FROM stock WHERE sku = ?", (sku,)).fetchone()
+    if row is None:
+        return {"sku": sku, "found": False}
+    return {"sku": sku, "found": True, "quantity": row[0]}

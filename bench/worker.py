@@ -4,6 +4,9 @@
 Run as a child of `bench.run` so its memory (/proc/PID/status) and CPU are its own.
 `--max-cached-workflows N` (diagnostic) rebuilds build_worker's worker from its own
 config with only the sticky workflow cache size changed.
+`--stats FILE` writes the conversation cache's counters (look-ups, rebuilds from
+history, history bytes read) as JSON to FILE at shutdown; `--shared-queue-only` turns
+off the worker's own task queue (the multi-worker phase's "before").
 Settings come from the environment, as for `boundloop worker`. Prints `ready PID`
 once both workers run; SIGTERM shuts it down.
 """
@@ -13,14 +16,17 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import signal
+from pathlib import Path
 from typing import Any
 
 from temporalio.worker import Worker
 
 from bench.workflows import BareWorkflow, NaiveModel, NaiveWorkflow, bench_noop
+from boundloop.activities.conversation import ConversationCache
 from boundloop.activities.threads import ToolThreads
 from boundloop.activities.tools import ToolActivities
 from boundloop.settings import Settings
@@ -29,23 +35,27 @@ from boundloop.tools.demo import DemoDeps
 from boundloop.worker.main import build_worker, connect
 
 
-async def serve(bench_queue: str | None, max_cached_workflows: int | None = None) -> None:
+async def serve(bench_queue: str | None, max_cached_workflows: int | None = None,
+                stats: Path | None = None, own_task_queue: bool = True) -> None:
     settings = Settings()
     client = await connect(settings)
+    cache = ConversationCache()
+    loop_worker: Worker
     if max_cached_workflows is None:
-        loop_worker = build_worker(client, settings)
+        loop_worker = build_worker(client, settings, cache=cache,
+                                   own_task_queue=own_task_queue)
     else:  # diagnostic: build_worker's own config with one knob changed. Its worker is
         # made on a second connection, so the two never share a task-queue registration.
         config = build_worker(await connect(settings), settings).config()
         changed: dict[str, Any] = {**config, "client": client,
                                    "max_cached_workflows": max_cached_workflows}
         loop_worker = Worker(**changed)
-    workers = [loop_worker]
+    workers: list[Worker] = [loop_worker]
     if bench_queue is not None:
         reg = catalog.load(settings.tools)
         naive = NaiveModel(settings.openai_base_url, reg)
-        # The same thread pool size as the bench queue's activity slots.
-        tools = ToolActivities(reg, DemoDeps(data_dir=settings.data_dir), threads=ToolThreads(64))
+        tools = ToolActivities(reg, DemoDeps(data_dir=settings.data_dir),
+                               threads=ToolThreads(64))
         workers.append(Worker(
             client, task_queue=bench_queue, workflows=[BareWorkflow, NaiveWorkflow],
             activities=[bench_noop, naive.model, tools.tool_execute],
@@ -57,6 +67,10 @@ async def serve(bench_queue: str | None, max_cached_workflows: int | None = None
             await stack.enter_async_context(w)
         print(f"ready {os.getpid()}", flush=True)
         await stop.wait()
+    if stats is not None:
+        counters = {k: getattr(cache, k) for k in ("hits", "misses", "rebuilds",
+                                                   "history_bytes")}
+        stats.write_text(json.dumps(counters), encoding="utf-8")
 
 
 def main() -> None:
@@ -64,11 +78,15 @@ def main() -> None:
     parser.add_argument("--bench-queue", help="also serve the bench workflows on this queue")
     parser.add_argument("--max-cached-workflows", type=int,
                         help="diagnostic: build_worker's worker with this workflow cache size")
+    parser.add_argument("--stats", type=Path, help="write the cache counters here at exit")
+    parser.add_argument("--shared-queue-only", action="store_true",
+                        help="no task queue of the worker's own")
     args = parser.parse_args()
     # As `boundloop worker` does (worker/main.py): INFO through Temporal's loggers.
     logging.basicConfig(level=logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    asyncio.run(serve(args.bench_queue, args.max_cached_workflows))
+    asyncio.run(serve(args.bench_queue, args.max_cached_workflows, args.stats,
+                      not args.shared_queue_only))
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from boundloop import search_attributes
@@ -34,10 +35,10 @@ def temporal_binary() -> str:
 
 
 def start_dev_args(db_file: Path, *, port: int, ui_port: int | None,
-                   log_level: str = "error") -> list[str]:
+                   log_level: str = "error", extra_flags: Sequence[str] = ()) -> list[str]:
     args = [temporal_binary(), "server", "start-dev", "--ip", "127.0.0.1",
             "--port", str(port), "--db-filename", str(db_file), "--log-level", log_level,
-            *FAST_FLAGS, *search_attributes.cli_flags()]
+            *FAST_FLAGS, *search_attributes.cli_flags(), *extra_flags]
     if ui_port is None:
         args.append("--headless")
     else:
@@ -61,8 +62,10 @@ class DevServer:
     """A `temporal server start-dev` child process."""
 
     def __init__(self, data_dir: Path, *, port: int = 7233, ui_port: int | None = 8233,
-                 log_file: Path | None = None) -> None:
+                 log_file: Path | None = None, extra_flags: Sequence[str] = ()) -> None:
+        """`extra_flags`: more `start-dev` flags (the bench compares dynamic configs)."""
         self.data_dir = data_dir
+        self.extra_flags = list(extra_flags)
         self.port = port
         self.ui_port = ui_port
         self.log_file = log_file or data_dir / "temporal-server.log"
@@ -79,7 +82,7 @@ class DevServer:
                                    "Temporal server?); choose other --port/--ui-port")
         self.data_dir.mkdir(parents=True, exist_ok=True)
         args = start_dev_args(self.data_dir / "temporal.db", port=self.port,
-                              ui_port=self.ui_port)
+                              ui_port=self.ui_port, extra_flags=self.extra_flags)
         log = self.log_file.open("ab")
         self.process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT,
                                         stdin=subprocess.DEVNULL, start_new_session=True)

@@ -26,13 +26,21 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+from temporalio.api.enums.v1 import EventType, TimeoutType
 from temporalio.client import Client, WorkflowHandle
 from temporalio.contrib.pydantic import pydantic_data_converter
 
 from boundloop import search_attributes as sa
 from boundloop.client import decide, query_status
 from boundloop.client import result_of as client_result_of
-from boundloop.contracts import WORKFLOW_NAME, Decision, RunInput, RunResult
+from boundloop.contracts import (
+    MODEL_ACTIVITY,
+    TOOL_ACTIVITY,
+    WORKFLOW_NAME,
+    Decision,
+    RunInput,
+    RunResult,
+)
 from boundloop.core.limits import Limits, Policy, RunSettings
 from boundloop.devserver import DevServer, free_port
 from boundloop.scripted.server import ScriptedModelServer
@@ -368,5 +376,63 @@ async def test_worker_killed_during_every_tool_attempt_is_not_a_tool_failure(
         assert (envelope["status"], envelope["data"]) == ("success", {"held": "1"})
         keys = entered.read_text(encoding="utf-8").split()
         assert len(keys) == 4 and len(set(keys)) == 1, "one call, retried with the same key"
+        assert c.model.violations == []
+        assert await workflow_task_failures(handle) == 0
+
+
+# --- two workers: the one holding the conversation is killed ----------------------------
+
+
+def _scheduled(events: list[Any]) -> list[tuple[str, str, int]]:
+    """(activity type, task queue, scheduled event id) of each scheduled activity."""
+    return [(e.activity_task_scheduled_event_attributes.activity_type.name,
+             e.activity_task_scheduled_event_attributes.task_queue.name, e.event_id)
+            for e in events
+            if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED]
+
+
+async def test_holding_worker_killed_with_two_workers_shared_queue_takes_over(
+        tmp_path: Path) -> None:
+    """Two workers. A run's steps go to the worker that holds its conversation (its own
+    task queue); kill -9 that worker while the run waits for approval. The approved
+    tool waits only its bounded schedule-to-start on the dead worker's queue, then the
+    shared queue's worker runs it once and rebuilds the conversation from history: no
+    failure counted, one ticket, one model request per step, the uncrashed result."""
+    async with cluster(tmp_path) as c:
+        workers = {p.pid: p for p in (c.start_worker(), c.start_worker())}
+        baseline = await c.start_run(ticket_script("two"))
+        await approve(baseline, await pending_call(baseline))
+        expected = await result_of(baseline)
+
+        handle = await c.start_run(ticket_script("two"))
+        call_id = await pending_call(handle)
+        before = (await handle.fetch_history()).events
+        acts = _scheduled(before)
+        # Step 0 went to the shared queue; lookup_stock and step 1 to one worker's own queue.
+        assert [(name, queue == c.queue) for name, queue, _ in acts] == [
+            (MODEL_ACTIVITY, True), (TOOL_ACTIVITY, False), (MODEL_ACTIVITY, False)]
+        holder_queue = acts[2][1]
+        assert acts[1][1] == holder_queue and holder_queue.startswith(f"{c.queue}/worker-")
+        started = {e.activity_task_started_event_attributes.scheduled_event_id:
+                   e.activity_task_started_event_attributes.identity for e in before
+                   if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_STARTED}
+        holder_pid = int(started[acts[2][2]].split("@")[0])  # the SDK's identity: pid@host
+        c.kill(workers.pop(holder_pid))
+
+        await approve(handle, call_id)
+        crashed = await result_of(handle)
+
+        assert comparable(crashed) == comparable(expected)
+        assert not [e.event for e in crashed.events if e.event.startswith("model_failed")]
+        assert len(c.tickets_of(handle.id)) == 1
+        assert len(c.model.requests) == 6
+        events = (await handle.fetch_history()).events
+        after = _scheduled(events)[3:]
+        assert [(name, queue) for name, queue, _ in after[:2]] == [
+            (TOOL_ACTIVITY, holder_queue), (TOOL_ACTIVITY, c.queue)]
+        timed_out = [e.activity_task_timed_out_event_attributes for e in events
+                     if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_TIMED_OUT]
+        assert [(t.scheduled_event_id, t.failure.timeout_failure_info.timeout_type)
+                for t in timed_out] == [(after[0][2], TimeoutType.TIMEOUT_TYPE_SCHEDULE_TO_START)]
         assert c.model.violations == []
         assert await workflow_task_failures(handle) == 0

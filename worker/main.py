@@ -17,6 +17,7 @@ import dataclasses
 import logging
 import pkgutil
 import sys
+import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import timedelta
 from typing import Any, Generic, TypeVar
@@ -129,6 +130,11 @@ class Plugin(SimplePlugin, Generic[Deps]):
       needs the same keys, as it needs the same toolset.
     - mcp_servers: MCP servers whose tools runs may call (docs/mcp.md). The worker owns
       their sessions: started (and listed) before it polls, closed when it stops.
+    - own_task_queue: also serve the activities on a task queue only this worker polls
+      (`<task_queue>/worker-<random>`), where a run sends its next steps after this
+      worker answered a model request, so they find the conversation in this cache
+      (default on; off: every worker may take every step, and more of them read the
+      history). With several workers, leave it on (docs/history.md, "Several workers").
 
     The client must use the pydantic data converter (`boundloop.connect` sets it, as
     does passing this plugin to `Client.connect`).
@@ -138,6 +144,7 @@ class Plugin(SimplePlugin, Generic[Deps]):
                  model: openai.AsyncOpenAI | None = None,
                  log_tool_error_messages: bool = False,
                  conversation_cache: int | ConversationCache = 512,
+                 own_task_queue: bool = True,
                  approver_keys: Mapping[str, str] | None = None,
                  mcp_servers: Sequence[MCPServerConfig] = ()) -> None:
         self.toolset = toolset
@@ -147,6 +154,7 @@ class Plugin(SimplePlugin, Generic[Deps]):
         self._mcp_failure: Exception | None = None
         cache = (conversation_cache if isinstance(conversation_cache, ConversationCache)
                  else ConversationCache(capacity=conversation_cache))
+        self.cache = cache
         # Sync tools get threads of their own, as many as the worker's activity slots
         # (sized in configure_worker): not asyncio's small shared pool.
         self.threads = ToolThreads(ACTIVITY_SLOTS)
@@ -158,6 +166,8 @@ class Plugin(SimplePlugin, Generic[Deps]):
                                                 budget_closed_runs]
         if model is not None:
             activities.append(ModelActivities(model, toolset, cache).model_request)
+        self._activities = activities
+        self._own_queue = own_task_queue and model is not None
         super().__init__("boundloop", data_converter=pydantic_data_converter,
                          workflows=[BoundLoopWorkflow, BudgetLedgerWorkflow,
                                     BoundloopSessionWorkflow],
@@ -171,7 +181,9 @@ class Plugin(SimplePlugin, Generic[Deps]):
                                  "connect with boundloop.connect(...) or pass "
                                  "data_converter=pydantic_data_converter to Client.connect")
         config = super().configure_worker(config)
-        self.threads.size = config.get("max_concurrent_activities") or ACTIVITY_SLOTS
+        # The own task queue's worker has as many activity slots again (and threads).
+        self.threads.size = ((config.get("max_concurrent_activities") or ACTIVITY_SLOTS)
+                             * (2 if self._own_queue else 1))
         # Send each heartbeat at once (not up to 80% of the heartbeat timeout later): a
         # cancel reaches a running activity within about a second.
         config["max_heartbeat_throttle_interval"] = min(
@@ -185,25 +197,34 @@ class Plugin(SimplePlugin, Generic[Deps]):
     async def run_worker(self, worker: temporalio.worker.Worker,
                          next: Callable[[temporalio.worker.Worker], Awaitable[None]]) -> None:
         try:
-            if self.mcp is None:
-                await super().run_worker(worker, next)
-                return
-            # Sessions before polling: a server that cannot start stops the worker here,
-            # named, rather than failing every run's first call.
-            try:
-                await self.mcp.start()
-            except Exception as exc:
-                self._mcp_failure = exc  # for a caller waiting in mcp_tools()
+            if self.mcp is not None:
+                # Sessions before polling: a server that cannot start stops the worker
+                # here, named, rather than failing every run's first call.
+                try:
+                    await self.mcp.start()
+                except Exception as exc:
+                    self._mcp_failure = exc  # for a caller waiting in mcp_tools()
+                    self._mcp_listed.set()
+                    await self.mcp.close()  # the servers that did start
+                    raise
+                self._mcp_failure = None
                 self._mcp_listed.set()
-                await self.mcp.close()  # the servers that did start
-                raise
-            self._mcp_failure = None
-            self._mcp_listed.set()
             try:
-                await super().run_worker(worker, next)
+                if not self._own_queue:
+                    await super().run_worker(worker, next)
+                else:
+                    # This worker's own task queue (docs/history.md, "Several workers").
+                    own = self._own_queue_worker(worker)
+                    self.cache.queue = own.task_queue
+                    try:
+                        async with own:
+                            await super().run_worker(worker, next)
+                    finally:
+                        self.cache.queue = None
             finally:
-                self._mcp_listed.clear()
-                await self.mcp.close()
+                if self.mcp is not None:
+                    self._mcp_listed.clear()
+                    await self.mcp.close()
         finally:
             catalog.unregister(worker.task_queue, self.toolset)
             if self.approver_keys:
@@ -220,6 +241,19 @@ class Plugin(SimplePlugin, Generic[Deps]):
                                  f"{self._mcp_failure}")
         return self.mcp.declarations()
 
+    def _own_queue_worker(self, worker: temporalio.worker.Worker) -> temporalio.worker.Worker:
+        """The same activities (and cache) on a task queue only this worker polls, where
+        a run sends its next activities after this worker answered a model request."""
+        config = worker.config()
+        return temporalio.worker.Worker(
+            worker.client, task_queue=f"{worker.task_queue}/worker-{uuid.uuid4().hex[:12]}",
+            activities=self._activities, interceptors=config.get("interceptors") or (),
+            max_concurrent_activities=config.get("max_concurrent_activities"),
+            max_heartbeat_throttle_interval=config.get("max_heartbeat_throttle_interval")
+            or timedelta(seconds=HEARTBEAT_EVERY),
+            graceful_shutdown_timeout=config.get("graceful_shutdown_timeout")
+            or timedelta())
+
     def configure_replayer(self, config: ReplayerConfig) -> ReplayerConfig:
         # A Replayer replays histories of any task queue.
         catalog.register(None, self.toolset)
@@ -232,7 +266,8 @@ class Worker(temporalio.worker.Worker, Generic[Deps]):
     """A Temporal worker serving boundloop runs with `toolset`.
 
     - client: from `boundloop.connect` (the pydantic data converter).
-    - toolset, deps, model, log_tool_error_messages, conversation_cache: see `Plugin`.
+    - toolset, deps, model, log_tool_error_messages, conversation_cache, own_task_queue:
+      see `Plugin`.
     - task_queue: where `boundloop.start(..., task_queue=...)` sends runs.
     - max_cached_workflows: workflow instances kept in memory (default 100); a run parked
       on approval beyond it is evicted and replays its short history when the decision
@@ -240,7 +275,8 @@ class Worker(temporalio.worker.Worker, Generic[Deps]):
     - sticky_timeout: how long a run's next workflow task waits for the worker that ran
       the previous one before any worker may take it (Temporal's default 10 s); after a
       worker crash, a decision waits this long.
-    - max_concurrent_activities: model requests and tool executions at once (default 64).
+    - max_concurrent_activities: model requests and tool executions at once (default 64),
+      on the shared queue and again on the worker's own queue.
     - approver_keys: see `Plugin`.
     - mcp_servers: MCP servers whose tools runs may call (see `Plugin`).
     - plugins: more Temporal worker plugins.
@@ -255,10 +291,12 @@ class Worker(temporalio.worker.Worker, Generic[Deps]):
                  conversation_cache: int | ConversationCache = 512,
                  approver_keys: Mapping[str, str] | None = None,
                  mcp_servers: Sequence[MCPServerConfig] = (),
+                 own_task_queue: bool = True,
                  plugins: Sequence[temporalio.worker.Plugin] = ()) -> None:
         self.plugin = Plugin(toolset, deps=deps, model=model,
                              log_tool_error_messages=log_tool_error_messages,
                              conversation_cache=conversation_cache,
+                             own_task_queue=own_task_queue,
                              approver_keys=approver_keys, mcp_servers=mcp_servers)
         super().__init__(client, task_queue=task_queue, plugins=[self.plugin, *plugins],
                          max_cached_workflows=max_cached_workflows,
@@ -289,7 +327,8 @@ def model_client(settings: Settings) -> openai.AsyncOpenAI:
 
 
 def build_worker(client: Client, settings: Settings, *, toolset: Toolset[Any] | None = None,
-                 cache: ConversationCache | None = None) -> Worker[Any]:
+                 cache: ConversationCache | None = None,
+                 own_task_queue: bool = True) -> Worker[Any]:
     """The worker `boundloop worker` runs: the BOUNDLOOP_TOOLS toolset (the demo tools by
     default), each tool getting the demo's dependencies (its data directory), and the
     MCP servers of BOUNDLOOP_MCP_CONFIG. A toolset with other dependencies runs in its
@@ -303,6 +342,7 @@ def build_worker(client: Client, settings: Settings, *, toolset: Toolset[Any] | 
                   sticky_timeout=timedelta(seconds=settings.sticky_timeout_seconds),
                   log_tool_error_messages=settings.log_tool_error_messages,
                   conversation_cache=cache if cache is not None else 512,
+                  own_task_queue=own_task_queue,
                   approver_keys=approver_keys(settings), mcp_servers=mcp_servers(settings))
 
 

@@ -12,6 +12,7 @@ import asyncio
 import builtins
 import json
 from datetime import timedelta
+from typing import Any
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
@@ -45,7 +46,7 @@ with workflow.unsafe.imports_passed_through():
         ToolRequest,
         budget_workflow_id,
     )
-    from boundloop.core import approvals, mcp_tools, retries, signatures
+    from boundloop.core import approvals, mcp_tools, retries, routing, signatures
     from boundloop.core import budget as shared
     from boundloop.core import loop as core
     from boundloop.core import model_failures as mf
@@ -96,6 +97,13 @@ MODEL_RETRY = _worker_lost([*MODEL_RETRYABLE, errors.MODEL_REQUEST_REJECTED,
 TOOL_RETRYABLE = (errors.TRANSIENT_TOOL_ERROR, errors.TOOL_TIMED_OUT,
                   errors.UNEXPECTED_TOOL_ERROR)
 TOOL_RETRY = _worker_lost(list(TOOL_RETRYABLE))
+
+
+#: An activity sent to the worker that holds the run's conversation (its own task queue)
+#: gets one attempt, which waits this long at most to start: then, or if the worker is
+#: lost while running it, the activity goes to the shared queue (core/routing.py).
+HOLDER_START_TIMEOUT = timedelta(seconds=5)
+HOLDER_RETRY = RetryPolicy(maximum_attempts=1)
 
 
 #: Failure kinds of model activity errors that carry no `ModelFailure` of their own.
@@ -152,6 +160,9 @@ class BoundLoopWorkflow:
         self._started = workflow.now()
         self._cancel_reason: str | None = None
         self._model_in_flight = False  # a cancel now leaves the step unfinished
+        # The own task queue of the worker whose cache holds the conversation (named by
+        # the last model turn); None: the shared queue.
+        self._holder: str | None = None
         # Approver public keys: the worker's (like its toolset) and the run policy's.
         self._keys = signatures.run_keys(signing.keys_for(workflow.info().task_queue),
                                          self._state.policy.approver_keys)
@@ -271,6 +282,7 @@ class BoundLoopWorkflow:
         if isinstance(turn, StopReason):
             return turn
         self._unsent, self._refs = [], {}
+        self._holder = turn.worker_queue
         state.log("model_returned")
         return turn
 
@@ -288,12 +300,15 @@ class BoundLoopWorkflow:
                     MODEL_ACTIVITY, req, result_type=Turn,
                     start_to_close_timeout=timedelta(seconds=limit + WEDGED_MARGIN),
                     schedule_to_close_timeout=timedelta(seconds=max(remaining, 1.0)),
-                    heartbeat_timeout=HEARTBEAT_TIMEOUT, retry_policy=MODEL_RETRY,
+                    heartbeat_timeout=HEARTBEAT_TIMEOUT, **self._route(MODEL_RETRY),
                     summary=f"model step {plan.step} · {state.settings.model}")
                 return turn
             except ActivityError as err:
                 if is_cancelled_exception(err):
                     raise asyncio.CancelledError from None  # the run was cancelled
+                if (self._processing_seconds() < state.limits.deadline_seconds
+                        and self._holder_lost(err, MODEL_RETRY)):
+                    continue  # not a failure: the shared queue takes it
                 # Schedule-to-close is the time left before the deadline: a retry refused
                 # for lack of time is the deadline, not the model.
                 if (err.retry_state == RetryState.TIMEOUT
@@ -499,7 +514,7 @@ class BoundLoopWorkflow:
                     TOOL_ACTIVITY, req, result_type=core.ToolOutcome,
                     start_to_close_timeout=timedelta(seconds=timeout + WEDGED_MARGIN),
                     schedule_to_close_timeout=timedelta(seconds=max(remaining, 1.0)),
-                    heartbeat_timeout=HEARTBEAT_TIMEOUT, retry_policy=TOOL_RETRY,
+                    heartbeat_timeout=HEARTBEAT_TIMEOUT, **self._route(TOOL_RETRY),
                     summary=f"tool {p.call.name} · call {state.tool_executions + 1}")
                 break
             except ActivityError as err:
@@ -512,6 +527,8 @@ class BoundLoopWorkflow:
                         "step": step, "tool": p.call.name, "fingerprint": p.fingerprint})
                     return core.result_payload_too_large(state, p, self._rules)
                 started = started or _body_started(cause)
+                if self._holder_lost(err, TOOL_RETRY):
+                    continue  # not a failure: the shared queue takes it (same key)
                 kind = cause.type if isinstance(cause, ApplicationError) else None
                 failures += 1
                 if kind in TOOL_RETRYABLE and err.retry_state != RetryState.TIMEOUT \
@@ -592,6 +609,30 @@ class BoundLoopWorkflow:
             model=self._state.settings.model, limits=self._state.limits)
 
     # --- helpers -------------------------------------------------------------------
+
+    def _route(self, policy: RetryPolicy) -> dict[str, Any]:
+        """Where the next activity goes: the holder's own queue (one attempt, bounded wait
+        to start), or the shared queue with `policy` (docs/history.md, "Several workers")."""
+        if self._holder is None:
+            return {"retry_policy": policy}
+        return {"task_queue": self._holder, "retry_policy": HOLDER_RETRY,
+                "schedule_to_start_timeout": HOLDER_START_TIMEOUT}
+
+    def _holder_lost(self, err: ActivityError, policy: RetryPolicy) -> bool:
+        """Whether the attempt failed on the holder's queue in a way the shared queue's
+        `policy` would have retried; then the run forgets the holder."""
+        if self._holder is None:
+            return False
+        cause = err.cause
+        timeout = (cause.type.name if isinstance(cause, TimeoutError) and cause.type is not None
+                   else None)
+        kind = cause.type if isinstance(cause, ApplicationError) else None
+        if not routing.lost_on_holder(timeout, kind, policy.non_retryable_error_types or ()):
+            return False
+        workflow.logger.info("activity not run by the worker holding the conversation; "
+                             "the shared queue takes it", extra={"timeout": timeout})
+        self._holder = None
+        return True
 
     def _processing_seconds(self) -> float:
         elapsed = (workflow.now() - self._started).total_seconds()

@@ -67,6 +67,8 @@ class Turn(BaseModel):
     - output_bytes: UTF-8 JSON bytes of `items`, for usage estimation.
     - unnamed: call ids of calls sent without a function name (history shows
       `MISSING_NAME`; the loop answers them with an error and never executes them).
+    - worker_queue: the own task queue of the worker whose cache now holds the
+      conversation (set by the model activity; None for a worker without one).
     """
 
     model_config = ConfigDict(frozen=True)
@@ -80,6 +82,9 @@ class Turn(BaseModel):
     output_bytes: int = 0
     calls_truncated: bool = Field(default=False, exclude_if=lambda v: not v)
     unnamed: list[str] = Field(default_factory=list, exclude_if=lambda v: not v)
+    # The task queue of the worker that now holds the conversation in its cache (a
+    # routing hint: the history stays the source of truth).
+    worker_queue: str | None = Field(default=None, exclude_if=lambda v: v is None)
 
     @model_validator(mode="after")
     def _text_from_items(self) -> Turn:

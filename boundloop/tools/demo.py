@@ -10,8 +10,9 @@
 from __future__ import annotations
 
 import sqlite3
+import threading
 from contextlib import closing
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from importlib import resources
 from pathlib import Path
@@ -26,9 +27,22 @@ from boundloop.tools.registry import ToolContext, Toolset
 
 @dataclass(frozen=True)
 class DemoDeps:
-    """What the demo tools need: the directory of their SQLite store."""
+    """What the demo tools need: the directory of their SQLite store.
+
+    `store()` is the calling thread's open connection to it, kept for these deps'
+    lifetime: opening one per call (with its schema check) cost more than the query
+    (docs/benchmarks.md, "Performance levers")."""
 
     data_dir: Path
+    _local: threading.local = field(default_factory=threading.local, init=False,
+                                    repr=False, compare=False)
+
+    def store(self) -> sqlite3.Connection:
+        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = connect(self.data_dir)
+            self._local.conn = conn
+        return conn
 
 
 tools = Toolset[DemoDeps]()
@@ -65,8 +79,8 @@ def lookup_stock(
 ) -> dict[str, Any]:
     """Look up the stock quantity of one SKU in the demo catalog. Returns found false
     for an unknown SKU."""
-    with closing(connect(ctx.deps.data_dir)) as conn:
-        row = conn.execute("SELECT quantity FROM stock WHERE sku = ?", (sku,)).fetchone()
+    row = ctx.deps.store().execute("SELECT quantity FROM stock WHERE sku = ?",
+                                   (sku,)).fetchone()
     if row is None:
         return {"sku": sku, "found": False}
     return {"sku": sku, "found": True, "quantity": row[0]}
