@@ -31,6 +31,8 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from boundloop import client as ops
 from boundloop import search_attributes as sa
+from boundloop.codec import CodecKeyError
+from boundloop.connection import TLS_DROPPED, ConnectionSettingsError, tls_dropped, tls_problem
 from boundloop.contracts import (
     SESSION_WORKFLOW,
     CancelRequest,
@@ -72,6 +74,8 @@ UPDATE_TIMEOUT = 30.0
 def _run(coro: Coroutine[Any, Any, T]) -> T:
     try:
         return asyncio.run(coro)
+    except CodecKeyError as exc:  # a payload this process cannot decrypt
+        raise fail(str(exc)) from None
     except RPCError as exc:  # a call after connecting: the server went away or refused
         if exc.status == RPCStatusCode.UNAVAILABLE:
             raise fail(f"lost the connection to Temporal: {exc.message}",
@@ -97,7 +101,13 @@ async def connect(settings: Settings) -> Client:
 
     try:
         return await worker_connect(settings)
+    except ConnectionSettingsError as exc:
+        raise fail(str(exc)) from None
     except RuntimeError as exc:
+        problem = tls_problem(exc) or (TLS_DROPPED if tls_dropped(exc, settings) else None)
+        if problem is not None:
+            raise fail(f"cannot connect to Temporal at {settings.temporal_address}: "
+                       f"{problem}", EXIT_UNREACHABLE) from None
         raise fail(f"cannot reach Temporal at {settings.temporal_address} "
                    f"({unreachable_reason(exc)}): start it with `boundloop server` or set "
                    "TEMPORAL_ADDRESS", EXIT_UNREACHABLE) from None
@@ -247,12 +257,16 @@ def print_pending_table(rows: list[tuple[str, RunStatus]]) -> None:
 def server(
     data_dir: Annotated[Path | None, typer.Option(help="Where temporal.db lives")] = None,
     port: int = 7233, ui_port: int = 8233,
+    ui_codec_endpoint: Annotated[str | None, typer.Option(
+        help="The Web UI decodes payloads through this codec server "
+             "(`boundloop codec-server`), e.g. http://127.0.0.1:8081")] = None,
 ) -> None:
     """Start the Temporal dev server (SQLite file, Web UI, search attributes, fast settings)."""
     from boundloop.devserver import DevServer
 
     settings = load_settings()
-    srv = DevServer(data_dir or settings.data_dir, port=port, ui_port=ui_port)
+    srv = DevServer(data_dir or settings.data_dir, port=port, ui_port=ui_port,
+                    ui_codec_endpoint=ui_codec_endpoint)
     try:
         srv.start()
     except RuntimeError as exc:
@@ -1021,6 +1035,59 @@ async def _watch_session(client: Client, session: ops.Session, settings: Setting
             print_session(st)
             return code
         await asyncio.sleep(0.3)
+
+
+codec_key_app = typer.Typer(no_args_is_help=True, help="Payload encryption keys.")
+app.add_typer(codec_key_app, name="codec-key")
+
+
+@codec_key_app.command("new")
+def codec_key_new(key_id: Annotated[str, typer.Argument(
+        help="An id for the key (letters, digits, . _ -), e.g. 2026-12")]) -> None:
+    """Print a new `id:base64key` line (AES-256). Append it to the BOUNDLOOP_CODEC_KEYS
+    file: the last line encrypts new payloads, every line still decrypts."""
+    from boundloop.codec import CodecKeyError, new_key_line
+
+    try:
+        line = new_key_line(key_id)
+    except CodecKeyError as exc:
+        raise fail(str(exc)) from None
+    sys.stdout.write(line + "\n")
+
+
+@app.command("codec-server")
+def codec_server(
+    host: Annotated[str, typer.Option(help="Address to listen on")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port to listen on")] = 8081,
+    tls_cert: Annotated[Path | None, typer.Option(help="Serve HTTPS with this "
+                                                  "certificate (PEM)")] = None,
+    tls_key: Annotated[Path | None, typer.Option(help="Its private key (PEM)")] = None,
+) -> None:
+    """Serve Temporal's codec endpoints (/encode, /decode) with the BOUNDLOOP_CODEC_KEYS
+    keys, for the Web UI (its "Codec Server" setting, or `boundloop server
+    --ui-codec-endpoint`) and `temporal workflow show --codec-endpoint`."""
+    from boundloop import codec_server as cs
+    from boundloop.connection import codec as settings_codec
+
+    settings = load_settings()
+    try:
+        codec = settings_codec(settings)
+    except ConnectionSettingsError as exc:
+        raise fail(str(exc)) from None
+    if codec is None:
+        raise fail("no codec keys: set BOUNDLOOP_CODEC_KEYS to the key file the workers use "
+                   "(or BOUNDLOOP_CODEC_KEY)")
+    if (tls_cert is None) != (tls_key is None):
+        raise fail("--tls-cert and --tls-key go together")
+    origins = cs.origins_of(settings.codec_cors_origins, settings.ui_url)
+    token = settings.codec_token.get_secret_value() if settings.codec_token else None
+    scheme = "https" if tls_cert else "http"
+    console.print(f"codec server on {scheme}://{host}:{port} (keys {', '.join(codec.key_ids)};"
+                  f" encrypting with {codec.current}; CORS {', '.join(origins)}; "
+                  f"{'bearer token required' if token else 'no token'}). Ctrl-C stops it.")
+    cs.serve(codec, host=host, port=port, origins=origins, token=token,
+             certfile=str(tls_cert) if tls_cert else None,
+             keyfile=str(tls_key) if tls_key else None)
 
 
 def main() -> None:

@@ -24,7 +24,7 @@ from temporalio.client import (
     WorkflowUpdateFailedError,
 )
 from temporalio.common import WorkflowIDReusePolicy
-from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.converter import PayloadCodec
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
@@ -63,11 +63,22 @@ DEFAULT_TASK_QUEUE = "boundloop"
 
 
 async def connect(target_host: str = "127.0.0.1:7233", *, namespace: str = "default",
-                  interceptors: Sequence[Interceptor] = (), **options: Any) -> Client:
+                  interceptors: Sequence[Interceptor] = (),
+                  codec: PayloadCodec | None = None, **options: Any) -> Client:
     """A Temporal client with the pydantic data converter boundloop's payloads need.
-    `options` go to `temporalio.client.Client.connect` (tls, api_key, plugins, ...)."""
+
+    - codec: encrypts every payload (`boundloop.codec.EncryptionCodec`); None: payloads
+      in clear, and reading an encrypted one fails with a message naming the setting.
+    - `options` go to `temporalio.client.Client.connect`: `tls=True` or
+      `tls=TLSConfig(server_root_ca_cert=..., client_cert=..., client_private_key=...,
+      domain=...)`, `api_key=` (Temporal Cloud), plugins, ...
+    """
+    # Imported here: `cryptography` is a native module that a workflow sandbox
+    # importing `boundloop` (a worker without boundloop's Plugin) cannot load twice.
+    from boundloop.codec import data_converter as codec_converter
+
     return await Client.connect(target_host, namespace=namespace,
-                                data_converter=pydantic_data_converter,
+                                data_converter=codec_converter(codec),
                                 interceptors=interceptors, **options)
 
 

@@ -35,7 +35,8 @@ def temporal_binary() -> str:
 
 
 def start_dev_args(db_file: Path, *, port: int, ui_port: int | None,
-                   log_level: str = "error", extra_flags: Sequence[str] = ()) -> list[str]:
+                   log_level: str = "error", extra_flags: Sequence[str] = (),
+                   ui_codec_endpoint: str | None = None) -> list[str]:
     args = [temporal_binary(), "server", "start-dev", "--ip", "127.0.0.1",
             "--port", str(port), "--db-filename", str(db_file), "--log-level", log_level,
             *FAST_FLAGS, *search_attributes.cli_flags(), *extra_flags]
@@ -43,6 +44,8 @@ def start_dev_args(db_file: Path, *, port: int, ui_port: int | None,
         args.append("--headless")
     else:
         args += ["--ui-port", str(ui_port), "--ui-disable-news-fetch"]
+        if ui_codec_endpoint:
+            args += ["--ui-codec-endpoint", ui_codec_endpoint]
     return args
 
 
@@ -62,10 +65,13 @@ class DevServer:
     """A `temporal server start-dev` child process."""
 
     def __init__(self, data_dir: Path, *, port: int = 7233, ui_port: int | None = 8233,
-                 log_file: Path | None = None, extra_flags: Sequence[str] = ()) -> None:
-        """`extra_flags`: more `start-dev` flags (the bench compares dynamic configs)."""
+                 log_file: Path | None = None, extra_flags: Sequence[str] = (),
+                 ui_codec_endpoint: str | None = None) -> None:
+        """`extra_flags`: more `start-dev` flags (the bench compares dynamic configs);
+        `ui_codec_endpoint`: the codec server the Web UI decodes payloads with."""
         self.data_dir = data_dir
         self.extra_flags = list(extra_flags)
+        self.ui_codec_endpoint = ui_codec_endpoint
         self.port = port
         self.ui_port = ui_port
         self.log_file = log_file or data_dir / "temporal-server.log"
@@ -82,7 +88,8 @@ class DevServer:
                                    "Temporal server?); choose other --port/--ui-port")
         self.data_dir.mkdir(parents=True, exist_ok=True)
         args = start_dev_args(self.data_dir / "temporal.db", port=self.port,
-                              ui_port=self.ui_port, extra_flags=self.extra_flags)
+                              ui_port=self.ui_port, extra_flags=self.extra_flags,
+                              ui_codec_endpoint=self.ui_codec_endpoint)
         log = self.log_file.open("ab")
         self.process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT,
                                         stdin=subprocess.DEVNULL, start_new_session=True)

@@ -38,6 +38,12 @@ class Settings(BaseSettings):
     - BOUNDLOOP_MCP_CONFIG: a JSON or TOML file of MCP servers (docs/mcp.md): the worker
       serves their tools; `boundloop run` lists them to put their declarations in the
       run's input.
+    - TEMPORAL_TLS, TEMPORAL_TLS_SERVER_CA_CERT_PATH, TEMPORAL_TLS_CLIENT_CERT_PATH,
+      TEMPORAL_TLS_CLIENT_KEY_PATH, TEMPORAL_TLS_SERVER_NAME, TEMPORAL_API_KEY: a secured
+      cluster or Temporal Cloud (the names the `temporal` CLI reads too).
+    - BOUNDLOOP_CODEC_KEYS / BOUNDLOOP_CODEC_KEY: payload encryption keys, a file of
+      `id:base64key` lines or the lines themselves (boundloop/codec.py).
+    - BOUNDLOOP_CODEC_TOKEN / BOUNDLOOP_CODEC_CORS_ORIGINS: `boundloop codec-server`.
 
     This is the only place boundloop reads the environment: the CLI reads it once and
     hands the values to the public API, which takes them as arguments.
@@ -64,6 +70,19 @@ class Settings(BaseSettings):
     sticky_timeout_seconds: float = Field(10.0, gt=0, alias="BOUNDLOOP_STICKY_TIMEOUT_SECONDS")
     approver_keys_file: Path | None = Field(None, alias="BOUNDLOOP_APPROVER_KEYS")
     mcp_config: Path | None = Field(None, alias="BOUNDLOOP_MCP_CONFIG")
+    # Secure connections (boundloop/connection.py). A CA, client cert or server name
+    # turns TLS on; TEMPORAL_TLS=1 alone uses the system's roots (Temporal Cloud).
+    temporal_tls: bool | None = Field(None, alias="TEMPORAL_TLS")
+    temporal_tls_ca: Path | None = Field(None, alias="TEMPORAL_TLS_SERVER_CA_CERT_PATH")
+    temporal_tls_cert: Path | None = Field(None, alias="TEMPORAL_TLS_CLIENT_CERT_PATH")
+    temporal_tls_key: Path | None = Field(None, alias="TEMPORAL_TLS_CLIENT_KEY_PATH")
+    temporal_tls_server_name: str | None = Field(None, alias="TEMPORAL_TLS_SERVER_NAME")
+    temporal_api_key: SecretStr | None = Field(None, alias="TEMPORAL_API_KEY")
+    # Payload encryption (boundloop/codec.py): keys never leave this process.
+    codec_keys_file: Path | None = Field(None, alias="BOUNDLOOP_CODEC_KEYS")
+    codec_key: SecretStr | None = Field(None, alias="BOUNDLOOP_CODEC_KEY")
+    codec_token: SecretStr | None = Field(None, alias="BOUNDLOOP_CODEC_TOKEN")
+    codec_cors_origins: str | None = Field(None, alias="BOUNDLOOP_CODEC_CORS_ORIGINS")
 
     @property
     def model_configured(self) -> bool:
@@ -76,6 +95,8 @@ CLIENT_SETTINGS = {
     "BOUNDLOOP_MODEL": "the model of new runs: set it where runs start, or `run --model`",
     "BOUNDLOOP_API": "the API of new runs: set it where runs start, or `run --api`",
     "BOUNDLOOP_UI_URL": "the Web UI links the CLI prints",
+    "BOUNDLOOP_CODEC_TOKEN": "set it where `boundloop codec-server` runs",
+    "BOUNDLOOP_CODEC_CORS_ORIGINS": "set it where `boundloop codec-server` runs",
 }
 
 

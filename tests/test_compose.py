@@ -173,8 +173,10 @@ def test_workers_are_built_from_the_dockerfile_and_install_nothing_at_start(
     assert worker["deploy"]["replicas"] >= 2
     assert worker["command"] == ["boundloop", "worker"]
     assert "entrypoint" not in worker
-    # No source tree mounted into the container: only the named data volume.
-    assert mounts(worker) == {"/data": ("boundloop-data", False)}
+    # No source tree mounted into the container: only the named data volume and the
+    # secrets folder (TLS files, codec keys), read-only.
+    assert mounts(worker) == {"/data": ("boundloop-data", False),
+                              "/run/boundloop-secrets": (str(ROOT / "deploy/secrets"), True)}
     dockerfile = (ROOT / "Dockerfile").read_text(encoding="utf-8")
     stages = re.findall(r"^FROM (\S+)", dockerfile, flags=re.MULTILINE)
     assert stages and all(s.startswith("python:3.11-slim") for s in stages), stages
@@ -291,3 +293,19 @@ def test_docker_build_context_holds_the_whole_package(tmp_path: Path) -> None:
     from_repo = wheel_files(repo, tmp_path / "wheel-repo")
     assert from_context == from_repo
     assert any(n.endswith("entry_points.txt") for n in from_context)
+
+
+@needs_compose
+def test_codec_server_serves_the_ui_with_the_workers_keys(
+        services: dict[str, dict[str, Any]]) -> None:
+    codec = services["codec-server"]
+    assert codec["profiles"] == ["encryption"]  # needs keys: started only when asked
+    assert codec["command"][:2] == ["boundloop", "codec-server"]
+    assert mounts(codec) == {"/run/boundloop-secrets": (str(ROOT / "deploy/secrets"), True)}
+    unset = codec["environment"]
+    assert unset["BOUNDLOOP_CODEC_KEYS"] is None and unset["BOUNDLOOP_CODEC_TOKEN"] is None
+    assert unset["BOUNDLOOP_CODEC_CORS_ORIGINS"] == "http://localhost:8080"  # the UI's origin
+    assert [p for p in codec["ports"] if str(p).startswith("127.0.0.1:")] == codec["ports"]
+    assert services["ui"]["environment"]["TEMPORAL_CODEC_ENDPOINT"] == ""
+    given = compose_config(BOUNDLOOP_UI_CODEC_ENDPOINT="http://localhost:8081")["services"]
+    assert given["ui"]["environment"]["TEMPORAL_CODEC_ENDPOINT"] == "http://localhost:8081"

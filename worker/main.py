@@ -27,6 +27,7 @@ import temporalio.worker
 from pydantic import ValidationError
 from temporalio.client import Client
 from temporalio.contrib.pydantic import PydanticPayloadConverter, pydantic_data_converter
+from temporalio.converter import DataConverter
 from temporalio.plugin import SimplePlugin
 from temporalio.runtime import (
     LogForwardingConfig,
@@ -47,6 +48,14 @@ from boundloop.activities.model import ModelActivities
 from boundloop.activities.threads import ToolThreads
 from boundloop.activities.tools import ToolActivities
 from boundloop.client import DEFAULT_TASK_QUEUE
+from boundloop.client import connect as boundloop_connect
+from boundloop.connection import (
+    TLS_DROPPED,
+    ConnectionSettingsError,
+    connect_options,
+    tls_dropped,
+    tls_problem,
+)
 from boundloop.core import signatures
 from boundloop.errors import BoundloopError
 from boundloop.logs import configure
@@ -112,6 +121,16 @@ def forward_core_logs() -> None:
     Runtime.set_default(runtime, error_if_already_set=False)
 
 
+def keep_codec(existing: DataConverter | None) -> DataConverter:
+    """The pydantic data converter, keeping the payload codec (encryption) of the
+    client's converter."""
+    if existing is not None and issubclass(existing.payload_converter_class,
+                                           PydanticPayloadConverter):
+        return existing
+    return dataclasses.replace(pydantic_data_converter,
+                               payload_codec=existing.payload_codec if existing else None)
+
+
 class Plugin(SimplePlugin, Generic[Deps]):
     """boundloop's workflow and activities for a worker (or Replayer) you build.
 
@@ -168,7 +187,7 @@ class Plugin(SimplePlugin, Generic[Deps]):
             activities.append(ModelActivities(model, toolset, cache).model_request)
         self._activities = activities
         self._own_queue = own_task_queue and model is not None
-        super().__init__("boundloop", data_converter=pydantic_data_converter,
+        super().__init__("boundloop", data_converter=keep_codec,
                          workflows=[BoundLoopWorkflow, BudgetLedgerWorkflow,
                                     BoundloopSessionWorkflow],
                          activities=activities,
@@ -312,12 +331,14 @@ class Worker(temporalio.worker.Worker, Generic[Deps]):
 
 
 async def connect(settings: Settings) -> Client:
-    """The client the CLI uses: settings' address and namespace, the pydantic data
-    converter, tracing per BOUNDLOOP_OTEL."""
+    """The client the CLI, the worker and the codec server use: settings' address,
+    namespace, TLS, API key and payload codec (boundloop/connection.py), tracing per
+    BOUNDLOOP_OTEL. Raises ConnectionSettingsError for unusable TLS or codec settings."""
     forward_core_logs()
-    return await Client.connect(settings.temporal_address, namespace=settings.temporal_namespace,
-                                data_converter=pydantic_data_converter,
-                                interceptors=client_interceptors(settings.otel))
+    options = connect_options(settings)
+    return await boundloop_connect(settings.temporal_address,
+                                   interceptors=client_interceptors(settings.otel),
+                                   **options.kwargs())
 
 
 def model_client(settings: Settings) -> openai.AsyncOpenAI:
@@ -383,6 +404,10 @@ def unreachable_reason(exc: BaseException) -> str:
     return "connection failed"
 
 
+class TemporalRefused(BoundloopError):
+    """The connection to Temporal was refused for a reason retrying cannot fix (TLS)."""
+
+
 async def connect_with_retry(settings: Settings, *, first_delay: float = 1.0,
                              max_delay: float = 30.0) -> Client:
     """Connect, retrying with backoff while Temporal is unreachable: a worker started
@@ -393,8 +418,13 @@ async def connect_with_retry(settings: Settings, *, first_delay: float = 1.0,
         try:
             return await connect(settings)
         except RuntimeError as exc:
+            if (problem := tls_problem(exc)) is not None:
+                # Not transient: retrying cannot make the certificate trusted.
+                raise TemporalRefused(f"cannot connect to Temporal at "
+                                      f"{settings.temporal_address}: {problem}") from None
+            reason = TLS_DROPPED if tls_dropped(exc, settings) else unreachable_reason(exc)
             log.warning(f"cannot reach Temporal at {settings.temporal_address} "
-                        f"({unreachable_reason(exc)}); retrying in {delay:g} s",
+                        f"({reason}); retrying in {delay:g} s",
                         extra={"attempt": attempt})
         await asyncio.sleep(delay)
         delay, attempt = min(delay * 2, max_delay), attempt + 1
@@ -426,6 +456,10 @@ def main(settings: Settings | None = None) -> None:
             raise SystemExit(2) from None
     configure(settings.log_format)
     problem = worker_settings_problem(settings)
+    try:
+        connect_options(settings)  # TLS files and codec keys: refused here, in one line
+    except ConnectionSettingsError as exc:
+        problem = problem or str(exc)
     if problem is not None:
         sys.stderr.write(f"error: {problem}\n")
         raise SystemExit(2)
@@ -439,8 +473,12 @@ def main(settings: Settings | None = None) -> None:
     except MCPConfigError as exc:
         sys.stderr.write(f"error: BOUNDLOOP_MCP_CONFIG: {exc}\n")
         raise SystemExit(2) from None
-    with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(run_worker(settings))
+    try:
+        with contextlib.suppress(KeyboardInterrupt):
+            asyncio.run(run_worker(settings))
+    except TemporalRefused as exc:
+        sys.stderr.write(f"error: {exc}\n")
+        raise SystemExit(4) from None
 
 
 if __name__ == "__main__":

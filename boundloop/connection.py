@@ -1,0 +1,133 @@
+"""How every boundloop process reaches Temporal: address, namespace, TLS, API key and the
+payload codec, from Settings (the worker, the CLI and the codec server alike).
+
+The `TEMPORAL_TLS*` and `TEMPORAL_API_KEY` names are the ones the `temporal` CLI reads,
+so one environment serves both.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from temporalio.service import TLSConfig
+
+from boundloop.codec import CodecKeyError, EncryptionCodec, load_keys
+from boundloop.errors import BoundloopError
+from boundloop.settings import Settings
+
+
+class ConnectionSettingsError(BoundloopError):
+    """TLS or codec settings that cannot be used (a missing file, half a key pair)."""
+
+
+@dataclass(frozen=True)
+class ConnectOptions:
+    """What `boundloop.connect` needs besides the address: `tls`, `api_key`, `codec`."""
+
+    namespace: str
+    tls: bool | TLSConfig | None
+    api_key: str | None
+    codec: EncryptionCodec | None
+
+    def kwargs(self) -> dict[str, Any]:
+        return {"namespace": self.namespace, "tls": self.tls, "api_key": self.api_key,
+                "codec": self.codec}
+
+
+def _read(path: Path, variable: str) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError as exc:
+        raise ConnectionSettingsError(f"{variable}: cannot read {path}: "
+                                      f"{exc.strerror or exc}") from None
+
+
+def tls_config(settings: Settings) -> bool | TLSConfig | None:
+    """The SDK's `tls` argument: a TLSConfig when a CA, client certificate or server name
+    is set; True for TEMPORAL_TLS=1 alone (system roots); False for TEMPORAL_TLS=0;
+    None otherwise (the SDK turns TLS on when an API key is given)."""
+    s = settings
+    if (s.temporal_tls_cert is None) != (s.temporal_tls_key is None):
+        raise ConnectionSettingsError(
+            "mTLS needs both TEMPORAL_TLS_CLIENT_CERT_PATH and TEMPORAL_TLS_CLIENT_KEY_PATH")
+    configured = (s.temporal_tls_ca, s.temporal_tls_cert, s.temporal_tls_server_name)
+    if any(v is not None for v in configured):
+        if s.temporal_tls is False:
+            raise ConnectionSettingsError("TEMPORAL_TLS=0 with TLS files or a server name "
+                                          "set: unset one or the other")
+        return TLSConfig(
+            server_root_ca_cert=(_read(s.temporal_tls_ca, "TEMPORAL_TLS_SERVER_CA_CERT_PATH")
+                                 if s.temporal_tls_ca else None),
+            client_cert=(_read(s.temporal_tls_cert, "TEMPORAL_TLS_CLIENT_CERT_PATH")
+                         if s.temporal_tls_cert else None),
+            client_private_key=(_read(s.temporal_tls_key, "TEMPORAL_TLS_CLIENT_KEY_PATH")
+                                if s.temporal_tls_key else None),
+            domain=s.temporal_tls_server_name)
+    return s.temporal_tls
+
+
+def codec(settings: Settings) -> EncryptionCodec | None:
+    """The encryption codec of BOUNDLOOP_CODEC_KEYS / BOUNDLOOP_CODEC_KEY, or None."""
+    try:
+        keys = load_keys(keys_file=settings.codec_keys_file,
+                         keys_text=(settings.codec_key.get_secret_value()
+                                    if settings.codec_key else None))
+    except CodecKeyError as exc:
+        raise ConnectionSettingsError(str(exc)) from None
+    return EncryptionCodec(keys) if keys else None
+
+
+def connect_options(settings: Settings) -> ConnectOptions:
+    """Everything but the address, read (files included) before connecting: a bad
+    setting is one line at start, never a half-connected process."""
+    api_key = settings.temporal_api_key
+    return ConnectOptions(namespace=settings.temporal_namespace, tls=tls_config(settings),
+                          api_key=api_key.get_secret_value() if api_key else None,
+                          codec=codec(settings))
+
+
+#: Why a server dropped a TLS connection it had accepted (refusing the client's
+#: certificate, or its absence, happens after the TLS 1.3 handshake).
+TLS_DROPPED = ("the server closed the TLS connection: it may require a client certificate "
+               "(TEMPORAL_TLS_CLIENT_CERT_PATH, TEMPORAL_TLS_CLIENT_KEY_PATH) or refuse "
+               "this one")
+
+
+def tls_problem(exc: BaseException) -> str | None:
+    """A refused certificate (the server's, or the server's alert refusing ours) in
+    Client.connect's transport dump, in a few words, or None. Deterministic: retrying
+    cannot fix it."""
+    text = str(exc)
+    if "UnknownIssuer" in text or "BadSignature" in text:
+        return ("the server's TLS certificate is not signed by a trusted CA: check "
+                "TEMPORAL_TLS_SERVER_CA_CERT_PATH")
+    if "NotValidForName" in text:
+        return ("the server's TLS certificate does not name this host: set "
+                "TEMPORAL_TLS_SERVER_NAME to a name it holds")
+    if "Expired" in text and "Certificate" in text:
+        return "the server's TLS certificate has expired"
+    if "InvalidCertificate" in text:
+        return "the TLS handshake failed (the server's certificate was refused)"
+    if "CertificateRequired" in text or "BadCertificate" in text:  # the server's alert
+        return TLS_DROPPED
+    if "InvalidContentType" in text or "CorruptMessage" in text:
+        return "the server did not answer in TLS: is TLS on at this address?"
+    return None
+
+
+def tls_dropped(exc: BaseException, settings: Settings) -> bool:
+    """With TLS on, the connection was closed or reset under the client: the shape of a
+    refused (or missing) client certificate under TLS 1.3, where the server's verdict
+    comes after the handshake. It may also be a server going away, so a worker keeps
+    retrying it."""
+    text = str(exc)
+    try:
+        tls_on = bool(tls_config(settings)) or settings.temporal_api_key is not None
+    except ConnectionSettingsError:
+        return False
+    dropped = ("close_notify", "CertificateRequired", "BadCertificate", "BrokenPipe",
+               "broken pipe", "ConnectionReset", "reset by peer", "UnexpectedEof",
+               "connection closed")
+    return tls_on and any(d in text for d in dropped)
