@@ -211,7 +211,7 @@ async def test_cli_and_worker_refuse_unusable_keys_in_one_line(
                BOUNDLOOP_DATA_DIR=str(tmp_path / "data"))
     bad = tmp_path / "bad-keys"
     bad.write_text("k1:c2hvcnQ=\n", encoding="utf-8")  # 5 bytes, not 32
-    for command in (["worker", "--model-script", "examples/scripts/seed000_stock.json"],
+    for command in (["worker", "--model-script", "examples/scripts/stock_two_skus.json"],
                     ["list"]):
         done = subprocess.run([*CLI, *command], cwd=ROOT, capture_output=True, text=True,
                               env={**env, "BOUNDLOOP_CODEC_KEYS": str(bad)}, timeout=60,

@@ -75,7 +75,7 @@ async def test_worker_and_cli_run_a_question_through_mtls(
     log = tmp_path / "worker.log"
     with log.open("ab") as sink:
         worker = subprocess.Popen(
-            [*CLI, "worker", "--model-script", "examples/scripts/seed000_stock.json"],
+            [*CLI, "worker", "--model-script", "examples/scripts/stock_two_skus.json"],
             cwd=ROOT, env=env, stdout=sink, stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL)
     try:
@@ -115,7 +115,7 @@ async def test_a_wrong_ca_is_refused_in_one_line_with_exit_4(
                         "TEMPORAL_TLS_SERVER_CA_CERT_PATH")
     # The worker does not retry what retrying cannot fix: it exits 4 in one line too.
     proc = await asyncio.create_subprocess_exec(
-        *CLI, "worker", "--model-script", "examples/scripts/seed000_stock.json", cwd=ROOT,
+        *CLI, "worker", "--model-script", "examples/scripts/stock_two_skus.json", cwd=ROOT,
         env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
     wout, werr = await asyncio.wait_for(proc.communicate(), timeout=60)
     assert proc.returncode == 4, (wout, werr)
