@@ -7,6 +7,7 @@ Every workflow test runs the real BoundLoop workflow on the dev server from
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
@@ -47,6 +48,23 @@ async def temporal(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Cl
         dev_server_extra_args=FAST_FLAGS,
         search_attributes=sa.ALL,
     )
+    try:
+        yield env.client
+    finally:
+        await env.shutdown()
+
+
+@contextlib.asynccontextmanager
+async def continue_as_new_server(db: Path, events: int) -> AsyncIterator[Client]:
+    """A dev server that suggests continue-as-new after `events` history events (and lets
+    a workflow id's next run start at once, not after the usual 1 s)."""
+    env = await WorkflowEnvironment.start_local(
+        data_converter=pydantic_data_converter, dev_server_existing_path=temporal_binary(),
+        dev_server_database_filename=str(db), search_attributes=sa.ALL,
+        dev_server_extra_args=[
+            *FAST_FLAGS,
+            "--dynamic-config-value", f"limit.historyCount.suggestContinueAsNew={events}",
+            "--dynamic-config-value", 'history.workflowIdReuseMinimalInterval="0s"'])
     try:
         yield env.client
     finally:

@@ -11,33 +11,21 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 from temporalio.client import Client
-from temporalio.contrib.pydantic import pydantic_data_converter
-from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
-from boundloop import search_attributes as sa
 from boundloop.activities.budget import budget_closed_runs, budget_reserve
 from boundloop.budgets import set_budget, show_budget
 from boundloop.contracts import BudgetView, ReserveRequest, SettleRequest, budget_workflow_id
 from boundloop.core.budget import Amount, BudgetLimits, Grant
-from boundloop.devserver import FAST_FLAGS, temporal_binary
 from boundloop.workflows.budget import BudgetLedgerWorkflow
+from tests.conftest import continue_as_new_server
 
 
 @pytest_asyncio.fixture(scope="module")
 async def client(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Client]:
-    db = tmp_path_factory.mktemp("ledger") / "temporal.db"
-    env = await WorkflowEnvironment.start_local(
-        data_converter=pydantic_data_converter, dev_server_existing_path=temporal_binary(),
-        dev_server_database_filename=str(db), search_attributes=sa.ALL,
-        dev_server_extra_args=[
-            *FAST_FLAGS,
-            "--dynamic-config-value", "limit.historyCount.suggestContinueAsNew=40",
-            "--dynamic-config-value", 'history.workflowIdReuseMinimalInterval="0s"'])
-    try:
-        yield env.client
-    finally:
-        await env.shutdown()
+    async with continue_as_new_server(
+            tmp_path_factory.mktemp("ledger") / "temporal.db", 40) as client:
+        yield client
 
 
 def worker(client: Client, queue: str) -> Worker:

@@ -11,18 +11,15 @@ from typing import Any
 import pytest
 import pytest_asyncio
 from temporalio.client import Client
-from temporalio.contrib.pydantic import pydantic_data_converter
-from temporalio.testing import WorkflowEnvironment
 
-from boundloop import search_attributes as sa
 from boundloop.activities.conversation import ConversationCache
 from boundloop.client import result_of
 from boundloop.contracts import WORKFLOW_NAME, RunInput, RunResult
 from boundloop.core.limits import Limits, RunSettings
-from boundloop.devserver import FAST_FLAGS, temporal_binary
 from boundloop.scripted.server import ScriptedModelServer
 from boundloop.settings import Settings
 from boundloop.worker.main import build_worker
+from tests.conftest import continue_as_new_server
 from tests.scripts import answer, call, resp
 
 STEPS = 8
@@ -30,19 +27,9 @@ STEPS = 8
 
 @pytest_asyncio.fixture(scope="module")
 async def low_threshold(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Client]:
-    db = tmp_path_factory.mktemp("can") / "temporal.db"
-    env = await WorkflowEnvironment.start_local(
-        data_converter=pydantic_data_converter, dev_server_existing_path=temporal_binary(),
-        dev_server_database_filename=str(db), search_attributes=sa.ALL,
-        dev_server_extra_args=[
-            *FAST_FLAGS,
-            "--dynamic-config-value", "limit.historyCount.suggestContinueAsNew=12",
-            # The server otherwise waits 1 s before each new run of the same workflow id.
-            "--dynamic-config-value", 'history.workflowIdReuseMinimalInterval="0s"'])
-    try:
-        yield env.client
-    finally:
-        await env.shutdown()
+    async with continue_as_new_server(
+            tmp_path_factory.mktemp("can") / "temporal.db", 12) as client:
+        yield client
 
 
 def script() -> list[dict[str, Any]]:

@@ -21,12 +21,9 @@ import pytest_asyncio
 from temporalio import activity
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
-from temporalio.contrib.pydantic import pydantic_data_converter
-from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
 
-from boundloop import search_attributes as sa
 from boundloop.activities.conversation import ConversationCache
 from boundloop.activities.model import ModelActivities
 from boundloop.client import result_of
@@ -34,7 +31,6 @@ from boundloop.contracts import TOOL_ACTIVITY, WORKFLOW_NAME, RunInput, RunResul
 from boundloop.core.envelope import success
 from boundloop.core.limits import MAX_RESULT_BYTES, Limits, RunSettings
 from boundloop.core.loop import ToolOutcome
-from boundloop.devserver import FAST_FLAGS, temporal_binary
 from boundloop.errors import PAYLOAD_LIMIT_BYTES
 from boundloop.scripted.server import ScriptedModelServer
 from boundloop.settings import Settings
@@ -43,7 +39,7 @@ from boundloop.tools.demo import DemoDeps
 from boundloop.tools.registry import ToolContext
 from boundloop.worker.main import build_worker, pass_boundloop_through
 from boundloop.workflows.loop import BoundLoopWorkflow
-from tests.conftest import RUN_TIMEOUT, RunScript, workflow_task_failures
+from tests.conftest import RUN_TIMEOUT, RunScript, continue_as_new_server, workflow_task_failures
 from tests.scripts import answer, call, outputs, resp
 from tests.support.tools import counted, executions
 from tests.support.tools import tools as test_tools
@@ -201,18 +197,9 @@ async def test_continue_as_new_with_large_unsent_outputs_carries_references(
 async def eager_continue_as_new(
         tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Client]:
     """A dev server that suggests continue-as-new after 12 history events."""
-    db = tmp_path_factory.mktemp("eager") / "temporal.db"
-    env = await WorkflowEnvironment.start_local(
-        data_converter=pydantic_data_converter, dev_server_existing_path=temporal_binary(),
-        dev_server_database_filename=str(db), search_attributes=sa.ALL,
-        dev_server_extra_args=[
-            *FAST_FLAGS,
-            "--dynamic-config-value", "limit.historyCount.suggestContinueAsNew=12",
-            "--dynamic-config-value", 'history.workflowIdReuseMinimalInterval="0s"'])
-    try:
-        yield env.client
-    finally:
-        await env.shutdown()
+    async with continue_as_new_server(
+            tmp_path_factory.mktemp("eager") / "temporal.db", 12) as client:
+        yield client
 
 
 async def test_carried_state_over_the_payload_limit_stops_with_history_limit(

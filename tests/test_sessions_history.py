@@ -12,17 +12,14 @@ from typing import Any
 import pytest
 import pytest_asyncio
 from temporalio.client import Client
-from temporalio.contrib.pydantic import pydantic_data_converter
-from temporalio.testing import WorkflowEnvironment
 
 import boundloop
 from bench.harness import Model
 from bench.sessions import increments, session_growth
-from boundloop import search_attributes as sa
 from boundloop.core.reasons import StopReason
-from boundloop.devserver import FAST_FLAGS, free_port, temporal_binary
+from boundloop.devserver import free_port
 from boundloop.scripted.server import ScriptedModelServer
-from tests.conftest import RUN_TIMEOUT, workflow_task_failures
+from tests.conftest import RUN_TIMEOUT, continue_as_new_server, workflow_task_failures
 from tests.conftest import test_worker as make_worker
 from tests.scripts import call, resp
 from tests.test_sessions import answer
@@ -32,18 +29,9 @@ TURNS = 4
 
 @pytest_asyncio.fixture(scope="module")
 async def low_threshold(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Client]:
-    db = tmp_path_factory.mktemp("session-can") / "temporal.db"
-    env = await WorkflowEnvironment.start_local(
-        data_converter=pydantic_data_converter, dev_server_existing_path=temporal_binary(),
-        dev_server_database_filename=str(db), search_attributes=sa.ALL,
-        dev_server_extra_args=[
-            *FAST_FLAGS,
-            "--dynamic-config-value", "limit.historyCount.suggestContinueAsNew=12",
-            "--dynamic-config-value", 'history.workflowIdReuseMinimalInterval="0s"'])
-    try:
-        yield env.client
-    finally:
-        await env.shutdown()
+    async with continue_as_new_server(
+            tmp_path_factory.mktemp("session-can") / "temporal.db", 12) as client:
+        yield client
 
 
 def script() -> list[dict[str, Any]]:
