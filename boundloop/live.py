@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 from rich.console import Group
@@ -9,9 +10,11 @@ from rich.live import Live
 from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
+from temporalio.client import WorkflowFailureError
 
 from boundloop import client as ops
-from boundloop.contracts import RunStatus
+from boundloop.contracts import RunResult, RunStatus
+from boundloop.core.reasons import StopReason
 from boundloop.terminal import safe
 
 
@@ -45,12 +48,31 @@ def render(workflow_id: str, st: RunStatus) -> Panel:
     return Panel(Group(*parts), title=f"{safe(workflow_id)} — {safe(st.question[:60])}")
 
 
+def ended(last: RunStatus, result: RunResult | None) -> RunStatus:
+    """The frame of a closed run: its RunResult's counters and events, nothing waiting
+    (the last status a query answered may predate the end by a poll)."""
+    if result is None:  # closed without a RunResult (terminated, timed out)
+        return last.model_copy(update={"pending": []})
+    return last.model_copy(update={
+        "status": "completed" if result.reason == StopReason.COMPLETED else "stopped",
+        "reason": result.reason, "steps": result.steps,
+        "tool_executions": result.tool_executions, "total_tokens": result.total_tokens,
+        "cost_usd": result.cost_usd, "pending": [], "events": list(result.events)})
+
+
 async def watch(handle: Any, interval: float = 0.3) -> None:
-    """Redraw until the run closes."""
+    """Redraw until the run closes; the last frame is the run's end."""
     with Live(refresh_per_second=8, transient=False) as live:
         def silence(task_queue: str) -> None:
             live.console.print(f"[yellow]no worker is answering for this run (task queue "
                                f"{safe(task_queue)}): start `boundloop worker`[/]")
 
+        last: RunStatus | None = None
         async for status, _new in ops.follow(handle, interval=interval, on_silence=silence):
+            last = status
             live.update(render(handle.id, status))
+        if last is not None:
+            result: RunResult | None = None
+            with contextlib.suppress(WorkflowFailureError):
+                result = await ops.result_of(handle)
+            live.update(render(handle.id, ended(last, result)))

@@ -104,6 +104,11 @@ RUNS: dict[str, tuple[list[dict[str, Any]], Act]] = {
         resp(call("create_ticket", TICKET, "x1"), rid="xr1"),
         answer("never sent", rid="xr2"),
     ], cancel_while_waiting),
+    # The same cancel after the withdrawn-on-stop patch: the pending approval withdrawn.
+    "cancelled_withdrawn": ([
+        resp(call("create_ticket", TICKET, "x1"), rid="xr1"),
+        answer("never sent", rid="xr2"),
+    ], cancel_while_waiting),
 }
 
 

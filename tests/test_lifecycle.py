@@ -15,6 +15,8 @@ from typing import Any
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowHandle
 
+from boundloop import search_attributes as sa
+from boundloop.client import list_runs, query_status
 from boundloop.contracts import RunResult
 from boundloop.core.limits import Limits
 from boundloop.scripted.server import ScriptedModelServer
@@ -135,6 +137,40 @@ async def test_cancel_during_an_approval_wait(run_script: RunScript) -> None:
                            during=during)
     assert_cancelled(out.result, steps=1)
     assert out.tickets() == []
+
+
+async def test_a_run_cancelled_while_waiting_leaves_nothing_pending(
+        run_script: RunScript, temporal: Client, tmp_path: Path) -> None:
+    """Issue 19: after `boundloop cancel` of a run waiting for approval, its pending count
+    (search attribute, `list`, status query) is 0, and the last
+    frame of a `boundloop watch` that followed it shows the end, not the approval table."""
+    env = env_for(temporal, tmp_path)
+    ticket = {"title": "t", "description": "d", "priority": "low"}
+    seen: dict[str, Any] = {}
+
+    async def operator(handle: WorkflowHandle[Any, Any]) -> None:
+        await pending_call(handle)
+        watching = asyncio.create_task(cli("watch", handle.id, env=env))
+        seen["cancel"] = await cli("cancel", handle.id, "--reason", "wrong customer", env=env)
+        seen["watch"] = await watching  # ends with the run
+        seen["pending"] = (await query_status(handle)).pending  # a worker answers it
+
+    out = await run_script([resp(call("create_ticket", ticket, "c1")), answer("never")],
+                           during=operator)
+    assert out.result.reason == "cancelled"
+    assert seen["cancel"][0] == 0, seen["cancel"]
+    code, frame, err = seen["watch"]
+    assert code == 3, err  # a stopped run's exit code
+    assert "waiting for approval" not in frame and "cancelled" in frame
+    desc = await out.handle.describe()
+    assert desc.typed_search_attributes.get(sa.PENDING_APPROVALS) == 0
+    assert seen["pending"] == []
+    rows = [r for r in await list_runs(temporal, None, None, 50)
+            if r["workflow_id"] == out.handle.id]
+    assert [(r["status"], r["pending_approvals"]) for r in rows] == [("stopped", 0)]
+    listed = [wf.id async for wf in temporal.list_workflows(
+        f"{sa.PENDING_APPROVALS.name} > 0")]
+    assert out.handle.id not in listed
 
 
 async def test_hung_sync_tools_do_not_starve_the_next_tool(tmp_path: Path) -> None:

@@ -75,6 +75,9 @@ WEDGED_MARGIN = 10.0
 #: The patch under which failures are counted by the workflow (runs that started before
 #: it had Temporal count them, and stopped at the first failure Temporal returned).
 COUNTED_RETRIES = "counted-retries"
+#: The patch under which a stopped run withdraws the approvals still pending (before it,
+#: a run cancelled while waiting kept reporting one pending).
+WITHDRAWN_ON_STOP = "withdrawn-on-stop"
 
 
 def _worker_lost(counted: list[str]) -> RetryPolicy:
@@ -194,6 +197,8 @@ class BoundLoopWorkflow:
             reason = core.check_payload(self._state, "carried_state", payload_bytes(carry))
             if reason is None:
                 workflow.continue_as_new(carry)
+        if approvals.pending_count(self._state) and workflow.patched(WITHDRAWN_ON_STOP):
+            approvals.withdraw(self._state)
         await self._release_budget()
         self._publish()
         workflow.logger.info("run stopped", extra={"reason": reason.value,

@@ -60,6 +60,14 @@ def pending_count(state: LoopState) -> int:
     return sum(1 for a in state.approvals if a.status == "pending")
 
 
+def withdraw(state: LoopState) -> None:
+    """The run has stopped: nothing waits for a decision any more (the pending count,
+    the status query and `list` say so), and a late decision is refused."""
+    for approval in state.approvals:
+        if approval.status == "pending":
+            approval.status = "withdrawn"
+
+
 def time_left(approval: Approval, now: datetime, limit: timedelta) -> timedelta:
     """Time until the approval times out, counted from when it was requested."""
     requested = datetime.fromisoformat(approval.requested_at)

@@ -79,7 +79,8 @@ class Approval(BaseModel):
     idempotency_key: str
     step: int
     requested_at: str  # ISO 8601 UTC, from workflow time
-    status: Literal["pending", "approved", "rejected", "timed_out"] = "pending"
+    # withdrawn: the run stopped (a cancel, a limit) before anyone decided.
+    status: Literal["pending", "approved", "rejected", "timed_out", "withdrawn"] = "pending"
     approver: str | None = None
     reason: str | None = None
     decided_at: str | None = None
