@@ -45,6 +45,9 @@ from boundloop.errors import (
     BoundloopError,
     DecisionRefused,
     NoToolset,
+    RunEnded,
+    RunIdTaken,
+    RunNotFound,
     SessionRefused,
     ToolDefinitionError,
     ToolFailure,
@@ -56,16 +59,16 @@ if TYPE_CHECKING:
     from boundloop.mcp.config import load_mcp_config
     from boundloop.mcp.pool import list_mcp_tools
     from boundloop.signing import Signer
-    from boundloop.worker.main import Plugin, Worker
+    from boundloop.worker.plugin import Plugin, Worker
 
 
 def __getattr__(name: str) -> Any:
     # The worker imports the workflow and activities, which import boundloop's modules:
     # loaded on first use, so importing any boundloop module never needs the worker.
     if name in ("Plugin", "Worker"):
-        from boundloop.worker import main as worker_main
+        from boundloop.worker import plugin as worker_plugin
 
-        return getattr(worker_main, name)
+        return getattr(worker_plugin, name)
     if name == "Signer":  # loads `cryptography`'s native module: only when asked for
         from boundloop.signing import Signer
 
@@ -93,6 +96,9 @@ __all__ = [
     "Policy",
     "Price",
     "Run",
+    "RunEnded",
+    "RunIdTaken",
+    "RunNotFound",
     "RunResult",
     "RunStatus",
     "Session",

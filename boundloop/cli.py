@@ -22,11 +22,8 @@ from rich.table import Table
 from temporalio.client import (
     Client,
     WorkflowExecutionStatus,
-    WorkflowFailureError,
-    WorkflowUpdateFailedError,
     WorkflowUpdateRPCTimeoutOrCancelledError,
 )
-from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
 from boundloop import client as ops
@@ -45,26 +42,28 @@ from boundloop.contracts import (
 from boundloop.core.limits import Limits, Policy, RunSettings
 from boundloop.core.reasons import StopReason
 from boundloop.core.session import SessionLimits
-from boundloop.errors import DecisionRefused, SessionRefused
+from boundloop.errors import (
+    DecisionRefused,
+    RunEnded,
+    RunIdTaken,
+    RunNotFound,
+    SessionRefused,
+)
+from boundloop.exit_codes import ExitCode
 from boundloop.settings import Settings, one_line, worker_settings_problem
-from boundloop.terminal import STOPPED_EXIT, console, exit_code, print_event, print_result, safe
+from boundloop.terminal import console, exit_code, print_event, print_result, safe
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="boundloop: a durable, bounded LLM tool-calling loop on Temporal.")
 err = Console(stderr=True, soft_wrap=True)
 T = TypeVar("T")
 
-# Exit codes, the same for every command (README "Exit codes").
-#: Done; for `run --wait`, `watch`, `status`, `demo`: the run completed.
-EXIT_OK = 0
-#: The command could not do it: a decision refused, no worker answered, a port in use.
-EXIT_FAILED = 1
-#: Invalid input (flags, settings, limits, a script, an unknown run): nothing changed.
-EXIT_INVALID = 2
-#: The run ended without completing: a stop reason other than `completed`, or
-#: terminated / timed out by Temporal (boundloop.terminal.STOPPED_EXIT).
-#: Temporal could not be reached.
-EXIT_UNREACHABLE = 4
+#: What the client API raises, as the CLI reports it (the message is the error's own).
+REFUSALS: dict[type[Exception], ExitCode] = {
+    RunNotFound: ExitCode.INVALID, RunIdTaken: ExitCode.INVALID,
+    RunEnded: ExitCode.FAILED, DecisionRefused: ExitCode.FAILED,
+    SessionRefused: ExitCode.FAILED,
+}
 
 #: How long the CLI waits for a worker to answer a query or accept an update.
 QUERY_TIMEOUT = 10.0
@@ -76,14 +75,16 @@ def _run(coro: Coroutine[Any, Any, T]) -> T:
         return asyncio.run(coro)
     except CodecKeyError as exc:  # a payload this process cannot decrypt
         raise fail(str(exc)) from None
+    except tuple(REFUSALS) as exc:
+        raise fail(str(exc), REFUSALS[type(exc)]) from None
     except RPCError as exc:  # a call after connecting: the server went away or refused
         if exc.status == RPCStatusCode.UNAVAILABLE:
             raise fail(f"lost the connection to Temporal: {exc.message}",
-                       EXIT_UNREACHABLE) from None
-        raise fail(f"Temporal refused the request: {exc.message}", EXIT_FAILED) from None
+                       ExitCode.UNREACHABLE) from None
+        raise fail(f"Temporal refused the request: {exc.message}", ExitCode.FAILED) from None
 
 
-def fail(message: str, code: int = EXIT_INVALID) -> typer.Exit:
+def fail(message: str, code: int = ExitCode.INVALID) -> typer.Exit:
     err.print(f"[bold red]error:[/] {safe(message)}")
     return typer.Exit(code)
 
@@ -96,33 +97,30 @@ def load_settings() -> Settings:
 
 
 async def connect(settings: Settings) -> Client:
-    from boundloop.worker.main import connect as worker_connect
-    from boundloop.worker.main import unreachable_reason
+    from boundloop.connection import connect as settings_connect
+    from boundloop.connection import unreachable_reason
 
     try:
-        return await worker_connect(settings)
+        return await settings_connect(settings)
     except ConnectionSettingsError as exc:
         raise fail(str(exc)) from None
     except RuntimeError as exc:
         problem = tls_problem(exc) or (TLS_DROPPED if tls_dropped(exc, settings) else None)
         if problem is not None:
             raise fail(f"cannot connect to Temporal at {settings.temporal_address}: "
-                       f"{problem}", EXIT_UNREACHABLE) from None
+                       f"{problem}", ExitCode.UNREACHABLE) from None
         raise fail(f"cannot reach Temporal at {settings.temporal_address} "
                    f"({unreachable_reason(exc)}): start it with `boundloop server` or set "
-                   "TEMPORAL_ADDRESS", EXIT_UNREACHABLE) from None
+                   "TEMPORAL_ADDRESS", ExitCode.UNREACHABLE) from None
 
 
 async def run_result(handle: Any) -> RunResult:
-    """The RunResult however the run ended (`ops.result_of`), or exit 3 when Temporal
-    ended it without one (terminated, timed out)."""
+    """The RunResult however the run ended, or exit 3 when Temporal ended it without one
+    (terminated, timed out)."""
     try:
-        return await ops.result_of(handle)
-    except WorkflowFailureError as exc:
-        desc = await handle.describe()
-        state = desc.status.name.lower() if desc.status else "ended"
-        raise fail(f"{handle.id} was {state} without a RunResult: "
-                   f"{getattr(exc.cause, 'message', exc.cause)}", STOPPED_EXIT) from None
+        return await ops.Run(handle).result()
+    except RunEnded as exc:
+        raise fail(str(exc), ExitCode.STOPPED) from None
 
 
 # --- settings from flags ---------------------------------------------------------
@@ -201,7 +199,7 @@ def load_mcp_tools(settings: Settings) -> list[Any]:
     try:
         return _run(list_mcp_tools(servers))
     except (MCPServerError, MCPDeclarationError) as exc:
-        raise fail(str(exc), EXIT_FAILED) from None
+        raise fail(str(exc), ExitCode.FAILED) from None
 
 
 def load_registry() -> Any:
@@ -270,7 +268,7 @@ def server(
     try:
         srv.start()
     except RuntimeError as exc:
-        raise fail(str(exc), EXIT_FAILED) from None
+        raise fail(str(exc), ExitCode.FAILED) from None
     console.print(f"Temporal dev server on {srv.address}, Web UI http://127.0.0.1:{ui_port} "
                   f"(database {srv.data_dir / 'temporal.db'}). Ctrl-C stops it.")
     signal.signal(signal.SIGTERM, lambda *_: srv.stop())
@@ -365,9 +363,6 @@ async def _start(client: Client, settings: Settings, inp: RunInput, workflow_id:
                               task_queue=task_queue or settings.task_queue,
                               budget=run_settings.budget)
         return run.handle
-    except WorkflowAlreadyStartedError:
-        raise fail(f"workflow id {workflow_id!r} is already used by another run; "
-                   "ids scope idempotency keys, so each run needs its own") from None
     except RPCError as exc:
         if exc.status == RPCStatusCode.UNAVAILABLE:
             raise
@@ -384,7 +379,7 @@ async def _run_async(settings: Settings, inp: RunInput, wait: bool, as_json: boo
         if not wait:
             if as_json:
                 console.print_json(json.dumps({"workflow_id": handle.id}))
-            return 0
+            return ExitCode.OK
         return await _follow(handle, settings, as_json)
     from boundloop.scripted.server import ScriptedModelServer
     from boundloop.worker.main import build_worker
@@ -472,7 +467,7 @@ def status(run_id: Annotated[str, typer.Argument(help="Workflow id")],
                        f"(BoundloopStatus {attrs.get(sa.STATUS) or '-'}, steps "
                        f"{attrs.get(sa.STEPS) or 0}); no worker answered the status query "
                        f"— is `boundloop worker` running for task queue {desc.task_queue}?",
-                       EXIT_FAILED) from None
+                       ExitCode.FAILED) from None
         if as_json:
             print(st.model_dump_json())
         else:
@@ -483,18 +478,14 @@ def status(run_id: Annotated[str, typer.Argument(help="Workflow id")],
             if st.pending:
                 print_pending_table([(run_id, st)])
         # Open: 0. Closed by Temporal (terminated, timed out) without a RunResult: 3.
-        return EXIT_OK if desc.status == WorkflowExecutionStatus.RUNNING else STOPPED_EXIT
+        return (ExitCode.OK if desc.status == WorkflowExecutionStatus.RUNNING
+                else ExitCode.STOPPED)
 
     raise typer.Exit(_run(go()))
 
 
 async def describe(handle: Any) -> Any:
-    try:
-        return await handle.describe()
-    except RPCError as exc:
-        if exc.status == RPCStatusCode.NOT_FOUND:
-            raise fail(f"no run {handle.id!r}: {exc.message}") from None
-        raise
+    return await ops.describe(handle)  # RunNotFound: `_run` prints it
 
 
 @app.command()
@@ -618,22 +609,7 @@ def _decide(run_id: str, decision: Decision, signer: Any = None) -> None:
             raise fail(f"no worker answered within {UPDATE_TIMEOUT:.0f} s (is `boundloop "
                        "worker` running?); the decision may still take effect when a worker "
                        f"picks up the run: check `boundloop status {run_id}` before deciding "
-                       "again", EXIT_FAILED) from None
-        except DecisionRefused as exc:
-            raise fail(str(exc), EXIT_FAILED) from None
-        except WorkflowUpdateFailedError as exc:
-            cause = exc.cause
-            raise fail(getattr(cause, "message", str(cause)), EXIT_FAILED) from None
-        except RPCError as exc:
-            if exc.status == RPCStatusCode.NOT_FOUND and "already completed" in exc.message:
-                raise fail(f"run {run_id} has ended: it takes no more decisions "
-                           f"(`boundloop status {run_id}` shows its result)",
-                           EXIT_FAILED) from None
-            if exc.status == RPCStatusCode.NOT_FOUND:
-                raise fail(f"no run {run_id!r}: {exc.message}") from None
-            if exc.status == RPCStatusCode.UNAVAILABLE:
-                raise
-            raise fail(f"run {run_id}: {exc.message}", EXIT_FAILED) from None
+                       "again", ExitCode.FAILED) from None
         console.print(f"{safe(decision.call_id)}: "
                       f"{'approved' if decision.approve else 'rejected'}"
                       + (f" (signed by {safe(signer.name)})" if signer is not None else ""))
@@ -713,15 +689,7 @@ def cancel(run_id: Annotated[str, typer.Argument(help="Workflow id")],
 
     async def go() -> None:
         client = await connect(settings)
-        handle = client.get_workflow_handle(run_id)
-        try:
-            desc = await handle.describe()
-            if desc.status != WorkflowExecutionStatus.RUNNING:
-                name = desc.status.name.lower() if desc.status else "closed"
-                raise fail(f"run {run_id} is not running ({name}); nothing was changed", 1)
-            await ops.cancel(handle, request.reason)
-        except RPCError as exc:
-            raise fail(f"run {run_id}: {exc.message}", 1) from None
+        await ops.get_run(client, run_id).cancel(request.reason)
         console.print(f"{safe(run_id)}: cancel requested; the run stops with `cancelled` "
                       f"(follow it with `boundloop watch {safe(run_id)}`)")
 
@@ -782,7 +750,7 @@ def budget_set(
         except TimeoutError:
             raise fail(f"no worker answered within {UPDATE_TIMEOUT:g} s: is `boundloop "
                        f"worker` running on task queue {settings.task_queue!r}? (the ledger "
-                       "takes the limits when one starts)", EXIT_FAILED) from None
+                       "takes the limits when one starts)", ExitCode.FAILED) from None
         _print_view(view, as_json)
 
     _run(go())
@@ -805,7 +773,7 @@ def budget_show(
             view = await asyncio.wait_for(show_budget(client, key), QUERY_TIMEOUT)
         except TimeoutError:
             raise fail(f"no worker answered within {QUERY_TIMEOUT:g} s: is `boundloop "
-                       "worker` running?", EXIT_FAILED) from None
+                       "worker` running?", ExitCode.FAILED) from None
         if view is None:
             raise fail(f"no budget {key!r}: set it with `boundloop budget set {key} "
                        "--usd AMOUNT`")
@@ -903,15 +871,11 @@ def start(
     async def go() -> None:
         client = await connect(settings)
         run = inp.settings
-        try:
-            session = await ops.start_session(
-                client, tools=inp.tools, model=run.model, api=run.api, limits=run.limits,
-                policy=run.policy, session_limits=session_limits,
-                instructions=inp.instructions, session_id=session_id,
-                task_queue=settings.task_queue)
-        except WorkflowAlreadyStartedError:
-            raise fail(f"workflow id {session_id!r} is already used; each session needs "
-                       "its own (its turns' ids scope idempotency keys)") from None
+        session = await ops.start_session(
+            client, tools=inp.tools, model=run.model, api=run.api, limits=run.limits,
+            policy=run.policy, session_limits=session_limits,
+            instructions=inp.instructions, session_id=session_id,
+            task_queue=settings.task_queue)
         if as_json:
             print(json.dumps({"session_id": session.id}))
         else:
@@ -941,10 +905,7 @@ def say(session_id: Annotated[str, typer.Argument(help="Session id")],
         client = await connect(settings)
         session = _session(client, session_id)
         await _described(session)
-        try:
-            result = await session.say(message)
-        except SessionRefused as exc:
-            raise fail(f"session {session_id}: {exc}", EXIT_FAILED) from None
+        result = await session.say(message)
         return _print_turn(result, settings, as_json)
 
     raise typer.Exit(_run(go()))
@@ -981,7 +942,7 @@ def show(session_id: Annotated[str, typer.Argument(help="Session id")],
             st = await asyncio.wait_for(session.show(), timeout=QUERY_TIMEOUT)
         except (RPCError, TimeoutError):
             raise fail(f"{session_id}: no worker answered the status query — is `boundloop "
-                       "worker` running?", EXIT_FAILED) from None
+                       "worker` running?", ExitCode.FAILED) from None
         if as_json:
             print(st.model_dump_json())
         else:
@@ -1000,10 +961,7 @@ def end(session_id: Annotated[str, typer.Argument(help="Session id")],
         client = await connect(settings)
         session = _session(client, session_id)
         await _described(session)
-        try:
-            st = await session.end()
-        except SessionRefused as exc:
-            raise fail(f"session {session_id}: {exc}", EXIT_FAILED) from None
+        st = await session.end()
         if as_json:
             print(st.model_dump_json())
         else:
@@ -1018,7 +976,7 @@ async def _watch_session(client: Client, session: ops.Session, settings: Setting
     from boundloop.live import watch as live_watch
 
     followed: set[str] = set()
-    code = EXIT_OK
+    code: int = ExitCode.OK
     while True:
         desc = await session.handle.describe()
         st = await asyncio.wait_for(session.show(), timeout=QUERY_TIMEOUT)
@@ -1097,7 +1055,7 @@ def main() -> None:
         except UnicodeEncodeError:
             err.print("[bold red]error:[/] an argument is not valid UTF-8 text")
             sys.stderr.flush()
-            os._exit(2)
+            os._exit(ExitCode.INVALID)
     try:
         app()
     except SystemExit as exc:

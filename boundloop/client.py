@@ -18,6 +18,7 @@ from temporalio.api.operatorservice.v1 import ListSearchAttributesRequest
 from temporalio.client import (
     Client,
     Interceptor,
+    WorkflowExecutionDescription,
     WorkflowExecutionStatus,
     WorkflowFailureError,
     WorkflowHandle,
@@ -25,7 +26,7 @@ from temporalio.client import (
 )
 from temporalio.common import WorkflowIDReusePolicy
 from temporalio.converter import PayloadCodec
-from temporalio.exceptions import ApplicationError
+from temporalio.exceptions import ApplicationError, WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
 from boundloop import errors
@@ -54,6 +55,11 @@ from boundloop.tools.registry import Toolset, tool_names
 
 if TYPE_CHECKING:
     from boundloop.signing import Signer
+
+# Messages are sent by typed reference (`BoundLoopWorkflow.decide`, not "decide"): a
+# renamed handler is then a type error here, not a run that ignores the message. The
+# workflow modules are imported where a message is sent, so `import boundloop` loads
+# neither them nor the `cryptography` module their signature checks need.
 
 #: Where runs go unless told otherwise (the default of `boundloop.Worker` too).
 DEFAULT_TASK_QUEUE = "boundloop"
@@ -132,8 +138,12 @@ class Run:
         return self.handle.id
 
     async def status(self) -> RunStatus:
-        """Counters, pending approvals and the event log so far."""
-        return await query_status(self.handle)
+        """Counters, pending approvals and the event log so far (a query: a worker
+        answers it). Raises RunNotFound."""
+        try:
+            return await query_status(self.handle)
+        except RPCError as exc:
+            raise await _gone(self.handle, exc, "queries") from None
 
     async def pending(self) -> list[Approval]:
         """The calls waiting for a decision, with their validated arguments."""
@@ -163,10 +173,12 @@ class Run:
         try:
             await decide(self.handle, decision)
         except WorkflowUpdateFailedError as exc:
+            # The validator's refusal (INVALID_DECISION), or the run failing the update.
             cause = exc.cause
-            if isinstance(cause, ApplicationError) and cause.type == errors.INVALID_DECISION:
-                raise errors.DecisionRefused(cause.message) from None
-            raise
+            raise errors.DecisionRefused(getattr(cause, "message", None) or str(cause)
+                                         ) from None
+        except RPCError as exc:
+            raise await _gone(self.handle, exc, "decisions") from None
 
     async def _signed(self, decision: Decision, signer: Signer) -> Decision:
         """`decision` signed over the pending call as the run reports it: its step, and
@@ -186,8 +198,12 @@ class Run:
 
     async def cancel(self, reason: str | None = None) -> None:
         """Ask the run to stop, in any state; it ends with reason `cancelled`, and
-        `reason` (at most 500 characters) is kept in its event log and RunResult."""
-        await cancel(self.handle, reason)
+        `reason` (at most 500 characters) is kept in its event log and RunResult.
+        Raises RunEnded when it has ended already, RunNotFound."""
+        try:
+            await cancel(self.handle, reason)
+        except RPCError as exc:
+            raise await _gone(self.handle, exc, "cancels") from None
 
     async def events(self, interval: float = 0.2) -> AsyncIterator[Event]:
         """Each event-log line as it appears, until the run ends."""
@@ -198,8 +214,22 @@ class Run:
     async def result(self) -> RunResult:
         """Wait for the run to end and return its RunResult, whatever its reason (a run
         that stopped for any reason but `completed` ends as a Temporal failure carrying
-        it). A terminated or timed-out run has none: that raises Temporal's error."""
-        return await result_of(self.handle)
+        it). A run Temporal ended without one (terminated, timed out) raises RunEnded;
+        an unknown id RunNotFound."""
+        try:
+            return await result_of(self.handle)
+        except WorkflowFailureError as exc:
+            state = await _state(self.handle)
+            raise errors.RunEnded(
+                f"{self.id} was {state} without a RunResult: "
+                f"{getattr(exc.cause, 'message', exc.cause)}") from None
+        except RPCError as exc:
+            raise await _gone(self.handle, exc, "waiting") from None
+
+    async def describe(self) -> WorkflowExecutionDescription:
+        """Temporal's description of the run (status, type, task queue, search
+        attributes): the server answers it, no worker needed. Raises RunNotFound."""
+        return await describe(self.handle)
 
 
 def _approver(approver: str | None, signer: Signer | None) -> str:
@@ -211,6 +241,38 @@ def _approver(approver: str | None, signer: Signer | None) -> str:
         raise ValueError(f"approver {approver!r} differs from the signer's name "
                          f"{signer.name!r}: a decision is signed by its approver")
     return signer.name
+
+
+async def describe(handle: WorkflowHandle[Any, Any]) -> WorkflowExecutionDescription:
+    """`handle.describe()`, raising RunNotFound for an id no workflow has."""
+    try:
+        return await handle.describe()
+    except RPCError as exc:
+        if exc.status == RPCStatusCode.NOT_FOUND:
+            raise errors.RunNotFound(f"no run {handle.id!r}") from None
+        raise
+
+
+async def _state(handle: WorkflowHandle[Any, Any]) -> str:
+    """The workflow's Temporal status in words (`completed`, `terminated`, ...)."""
+    desc = await describe(handle)
+    return desc.status.name.lower() if desc.status else "closed"
+
+
+async def _gone(handle: WorkflowHandle[Any, Any], exc: RPCError, takes: str) -> Exception:
+    """What a NOT_FOUND answer means for this id: RunNotFound when no workflow has it,
+    RunEnded when it has closed (a closed workflow takes no update, signal or cancel);
+    any other error as it came."""
+    if exc.status != RPCStatusCode.NOT_FOUND:
+        return exc
+    try:
+        state = await _state(handle)
+    except errors.RunNotFound as missing:
+        return missing
+    except RPCError:
+        return exc
+    return errors.RunEnded(f"{handle.id} has ended: it takes no more {takes} ({state}; "
+                           "its result stays readable)")
 
 
 async def start_session(client: Client, *,
@@ -230,11 +292,14 @@ async def start_session(client: Client, *,
     inp = SessionInput(instructions=instructions, settings=settings, tools=tool_names(tools),
                        limits=session_limits or SessionLimits(),
                        search_attributes=await search_attributes_registered(client))
-    handle = await client.start_workflow(
-        SESSION_WORKFLOW, inp, id=session_id or f"boundloop-session-{uuid.uuid4().hex[:12]}",
-        task_queue=task_queue, result_type=SessionStatus,
-        static_summary=f"session · model {model} · tools {', '.join(inp.tools)}",
-        id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE)
+    wf_id = session_id or f"boundloop-session-{uuid.uuid4().hex[:12]}"
+    try:
+        handle = await client.start_workflow(
+            SESSION_WORKFLOW, inp, id=wf_id, task_queue=task_queue, result_type=SessionStatus,
+            static_summary=f"session · model {model} · tools {', '.join(inp.tools)}",
+            id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE)
+    except WorkflowAlreadyStartedError:
+        raise _taken(wf_id, "session") from None
     return Session(client, handle)
 
 
@@ -259,29 +324,35 @@ class Session:
 
     async def say(self, message: str) -> RunResult:
         """Run one turn with the user's `message` and return its RunResult. Raises
-        SessionRefused when a turn is running or the session has ended."""
+        SessionRefused when a turn is running, RunEnded when the session has ended,
+        RunNotFound."""
+        from boundloop.workflows.session import BoundloopSessionWorkflow
+
         try:
-            result: RunResult = await self.handle.execute_update(
-                "say", SayRequest(message=message), result_type=RunResult)
+            result = await self.handle.execute_update(
+                BoundloopSessionWorkflow.say, SayRequest(message=message))
         except (WorkflowUpdateFailedError, RPCError) as exc:
             raise await self._refused(exc) from None
         return result
 
     async def show(self) -> SessionStatus:
         """Counters, the running or last turn, tokens left, when an idle session ends
-        (a query while the session is open; its result once it has ended)."""
-        desc = await self.handle.describe()
+        (a query while the session is open; its result once it has ended). Raises
+        RunNotFound."""
+        from boundloop.workflows.session import BoundloopSessionWorkflow
+
+        desc = await describe(self.handle)
         if desc.status != WorkflowExecutionStatus.RUNNING:
             return await self.handle.result()
-        status: SessionStatus = await self.handle.query("status", result_type=SessionStatus)
-        return status
+        return await self.handle.query(BoundloopSessionWorkflow.status)
 
     async def end(self) -> SessionStatus:
         """End the session (a running turn is cancelled first) and return its status.
-        Raises SessionRefused when it has already ended."""
+        Raises RunEnded when it has already ended, RunNotFound."""
+        from boundloop.workflows.session import BoundloopSessionWorkflow
+
         try:
-            status: SessionStatus = await self.handle.execute_update(
-                "end", result_type=SessionStatus)
+            status = await self.handle.execute_update(BoundloopSessionWorkflow.end)
         except (WorkflowUpdateFailedError, RPCError) as exc:
             raise await self._refused(exc) from None
         return status
@@ -293,23 +364,19 @@ class Session:
 
 
     async def _refused(self, exc: WorkflowUpdateFailedError | RPCError) -> Exception:
-        """SessionRefused for what the session refused, or for a session that has ended
-        (a closed workflow takes no update); anything else as it came."""
-        if isinstance(exc, WorkflowUpdateFailedError):
-            cause = exc.cause
-            if isinstance(cause, ApplicationError) and cause.type in (
-                    errors.SESSION_REFUSED, errors.TURN_FAILED):
-                return errors.SessionRefused(cause.message)
+        """RunEnded for a session that has ended (refused by the session while it
+        closes, or closed: a closed workflow takes no update), SessionRefused for any
+        other refusal, RunNotFound; anything else as it came."""
+        if isinstance(exc, RPCError):
+            return await _gone(self.handle, exc, "messages")
+        cause = exc.cause
+        if not (isinstance(cause, ApplicationError) and cause.type in (
+                errors.SESSION_REFUSED, errors.TURN_FAILED)):
             return exc
-        if exc.status == RPCStatusCode.NOT_FOUND:
-            with contextlib.suppress(RPCError):
-                desc = await self.handle.describe()
-                if desc.status != WorkflowExecutionStatus.RUNNING:
-                    ended = await self.show()
-                    how = ended.ended or (desc.status.name.lower() if desc.status else "")
-                    return errors.SessionRefused(
-                        f"the session has ended (reason: {how}); start a new one")
-        return exc
+        with contextlib.suppress(RPCError):
+            if cause.type == errors.SESSION_REFUSED and (await self.show()).ended:
+                return errors.RunEnded(cause.message)
+        return errors.SessionRefused(cause.message)
 
 
 # --- what the CLI builds on -----------------------------------------------------------
@@ -342,10 +409,18 @@ async def start_run(client: Client, inp: RunInput, *, workflow_id: str | None = 
                f"tools: {', '.join(inp.tools)}\n\nlimits: `{limits}`")
     # Idempotency keys are scoped by workflow id: a finished run's id is never
     # reused, or its side effects would be "already done" for the new run.
-    return await client.start_workflow(
-        WORKFLOW_NAME, inp, id=wf_id, task_queue=task_queue,
-        result_type=RunResult, static_summary=preview(inp.question, 120),
-        static_details=details, id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE)
+    try:
+        return await client.start_workflow(
+            WORKFLOW_NAME, inp, id=wf_id, task_queue=task_queue,
+            result_type=RunResult, static_summary=preview(inp.question, 120),
+            static_details=details, id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE)
+    except WorkflowAlreadyStartedError:
+        raise _taken(wf_id, "run") from None
+
+
+def _taken(workflow_id: str, what: str) -> errors.RunIdTaken:
+    return errors.RunIdTaken(f"workflow id {workflow_id!r} is already used; each {what} "
+                             "needs its own (ids scope the idempotency keys of side effects)")
 
 
 async def result_of(handle: WorkflowHandle[Any, Any]) -> RunResult:
@@ -367,8 +442,9 @@ async def result_of(handle: WorkflowHandle[Any, Any]) -> RunResult:
 
 
 async def query_status(handle: WorkflowHandle[Any, Any]) -> RunStatus:
-    status: RunStatus = await handle.query("status", result_type=RunStatus)
-    return status
+    from boundloop.workflows.loop import BoundLoopWorkflow
+
+    return await handle.query(BoundLoopWorkflow.status)
 
 
 async def follow(handle: WorkflowHandle[Any, Any], interval: float = 0.2,
@@ -398,17 +474,21 @@ async def follow(handle: WorkflowHandle[Any, Any], interval: float = 0.2,
 
 
 async def decide(handle: WorkflowHandle[Any, Any], decision: Decision) -> str:
-    """Send a decision through the validated `decide` update (errors raise)."""
-    result: str = await handle.execute_update("decide", decision, result_type=str)
-    return result
+    """Send a decision through the validated `decide` update (Temporal's errors raise:
+    `Run.approve` translates them)."""
+    from boundloop.workflows.loop import BoundLoopWorkflow
+
+    return await handle.execute_update(BoundLoopWorkflow.decide, decision)
 
 
 async def cancel(handle: WorkflowHandle[Any, Any], reason: str | None) -> None:
     """Cancel a run, with the operator's reason. The reason goes first, as a signal: the
     server records it before the cancel request, so the workflow has it when the cancel
     arrives (a reason sent to a run that then cannot be cancelled changes nothing)."""
+    from boundloop.workflows.loop import BoundLoopWorkflow
+
     if reason is not None:
-        await handle.signal("cancel_reason", CancelRequest(reason=reason))
+        await handle.signal(BoundLoopWorkflow.cancel_reason, CancelRequest(reason=reason))
     await handle.cancel()
 
 

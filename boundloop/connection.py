@@ -7,15 +7,26 @@ so one environment serves both.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from temporalio.client import Client
+from temporalio.runtime import (
+    LogForwardingConfig,
+    LoggingConfig,
+    Runtime,
+    TelemetryConfig,
+    TelemetryFilter,
+)
 from temporalio.service import TLSConfig
 
+from boundloop.client import connect as boundloop_connect
 from boundloop.codec import CodecKeyError, EncryptionCodec, load_keys
 from boundloop.errors import BoundloopError
 from boundloop.settings import Settings
+from boundloop.tracing import client_interceptors
 
 
 class ConnectionSettingsError(BoundloopError):
@@ -131,3 +142,43 @@ def tls_dropped(exc: BaseException, settings: Settings) -> bool:
                "broken pipe", "ConnectionReset", "reset by peer", "UnexpectedEof",
                "connection closed")
     return tls_on and any(d in text for d in dropped)
+
+
+_core_logs_forwarded = False
+
+
+def forward_core_logs() -> None:
+    """Send the SDK core's own log lines through Python logging (stderr, our format)
+    instead of letting them reach stdout, where they would corrupt `--json` output.
+    Once per process, before the first client (the CLI calls it)."""
+    global _core_logs_forwarded
+    if _core_logs_forwarded:
+        return
+    _core_logs_forwarded = True
+    runtime = Runtime(telemetry=TelemetryConfig(logging=LoggingConfig(
+        filter=TelemetryFilter(core_level="WARN", other_level="ERROR"),
+        forwarding=LogForwardingConfig(logger=logging.getLogger("temporalio.core")))))
+    Runtime.set_default(runtime, error_if_already_set=False)
+
+
+async def connect(settings: Settings) -> Client:
+    """The client the CLI, the worker and the codec server use: settings' address,
+    namespace, TLS, API key and payload codec (above), tracing per
+    BOUNDLOOP_OTEL. Raises ConnectionSettingsError for unusable TLS or codec settings."""
+    forward_core_logs()
+    options = connect_options(settings)
+    return await boundloop_connect(settings.temporal_address,
+                                   interceptors=client_interceptors(settings.otel),
+                                   **options.kwargs())
+
+
+def unreachable_reason(exc: BaseException) -> str:
+    """Why Client.connect failed, in a few words (its message is a long transport dump)."""
+    text = str(exc)
+    if "ConnectionRefused" in text or "Connection refused" in text:
+        return "connection refused"
+    if "dns error" in text or "failed to lookup" in text:
+        return "the host name does not resolve"
+    if "timed out" in text.lower() or "deadline" in text.lower():
+        return "timed out"
+    return "connection failed"

@@ -65,8 +65,23 @@ class DecisionRefused(BoundloopError):
 
 
 class SessionRefused(BoundloopError):
-    """The session refused a message (a turn is still running, the session has ended)
-    or an end (already ended); nothing changed. The message says why."""
+    """The session refused a message (a turn is still running); nothing changed. The
+    message says why."""
+
+
+class RunNotFound(BoundloopError, LookupError):
+    """No run (or session) has this workflow id in the namespace."""
+
+
+class RunEnded(BoundloopError):
+    """The run (or session) has ended: it takes no more decisions, messages, ends or
+    cancels; nothing changed. Its result is still there to read."""
+
+
+class RunIdTaken(BoundloopError):
+    """A run or session with this workflow id exists already (ids are never reused: they
+    scope the idempotency keys of side effects)."""
+
 
 
 class NoToolset(BoundloopError):

@@ -6,9 +6,9 @@
   (`Run.approve(..., signer=...)`, `boundloop approve --as NAME --key FILE`).
 - `load_keys_file(path)`: the worker's BOUNDLOOP_APPROVER_KEYS file: lines of
   `NAME ed25519:BASE64` (NAME.pub files put together), `#` comments and blank lines.
-- `register` / `keys_for`: the keys a worker serves on its task queue, in this process;
-  the workflow (this module passes through Temporal's sandbox) reads them like the
-  toolset, so every worker of a task queue must be given the same file.
+
+The keys a worker serves on its task queue are registered with its toolset
+(boundloop/tools/catalog.py), so every worker of a task queue must be given the same file.
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ import base64
 import os
 import stat
 import time
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -170,33 +169,3 @@ def load_keys_file(path: Path) -> dict[str, str]:
         # An empty file would silently turn signing off: say so instead.
         raise KeyFileError(f"approver keys file {path} holds no key")
     return keys
-
-
-#: task queue (None: any, for a Replayer) -> (approver keys, workers that registered them)
-_by_queue: dict[str | None, tuple[dict[str, str], int]] = {}
-
-
-def register(task_queue: str | None, keys: Mapping[str, str]) -> None:
-    """Serve `keys` on `task_queue`; other keys on the same queue in this process are
-    refused (the workflow could not tell which apply)."""
-    current = _by_queue.get(task_queue)
-    if current is not None and current[0] != dict(keys):
-        raise ValueError(f"task queue {task_queue!r} already has other approver keys in this "
-                         "process")
-    _by_queue[task_queue] = (dict(keys), current[1] + 1 if current else 1)
-
-
-def unregister(task_queue: str | None) -> None:
-    current = _by_queue.get(task_queue)
-    if current is None:
-        return
-    if current[1] > 1:
-        _by_queue[task_queue] = (current[0], current[1] - 1)
-    else:
-        del _by_queue[task_queue]
-
-
-def keys_for(task_queue: str) -> Mapping[str, str]:
-    """The worker's approver keys for `task_queue` (empty: none configured)."""
-    found = _by_queue.get(task_queue) or _by_queue.get(None)
-    return found[0] if found else {}

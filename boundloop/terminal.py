@@ -20,6 +20,7 @@ from boundloop.client import ui_link
 from boundloop.contracts import RunResult
 from boundloop.core import model_failures as mf
 from boundloop.core.reasons import NEXT_CHECK, StopReason
+from boundloop.exit_codes import ExitCode
 from boundloop.settings import Settings
 
 # Piped output keeps long run ids whole (tables would cut them at 80 columns).
@@ -79,10 +80,6 @@ def print_result(result: RunResult, settings: Settings) -> None:
     console.print(f"Web UI: {ui_link(settings, result.workflow_id, result.run_id)}")
 
 
-#: Exit status of a command that waited for or read a run that ended without completing.
-STOPPED_EXIT = 3
-
-
-def exit_code(result: RunResult) -> int:
-    """0 when the run completed, 3 when it stopped for any other reason."""
-    return 0 if result.reason == StopReason.COMPLETED else STOPPED_EXIT
+def exit_code(result: RunResult) -> ExitCode:
+    """OK when the run completed, STOPPED when it stopped for any other reason."""
+    return ExitCode.OK if result.reason == StopReason.COMPLETED else ExitCode.STOPPED

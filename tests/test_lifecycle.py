@@ -218,4 +218,4 @@ async def test_boundloop_cancel_with_a_reason(run_script: RunScript, temporal: C
     assert [(e.event, e.detail) for e in out.result.events][-2:] == [
         ("cancel_requested", "wrong customer"), ("stopped:cancelled", None)]
     code, _, err = await cli("cancel", out.handle.id, env=env)
-    assert code == 1 and "is not running" in err
+    assert code == 1 and "has ended: it takes no more cancels" in err

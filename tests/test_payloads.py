@@ -37,7 +37,8 @@ from boundloop.settings import Settings
 from boundloop.tools import catalog
 from boundloop.tools.demo import DemoDeps
 from boundloop.tools.registry import ToolContext
-from boundloop.worker.main import build_worker, pass_boundloop_through
+from boundloop.worker.main import build_worker
+from boundloop.worker.plugin import pass_boundloop_through
 from boundloop.workflows.loop import BoundLoopWorkflow
 from tests.conftest import RUN_TIMEOUT, RunScript, continue_as_new_server, workflow_task_failures
 from tests.scripts import answer, call, outputs, resp
@@ -116,7 +117,7 @@ async def test_tool_result_over_the_payload_limit_is_not_retried_and_names_the_t
     inp = RunInput(question="q", tools=["counted"], settings=RunSettings(
         model="m", limits=Limits(max_result_bytes=MAX_RESULT_BYTES)))
     # A worker built by hand: its task queue's toolset is registered by hand too.
-    catalog.register(queue, test_tools)
+    catalog.register(queue, catalog.Served(test_tools))
     try:
         async with Worker(temporal, task_queue=queue, workflows=[BoundLoopWorkflow],
                           activities=[model.model_request, uncapped_tool],
@@ -126,7 +127,7 @@ async def test_tool_result_over_the_payload_limit_is_not_retried_and_names_the_t
                 result_type=RunResult)
             result = await asyncio.wait_for(result_of(handle), timeout=RUN_TIMEOUT)
     finally:
-        catalog.unregister(queue, test_tools)
+        catalog.unregister(queue, catalog.Served(test_tools))
         server.stop()
     assert executions(tmp_path) == 1
     assert (result.reason, result.tool_executions) == ("result_limit", 1)

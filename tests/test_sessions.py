@@ -210,7 +210,7 @@ async def test_an_idle_session_ends(temporal: Client, tmp_path: Path) -> None:
         session = await env.start(session_limits=SessionLimits(idle_seconds=1.0))
         await say(session, "hello")
         ended = await asyncio.wait_for(session.handle.result(), timeout=WAIT)
-        with pytest.raises(boundloop.SessionRefused, match="has ended"):
+        with pytest.raises(boundloop.RunEnded, match="has ended"):
             await asyncio.wait_for(session.say("late"), timeout=WAIT)
     assert ended.ended == "idle" and ended.turns == 1 and ended.status == "ended"
 
@@ -231,7 +231,7 @@ async def test_end_cancels_a_running_turn_and_ends_the_session(
         await boundloop.client.wait_until(pending, timeout=WAIT)
         status = await asyncio.wait_for(session.end(), timeout=WAIT)
         result = await asyncio.wait_for(turn, timeout=WAIT)
-        with pytest.raises(boundloop.SessionRefused, match="has ended"):
+        with pytest.raises(boundloop.RunEnded, match="has ended"):
             await asyncio.wait_for(session.end(), timeout=WAIT)
         assert (await session.handle.describe()).status == WorkflowExecutionStatus.COMPLETED
         assert await workflow_task_failures(session.handle) == 0

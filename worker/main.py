@@ -1,71 +1,40 @@
-"""The boundloop worker: the workflow, the model activity and the tool activity.
-
-- `Plugin(toolset, deps=..., model=...)` adds boundloop to a Temporal worker you already
-  run (`temporalio.worker.Worker(client, task_queue=..., plugins=[plugin])`), or to a
-  Replayer.
-- `Worker(client, toolset, deps=..., model=...)` is a Temporal worker with the plugin and
-  boundloop's defaults (bounded workflow cache, a short-enough sticky timeout).
-- `main()` (`boundloop worker`, `python -m boundloop.worker.main`) is the command-line edge: it
-  reads the environment (boundloop/settings.py) and serves the BOUNDLOOP_TOOLS toolset.
+"""`boundloop worker` (`python -m boundloop.worker.main`): the command-line edge of the
+worker. It reads the environment (boundloop/settings.py), serves the BOUNDLOOP_TOOLS
+toolset with the demo's dependencies, and reports each problem in one line. The public
+`Worker` and `Plugin` are worker/plugin.py.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import logging
-import pkgutil
 import sys
-import uuid
-from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import timedelta
-from typing import Any, Generic, TypeVar
+from typing import Any
 
 import openai
-import temporalio.worker
 from pydantic import ValidationError
 from temporalio.client import Client
-from temporalio.contrib.pydantic import PydanticPayloadConverter, pydantic_data_converter
-from temporalio.converter import DataConverter
-from temporalio.plugin import SimplePlugin
-from temporalio.runtime import (
-    LogForwardingConfig,
-    LoggingConfig,
-    Runtime,
-    TelemetryConfig,
-    TelemetryFilter,
-)
-from temporalio.worker import ReplayerConfig, WorkerConfig, WorkflowRunner
-from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
 
-import boundloop
-from boundloop import signing
-from boundloop.activities.budget import budget_closed_runs, budget_reserve
 from boundloop.activities.conversation import ConversationCache
-from boundloop.activities.heartbeat import HEARTBEAT_EVERY
-from boundloop.activities.model import ModelActivities
-from boundloop.activities.threads import ToolThreads
-from boundloop.activities.tools import ToolActivities
-from boundloop.client import DEFAULT_TASK_QUEUE
-from boundloop.client import connect as boundloop_connect
 from boundloop.connection import (
     TLS_DROPPED,
     ConnectionSettingsError,
+    connect,
     connect_options,
     tls_dropped,
     tls_problem,
+    unreachable_reason,
 )
-from boundloop.core import signatures
 from boundloop.errors import BoundloopError
+from boundloop.exit_codes import ExitCode
 from boundloop.logs import configure
 from boundloop.mcp import (
     MCPConfigError,
     MCPDeclarationError,
-    MCPPool,
     MCPServerConfig,
     MCPServerError,
-    MCPToolDeclaration,
     load_mcp_config,
 )
 from boundloop.settings import (
@@ -77,269 +46,9 @@ from boundloop.settings import (
 from boundloop.signing import KeyFileError, load_keys_file
 from boundloop.tools import catalog
 from boundloop.tools.registry import Toolset
-from boundloop.tracing import client_interceptors
-from boundloop.workflows.budget import BudgetLedgerWorkflow
-from boundloop.workflows.loop import BoundLoopWorkflow
-from boundloop.workflows.session import BoundloopSessionWorkflow
+from boundloop.worker.plugin import Worker
 
-
-def pass_boundloop_through(runner: WorkflowRunner | None) -> WorkflowRunner:
-    """The sandbox reloads a workflow's module and its parent packages for each run; our
-    workflows live in the `boundloop` package, so every other boundloop module is passed
-    through (one copy: the toolset table the worker registered, one class per model).
-    The workflow modules themselves stay sandboxed."""
-    if runner is None:
-        raise BoundloopError("no workflow runner to configure")
-    if not isinstance(runner, SandboxedWorkflowRunner):
-        return runner
-    modules = [f"boundloop.{m.name}" for m in pkgutil.iter_modules(boundloop.__path__)
-               if m.name != "workflows"]
-    # Approval signatures are verified in the workflow: `cryptography`'s native module
-    # must be the one loaded copy (re-importing it in the sandbox aborts the process).
-    return dataclasses.replace(
-        runner, restrictions=runner.restrictions.with_passthrough_modules(
-            *modules, "cryptography"))
-
-Deps = TypeVar("Deps")
-#: Activities one worker runs at once unless told otherwise.
-ACTIVITY_SLOTS = 64
-
-_core_logs_forwarded = False
-
-
-def forward_core_logs() -> None:
-    """Send the SDK core's own log lines through Python logging (stderr, our format)
-    instead of letting them reach stdout, where they would corrupt `--json` output.
-    Once per process, before the first client (the CLI calls it)."""
-    global _core_logs_forwarded
-    if _core_logs_forwarded:
-        return
-    _core_logs_forwarded = True
-    runtime = Runtime(telemetry=TelemetryConfig(logging=LoggingConfig(
-        filter=TelemetryFilter(core_level="WARN", other_level="ERROR"),
-        forwarding=LogForwardingConfig(logger=logging.getLogger("temporalio.core")))))
-    Runtime.set_default(runtime, error_if_already_set=False)
-
-
-def keep_codec(existing: DataConverter | None) -> DataConverter:
-    """The pydantic data converter, keeping the payload codec (encryption) of the
-    client's converter."""
-    if existing is not None and issubclass(existing.payload_converter_class,
-                                           PydanticPayloadConverter):
-        return existing
-    return dataclasses.replace(pydantic_data_converter,
-                               payload_codec=existing.payload_codec if existing else None)
-
-
-class Plugin(SimplePlugin, Generic[Deps]):
-    """boundloop's workflow and activities for a worker (or Replayer) you build.
-
-    - toolset: the tools this worker serves; the workflow reads their rules from it.
-    - deps: handed to every tool as `ctx.deps`.
-    - model: the OpenAI (or compatible) client the model activity uses; its retries are
-      turned off (Temporal's retry policy is the only retry layer). Not needed for a
-      Replayer.
-    - log_tool_error_messages: log an unexpected tool exception's message with its
-      traceback (default off: messages may hold raw arguments or data).
-    - conversation_cache: conversations (and tool outputs x8) kept in memory for the
-      next model request; a miss rebuilds it from the run's history (0: always).
-    - approver_keys: approver name -> Ed25519 public key (`ed25519:BASE64`): when given,
-      the runs this worker serves accept only decisions signed by one of them (with the
-      run policy's own `approver_keys` for other names). Every worker of a task queue
-      needs the same keys, as it needs the same toolset.
-    - mcp_servers: MCP servers whose tools runs may call (docs/mcp.md). The worker owns
-      their sessions: started (and listed) before it polls, closed when it stops.
-    - own_task_queue: also serve the activities on a task queue only this worker polls
-      (`<task_queue>/worker-<random>`), where a run sends its next steps after this
-      worker answered a model request, so they find the conversation in this cache
-      (default on; off: every worker may take every step, and more of them read the
-      history). With several workers, leave it on (docs/history.md, "Several workers").
-
-    The client must use the pydantic data converter (`boundloop.connect` sets it, as
-    does passing this plugin to `Client.connect`).
-    """
-
-    def __init__(self, toolset: Toolset[Deps], *, deps: Deps,
-                 model: openai.AsyncOpenAI | None = None,
-                 log_tool_error_messages: bool = False,
-                 conversation_cache: int | ConversationCache = 512,
-                 own_task_queue: bool = True,
-                 approver_keys: Mapping[str, str] | None = None,
-                 mcp_servers: Sequence[MCPServerConfig] = ()) -> None:
-        self.toolset = toolset
-        self.approver_keys = _checked_keys(approver_keys)
-        self.mcp = MCPPool(mcp_servers) if mcp_servers else None
-        self._mcp_listed = asyncio.Event()
-        self._mcp_failure: Exception | None = None
-        cache = (conversation_cache if isinstance(conversation_cache, ConversationCache)
-                 else ConversationCache(capacity=conversation_cache))
-        self.cache = cache
-        # Sync tools get threads of their own, as many as the worker's activity slots
-        # (sized in configure_worker): not asyncio's small shared pool.
-        self.threads = ToolThreads(ACTIVITY_SLOTS)
-        tools = ToolActivities(toolset, deps, cache, threads=self.threads,
-                               log_error_messages=log_tool_error_messages, mcp=self.mcp)
-        # The budget ledger runs on every boundloop worker: runs reserve from it, and
-        # `boundloop budget set` starts it on the same task queue.
-        activities: list[Callable[..., Any]] = [tools.tool_execute, budget_reserve,
-                                                budget_closed_runs]
-        if model is not None:
-            activities.append(ModelActivities(model, toolset, cache).model_request)
-        self._activities = activities
-        self._own_queue = own_task_queue and model is not None
-        super().__init__("boundloop", data_converter=keep_codec,
-                         workflows=[BoundLoopWorkflow, BudgetLedgerWorkflow,
-                                    BoundloopSessionWorkflow],
-                         activities=activities,
-                         workflow_runner=pass_boundloop_through)
-
-    def configure_worker(self, config: WorkerConfig) -> WorkerConfig:
-        converter = config["client"].data_converter
-        if not issubclass(converter.payload_converter_class, PydanticPayloadConverter):
-            raise BoundloopError("the client does not use the pydantic data converter: "
-                                 "connect with boundloop.connect(...) or pass "
-                                 "data_converter=pydantic_data_converter to Client.connect")
-        config = super().configure_worker(config)
-        # The own task queue's worker has as many activity slots again (and threads).
-        self.threads.size = ((config.get("max_concurrent_activities") or ACTIVITY_SLOTS)
-                             * (2 if self._own_queue else 1))
-        # Send each heartbeat at once (not up to 80% of the heartbeat timeout later): a
-        # cancel reaches a running activity within about a second.
-        config["max_heartbeat_throttle_interval"] = min(
-            config.get("max_heartbeat_throttle_interval") or timedelta(seconds=60),
-            timedelta(seconds=HEARTBEAT_EVERY))
-        catalog.register(config.get("task_queue"), self.toolset)
-        if self.approver_keys:
-            signing.register(config.get("task_queue"), self.approver_keys)
-        return config
-
-    async def run_worker(self, worker: temporalio.worker.Worker,
-                         next: Callable[[temporalio.worker.Worker], Awaitable[None]]) -> None:
-        try:
-            if self.mcp is not None:
-                # Sessions before polling: a server that cannot start stops the worker
-                # here, named, rather than failing every run's first call.
-                try:
-                    await self.mcp.start()
-                except Exception as exc:
-                    self._mcp_failure = exc  # for a caller waiting in mcp_tools()
-                    self._mcp_listed.set()
-                    await self.mcp.close()  # the servers that did start
-                    raise
-                self._mcp_failure = None
-                self._mcp_listed.set()
-            try:
-                if not self._own_queue:
-                    await super().run_worker(worker, next)
-                else:
-                    # This worker's own task queue (docs/history.md, "Several workers").
-                    own = self._own_queue_worker(worker)
-                    self.cache.queue = own.task_queue
-                    try:
-                        async with own:
-                            await super().run_worker(worker, next)
-                    finally:
-                        self.cache.queue = None
-            finally:
-                if self.mcp is not None:
-                    self._mcp_listed.clear()
-                    await self.mcp.close()
-        finally:
-            catalog.unregister(worker.task_queue, self.toolset)
-            if self.approver_keys:
-                signing.unregister(worker.task_queue)
-
-    async def mcp_tools(self) -> list[MCPToolDeclaration]:
-        """The tools this worker's MCP servers declared when it started them (waits for
-        the worker to start; none without MCP servers): pass them to `boundloop.start`."""
-        if self.mcp is None:
-            return []
-        await self._mcp_listed.wait()
-        if self._mcp_failure is not None:
-            raise MCPServerError(f"the worker's MCP servers did not start: "
-                                 f"{self._mcp_failure}")
-        return self.mcp.declarations()
-
-    def _own_queue_worker(self, worker: temporalio.worker.Worker) -> temporalio.worker.Worker:
-        """The same activities (and cache) on a task queue only this worker polls, where
-        a run sends its next activities after this worker answered a model request."""
-        config = worker.config()
-        return temporalio.worker.Worker(
-            worker.client, task_queue=f"{worker.task_queue}/worker-{uuid.uuid4().hex[:12]}",
-            activities=self._activities, interceptors=config.get("interceptors") or (),
-            max_concurrent_activities=config.get("max_concurrent_activities"),
-            max_heartbeat_throttle_interval=config.get("max_heartbeat_throttle_interval")
-            or timedelta(seconds=HEARTBEAT_EVERY),
-            graceful_shutdown_timeout=config.get("graceful_shutdown_timeout")
-            or timedelta())
-
-    def configure_replayer(self, config: ReplayerConfig) -> ReplayerConfig:
-        # A Replayer replays histories of any task queue.
-        catalog.register(None, self.toolset)
-        if self.approver_keys:
-            signing.register(None, self.approver_keys)
-        return super().configure_replayer(config)
-
-
-class Worker(temporalio.worker.Worker, Generic[Deps]):
-    """A Temporal worker serving boundloop runs with `toolset`.
-
-    - client: from `boundloop.connect` (the pydantic data converter).
-    - toolset, deps, model, log_tool_error_messages, conversation_cache, own_task_queue:
-      see `Plugin`.
-    - task_queue: where `boundloop.start(..., task_queue=...)` sends runs.
-    - max_cached_workflows: workflow instances kept in memory (default 100); a run parked
-      on approval beyond it is evicted and replays its short history when the decision
-      arrives, so 1,000 parked runs cost little memory.
-    - sticky_timeout: how long a run's next workflow task waits for the worker that ran
-      the previous one before any worker may take it (Temporal's default 10 s); after a
-      worker crash, a decision waits this long.
-    - max_concurrent_activities: model requests and tool executions at once (default 64),
-      on the shared queue and again on the worker's own queue.
-    - approver_keys: see `Plugin`.
-    - mcp_servers: MCP servers whose tools runs may call (see `Plugin`).
-    - plugins: more Temporal worker plugins.
-    """
-
-    def __init__(self, client: Client, toolset: Toolset[Deps], *, deps: Deps,
-                 model: openai.AsyncOpenAI, task_queue: str = DEFAULT_TASK_QUEUE,
-                 max_cached_workflows: int = 100,
-                 sticky_timeout: timedelta = timedelta(seconds=10),
-                 max_concurrent_activities: int = ACTIVITY_SLOTS,
-                 log_tool_error_messages: bool = False,
-                 conversation_cache: int | ConversationCache = 512,
-                 approver_keys: Mapping[str, str] | None = None,
-                 mcp_servers: Sequence[MCPServerConfig] = (),
-                 own_task_queue: bool = True,
-                 plugins: Sequence[temporalio.worker.Plugin] = ()) -> None:
-        self.plugin = Plugin(toolset, deps=deps, model=model,
-                             log_tool_error_messages=log_tool_error_messages,
-                             conversation_cache=conversation_cache,
-                             own_task_queue=own_task_queue,
-                             approver_keys=approver_keys, mcp_servers=mcp_servers)
-        super().__init__(client, task_queue=task_queue, plugins=[self.plugin, *plugins],
-                         max_cached_workflows=max_cached_workflows,
-                         sticky_queue_schedule_to_start_timeout=sticky_timeout,
-                         max_concurrent_activities=max_concurrent_activities)
-
-    async def mcp_tools(self) -> list[MCPToolDeclaration]:
-        """The declarations of this worker's MCP tools, once it has started its servers."""
-        return await self.plugin.mcp_tools()
-
-
-# --- the command-line edge -------------------------------------------------------------
-
-
-async def connect(settings: Settings) -> Client:
-    """The client the CLI, the worker and the codec server use: settings' address,
-    namespace, TLS, API key and payload codec (boundloop/connection.py), tracing per
-    BOUNDLOOP_OTEL. Raises ConnectionSettingsError for unusable TLS or codec settings."""
-    forward_core_logs()
-    options = connect_options(settings)
-    return await boundloop_connect(settings.temporal_address,
-                                   interceptors=client_interceptors(settings.otel),
-                                   **options.kwargs())
-
+__all__ = ["build_worker", "connect", "main"]
 
 def model_client(settings: Settings) -> openai.AsyncOpenAI:
     key = settings.openai_api_key.get_secret_value() if settings.openai_api_key else None
@@ -373,35 +82,9 @@ def approver_keys(settings: Settings) -> dict[str, str] | None:
     return load_keys_file(path) if path is not None else None
 
 
-def _checked_keys(keys: Mapping[str, str] | None) -> dict[str, str]:
-    """Every key valid, every name an approver name: a bad one fails the worker at once,
-    not each run's first decision."""
-    out: dict[str, str] = {}
-    for name, key in (keys or {}).items():
-        try:
-            signing.check_name(name)
-            signatures.public_key(key)
-        except ValueError as exc:
-            raise KeyFileError(f"approver key of {name[:100]!r}: {exc}") from None
-        out[name] = key
-    return out
-
-
 def mcp_servers(settings: Settings) -> list[MCPServerConfig]:
     """The servers of BOUNDLOOP_MCP_CONFIG (none when unset). Raises MCPConfigError."""
     return load_mcp_config(settings.mcp_config) if settings.mcp_config else []
-
-
-def unreachable_reason(exc: BaseException) -> str:
-    """Why Client.connect failed, in a few words (its message is a long transport dump)."""
-    text = str(exc)
-    if "ConnectionRefused" in text or "Connection refused" in text:
-        return "connection refused"
-    if "dns error" in text or "failed to lookup" in text:
-        return "the host name does not resolve"
-    if "timed out" in text.lower() or "deadline" in text.lower():
-        return "timed out"
-    return "connection failed"
 
 
 class TemporalRefused(BoundloopError):
@@ -441,7 +124,7 @@ async def run_worker(settings: Settings) -> None:
         await worker.run()
     except (MCPServerError, MCPDeclarationError) as exc:  # a server did not start or list
         sys.stderr.write(f"error: {exc}\n")
-        raise SystemExit(1) from None
+        raise SystemExit(ExitCode.FAILED) from None
 
 
 def main(settings: Settings | None = None) -> None:
@@ -453,7 +136,7 @@ def main(settings: Settings | None = None) -> None:
         except ValidationError as exc:
             configure("text")
             sys.stderr.write(f"error: invalid settings: {one_line(exc)}\n")
-            raise SystemExit(2) from None
+            raise SystemExit(ExitCode.INVALID) from None
     configure(settings.log_format)
     problem = worker_settings_problem(settings)
     try:
@@ -462,23 +145,23 @@ def main(settings: Settings | None = None) -> None:
         problem = problem or str(exc)
     if problem is not None:
         sys.stderr.write(f"error: {problem}\n")
-        raise SystemExit(2)
+        raise SystemExit(ExitCode.INVALID)
     try:
         approver_keys(settings)  # a bad keys file stops the worker before it connects
     except KeyFileError as exc:
         sys.stderr.write(f"error: BOUNDLOOP_APPROVER_KEYS: {exc}\n")
-        raise SystemExit(2) from None
+        raise SystemExit(ExitCode.INVALID) from None
     try:
         mcp_servers(settings)  # a bad file is refused before anything starts
     except MCPConfigError as exc:
         sys.stderr.write(f"error: BOUNDLOOP_MCP_CONFIG: {exc}\n")
-        raise SystemExit(2) from None
+        raise SystemExit(ExitCode.INVALID) from None
     try:
         with contextlib.suppress(KeyboardInterrupt):
             asyncio.run(run_worker(settings))
     except TemporalRefused as exc:
         sys.stderr.write(f"error: {exc}\n")
-        raise SystemExit(4) from None
+        raise SystemExit(ExitCode.UNREACHABLE) from None
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ from temporalio.exceptions import (
 )
 
 with workflow.unsafe.imports_passed_through():
-    from boundloop import errors, signing
+    from boundloop import errors
     from boundloop import search_attributes as sa
     from boundloop.contracts import (
         BUDGET_RESERVE_ACTIVITY,
@@ -123,9 +123,11 @@ class BoundLoopWorkflow:
     @workflow.init
     def __init__(self, inp: RunInput) -> None:
         self._inp = inp
-        # The toolset of this worker's task queue (registered by the boundloop plugin;
-        # the catalog is passed through the sandbox, so it is the worker's own table).
-        self._toolset = catalog.toolset_for(workflow.info().task_queue)
+        # The toolset and approver keys of this worker's task queue (registered by the
+        # boundloop plugin; the catalog is passed through the sandbox, so it is the
+        # worker's own table).
+        served = catalog.served_on(workflow.info().task_queue)
+        self._toolset = served.toolset
         # MCP tools come with their declarations in the input (never from a server now).
         self._mcp = {d.name: d for d in inp.mcp_tools if d.name in inp.tools}
         self._unknown = self._toolset.unknown([t for t in inp.tools if t not in self._mcp])
@@ -167,7 +169,7 @@ class BoundLoopWorkflow:
         # the last model turn); None: the shared queue.
         self._holder: str | None = None
         # Approver public keys: the worker's (like its toolset) and the run policy's.
-        self._keys = signatures.run_keys(signing.keys_for(workflow.info().task_queue),
+        self._keys = signatures.run_keys(served.approver_keys,
                                          self._state.policy.approver_keys)
         self._reserved = Amount()  # the shared budget's hold for the request in flight
         self._settling: asyncio.Task[None] | None = None  # the settle signal in flight

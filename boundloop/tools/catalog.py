@@ -1,45 +1,65 @@
-"""Which toolset serves which task queue, in this process.
+"""What each task queue serves in this process: its toolset and approver keys.
 
-A worker registers its toolset for its task queue (the boundloop plugin does it when the
-worker is built, and removes it when the worker stops); the workflow, which runs in
-Temporal's sandbox, reads the tool rules (argument models, approval, cost, limits) of
-its own task queue from here. This module is imported through the sandbox unchanged, so
-worker and workflow see one table. A Replayer registers its toolset for every queue.
+A worker registers them for its task queue (the boundloop plugin does it when the worker
+is built, and removes them when the worker stops); the workflow, which runs in
+Temporal's sandbox, reads the tool rules (argument models, approval, cost, limits) and
+the approver keys of its own task queue from here. This module is imported through the
+sandbox unchanged, so worker and workflow see one table. A Replayer registers for every
+queue (None).
 """
 
 from __future__ import annotations
 
 import importlib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from boundloop.errors import NoToolset
 from boundloop.tools.registry import Toolset
 
-#: task queue (None: any, for a Replayer) -> (toolset, how many workers registered it)
-_by_queue: dict[str | None, tuple[Toolset[Any], int]] = {}
+
+@dataclass(frozen=True)
+class Served:
+    """What the workers of one task queue serve: every worker of the queue must serve
+    the same (a run's next step may go to any of them)."""
+
+    toolset: Toolset[Any]
+    #: approver name -> Ed25519 public key (`ed25519:BASE64`); empty: none configured.
+    approver_keys: Mapping[str, str] = field(default_factory=dict)
+
+    def same_as(self, other: Served) -> bool:
+        return (self.toolset is other.toolset
+                and dict(self.approver_keys) == dict(other.approver_keys))
 
 
-def register(task_queue: str | None, toolset: Toolset[Any]) -> None:
-    """Serve `toolset` on `task_queue`. Another toolset on the same queue in the same
-    process is refused: the workflow could not tell which rules apply."""
+#: task queue (None: any, for a Replayer) -> (what it serves, how many workers registered it)
+_by_queue: dict[str | None, tuple[Served, int]] = {}
+
+
+def register(task_queue: str | None, served: Served) -> None:
+    """Serve `served` on `task_queue`. A different toolset or other approver keys on the
+    same queue in the same process are refused: the workflow could not tell which apply."""
     current = _by_queue.get(task_queue)
-    if current is not None and current[0] is not toolset:
-        raise ValueError(f"task queue {task_queue!r} already has another toolset in this "
-                         "process; give each toolset its own task queue")
-    _by_queue[task_queue] = (toolset, current[1] + 1 if current else 1)
+    if current is not None and not current[0].same_as(served):
+        raise ValueError(f"task queue {task_queue!r} already serves another toolset or "
+                         "other approver keys in this process; give each its own task queue")
+    _by_queue[task_queue] = (current[0] if current else served,
+                             current[1] + 1 if current else 1)
 
 
-def unregister(task_queue: str | None, toolset: Toolset[Any]) -> None:
+def unregister(task_queue: str | None, served: Served) -> None:
     current = _by_queue.get(task_queue)
-    if current is None or current[0] is not toolset:
+    if current is None or not current[0].same_as(served):
         return
     if current[1] > 1:
-        _by_queue[task_queue] = (toolset, current[1] - 1)
+        _by_queue[task_queue] = (current[0], current[1] - 1)
     else:
         del _by_queue[task_queue]
 
 
-def toolset_for(task_queue: str) -> Toolset[Any]:
+def served_on(task_queue: str) -> Served:
+    """What this process's workers serve on `task_queue` (or a Replayer on any)."""
     found = _by_queue.get(task_queue) or _by_queue.get(None)
     if found is None:
         raise NoToolset(f"no boundloop toolset is registered for task queue {task_queue!r} "

@@ -1,0 +1,24 @@
+"""Exit statuses, the same for every command (`boundloop …`, `boundloop worker`, the demo).
+
+One table: the CLI, the worker's command-line edge and the terminal printer read it
+here (docs: README "Exit codes").
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+
+class ExitCode(IntEnum):
+    #: Done; for `run --wait`, `watch`, `status`, `say`, `demo`: the run completed.
+    OK = 0
+    #: The command could not do it: a decision refused, a run that has ended, no worker
+    #: answered, a port in use.
+    FAILED = 1
+    #: Invalid input (flags, settings, limits, a script, an unknown run): nothing changed.
+    INVALID = 2
+    #: The run ended without completing: a stop reason other than `completed`, or
+    #: terminated / timed out by Temporal.
+    STOPPED = 3
+    #: Temporal could not be reached, or refused the connection (TLS).
+    UNREACHABLE = 4
