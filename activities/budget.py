@@ -17,6 +17,7 @@ from boundloop.contracts import (
     budget_workflow_id,
 )
 from boundloop.core.budget import Grant
+from boundloop.workflows.budget import BudgetLedgerWorkflow
 
 
 @activity.defn(name=BUDGET_RESERVE_ACTIVITY)
@@ -33,10 +34,10 @@ async def budget_reserve(req: BudgetReserve) -> Grant:
     handle = activity.client().get_workflow_handle(budget_workflow_id(req.key))
     try:
         async with heartbeating():
-            grant: Grant = await handle.execute_update(
-                "reserve", ReserveRequest(run=run, step=req.step, amount=req.amount,
-                                          priced=req.priced),
-                id=f"{run}/step-{req.step}/reserve", result_type=Grant)
+            grant = await handle.execute_update(
+                BudgetLedgerWorkflow.reserve,
+                ReserveRequest(run=run, step=req.step, amount=req.amount, priced=req.priced),
+                id=f"{run}/step-{req.step}/reserve")
     except RPCError as err:
         if err.status == RPCStatusCode.NOT_FOUND:
             return Grant(granted=False, message=(

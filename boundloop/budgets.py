@@ -45,17 +45,20 @@ async def set_budget(client: Client, key: str, limits: BudgetLimits, *,
         id=budget_workflow_id(key), task_queue=task_queue,
         id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
         static_summary=f"budget {key}")
-    view: BudgetView = await client.execute_update_with_start_workflow(
-        "set_limits", limits, start_workflow_operation=start, result_type=BudgetView)
-    return view
+    from boundloop.workflows.budget import BudgetLedgerWorkflow
+
+    return await client.execute_update_with_start_workflow(
+        BudgetLedgerWorkflow.set_limits, limits, start_workflow_operation=start)
 
 
 async def show_budget(client: Client, key: str) -> BudgetView | None:
     """The ledger's figures, or None when no ledger runs for `key`."""
+    from boundloop.workflows.budget import BudgetLedgerWorkflow
+
     check_key(key)
     try:
-        view: BudgetView = await client.get_workflow_handle(budget_workflow_id(key)).query(
-            "show", result_type=BudgetView)
+        view = await client.get_workflow_handle(budget_workflow_id(key)).query(
+            BudgetLedgerWorkflow.show)
     except RPCError as err:
         if err.status == RPCStatusCode.NOT_FOUND:
             return None

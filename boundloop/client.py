@@ -200,6 +200,12 @@ class Run:
         """Ask the run to stop, in any state; it ends with reason `cancelled`, and
         `reason` (at most 500 characters) is kept in its event log and RunResult.
         Raises RunEnded when it has ended already, RunNotFound."""
+        # Checked first: Temporal accepts a cancel request for a closed run, silently.
+        desc = await describe(self.handle)
+        if desc.status != WorkflowExecutionStatus.RUNNING:
+            state = desc.status.name.lower() if desc.status else "closed"
+            raise errors.RunEnded(f"{self.id} has ended: it takes no more cancels ({state}; "
+                                  "nothing was changed)")
         try:
             await cancel(self.handle, reason)
         except RPCError as exc:
@@ -221,7 +227,7 @@ class Run:
         except WorkflowFailureError as exc:
             state = await _state(self.handle)
             raise errors.RunEnded(
-                f"{self.id} was {state} without a RunResult: "
+                f"{self.id} ended ({state}) without a RunResult: "
                 f"{getattr(exc.cause, 'message', exc.cause)}") from None
         except RPCError as exc:
             raise await _gone(self.handle, exc, "waiting") from None
@@ -368,7 +374,13 @@ class Session:
         closes, or closed: a closed workflow takes no update), SessionRefused for any
         other refusal, RunNotFound; anything else as it came."""
         if isinstance(exc, RPCError):
-            return await _gone(self.handle, exc, "messages")
+            gone = await _gone(self.handle, exc, "messages")
+            if isinstance(gone, errors.RunEnded):
+                with contextlib.suppress(RPCError):
+                    how = (await self.show()).ended or await _state(self.handle)
+                    return errors.RunEnded(f"the session has ended (reason: {how}); start "
+                                           "a new one")
+            return gone
         cause = exc.cause
         if not (isinstance(cause, ApplicationError) and cause.type in (
                 errors.SESSION_REFUSED, errors.TURN_FAILED)):

@@ -248,7 +248,7 @@ async def test_max_turns_and_the_token_budget_end_a_session(temporal: Client,
         session = await env.start(session_limits=SessionLimits(token_budget=200))
         first = await say(session, "one")
         second = await say(session, "two")
-        with pytest.raises(boundloop.SessionRefused, match="token_budget"):
+        with pytest.raises(boundloop.RunEnded, match="token_budget"):
             await asyncio.wait_for(session.say("three"), timeout=WAIT)
         ended = await asyncio.wait_for(session.handle.result(), timeout=WAIT)
     assert first.reason == StopReason.COMPLETED

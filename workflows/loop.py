@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import builtins
 import json
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -23,6 +24,8 @@ from temporalio.exceptions import (
     TimeoutError,
     is_cancelled_exception,
 )
+
+from boundloop.workflows.budget import BudgetLedgerWorkflow
 
 with workflow.unsafe.imports_passed_through():
     from boundloop import errors
@@ -384,8 +387,9 @@ class BoundLoopWorkflow:
         key = self._state.settings.budget
         if key is None:
             return
-        self._settling = asyncio.create_task(self._signal_ledger(key, "settle", SettleRequest(
-            run=workflow.info().workflow_id, step=step, amount=actual)))
+        self._settling = asyncio.create_task(self._signal_ledger(
+            key, BudgetLedgerWorkflow.settle,
+            SettleRequest(run=workflow.info().workflow_id, step=step, amount=actual)))
 
     async def _settled(self) -> None:
         task, self._settling = self._settling, None
@@ -399,17 +403,19 @@ class BoundLoopWorkflow:
         key = self._state.settings.budget
         if key is not None:
             await self._settled()
-            await self._signal_ledger(key, "release", workflow.info().workflow_id)
+            await self._signal_ledger(key, BudgetLedgerWorkflow.release,
+                                      workflow.info().workflow_id)
 
-    async def _signal_ledger(self, key: str, name: str, arg: object) -> None:
+    async def _signal_ledger(self, key: str, signal: Callable[[Any, Any], None],
+                             arg: object) -> None:
         try:
             await workflow.get_external_workflow_handle(budget_workflow_id(key)).signal(
-                name, arg)
+                signal, arg)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # the ledger is gone (terminated): nothing to settle
             workflow.logger.warning("budget ledger signal failed", extra={
-                "signal": name, "error": type(exc).__name__})
+                "signal": signal.__name__, "error": type(exc).__name__})
 
     def _fixed_bytes(self) -> int:
         """UTF-8 bytes every request carries beside the conversation: the instructions

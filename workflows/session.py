@@ -18,6 +18,8 @@ from typing import Any
 from temporalio import workflow
 from temporalio.exceptions import ApplicationError, ChildWorkflowError
 
+from boundloop.workflows.loop import BoundLoopWorkflow
+
 with workflow.unsafe.imports_passed_through():
     from boundloop import errors
     from boundloop.contracts import (
@@ -124,7 +126,8 @@ class BoundloopSessionWorkflow:
             # Asked of the turn's workflow as `boundloop cancel` asks it: the RunResult
             # then comes back through `say` as for any other stop.
             turn = workflow.get_external_workflow_handle(self._running)
-            await turn.signal("cancel_reason", CancelRequest(reason="session ended"))
+            await turn.signal(BoundLoopWorkflow.cancel_reason,
+                              CancelRequest(reason="session ended"))
             await turn.cancel()
         await workflow.wait_condition(lambda: self._state.ended is not None)
         return self.status()
