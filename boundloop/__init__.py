@@ -9,9 +9,11 @@ Define tools, serve them from a worker, start runs and decide their approvals:
     @tools.tool(side_effects=True, needs_approval=True)
     def create_ticket(ctx: boundloop.ToolContext[MyDeps], title: str) -> dict: ...
 
+    agent = boundloop.Agent(tools, model="gpt-5-mini", instructions="...")
+
     client = await boundloop.connect("127.0.0.1:7233")
-    async with boundloop.Worker(client, tools, deps=MyDeps(...), model=AsyncOpenAI()):
-        run = await boundloop.start(client, "question", tools=tools)
+    async with boundloop.Worker(client, agent, deps=MyDeps(...), model=AsyncOpenAI()):
+        run = await agent.start(client, "question")
         async for event in run.events():
             if event.event == "approval_requested":
                 await run.approve(event.call_id, approver="alice")
@@ -22,9 +24,9 @@ See README.md ("Build your own agent") and examples/weather_desk/.
 
 from typing import TYPE_CHECKING, Any
 
+from boundloop.agent import DEFAULT_TASK_QUEUE, Agent
 from boundloop.budgets import set_budget, show_budget
 from boundloop.client import (
-    DEFAULT_TASK_QUEUE,
     Run,
     Session,
     connect,
@@ -82,6 +84,7 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "DEFAULT_TASK_QUEUE",
+    "Agent",
     "Approval",
     "BoundloopError",
     "BudgetLimits",

@@ -13,7 +13,7 @@ from temporalio.client import Client, WithStartWorkflowOperation
 from temporalio.common import WorkflowIDConflictPolicy
 from temporalio.service import RPCError, RPCStatusCode
 
-from boundloop.client import DEFAULT_TASK_QUEUE
+from boundloop.agent import DEFAULT_TASK_QUEUE
 from boundloop.contracts import (
     BUDGET_WORKFLOW,
     BudgetView,

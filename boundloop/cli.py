@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
+import inspect
 import json
 import logging
 import os
@@ -11,7 +13,7 @@ import signal
 import sys
 import time
 import uuid
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
@@ -28,18 +30,18 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from boundloop import client as ops
 from boundloop import search_attributes as sa
+from boundloop.agent import Agent
 from boundloop.codec import CodecKeyError
 from boundloop.connection import TLS_DROPPED, ConnectionSettingsError, tls_dropped, tls_problem
 from boundloop.contracts import (
     SESSION_WORKFLOW,
     CancelRequest,
     Decision,
-    RunInput,
     RunResult,
     RunStatus,
     SessionStatus,
 )
-from boundloop.core.limits import Limits, Policy, RunSettings
+from boundloop.core.limits import Limits, Policy
 from boundloop.core.reasons import StopReason
 from boundloop.core.session import SessionLimits
 from boundloop.errors import (
@@ -126,40 +128,64 @@ async def run_result(handle: Any) -> RunResult:
 # --- settings from flags ---------------------------------------------------------
 
 
-def build_input(question: str, *, settings: Settings, model: str | None, api: str | None,
+#: The limit flags `run` and `session start` share (`--limits` JSON takes the rest):
+#: flag name -> (type, help). Each overrides the same field of --limits.
+LIMIT_FLAGS: dict[str, tuple[type, str]] = {
+    "max_steps": (int, "Model requests per run (per turn in a session)"),
+    "max_tool_executions": (int, "Tool executions per run"),
+    "token_threshold": (int, "Known total tokens after which a run stops"),
+    "max_result_bytes": (int, "Largest tool result"),
+    "max_history_bytes": (int, "Largest conversation the model is sent"),
+    "max_identical_calls": (int, "The same call (tool and arguments) at most this often"),
+    "deadline_seconds": (float, "Processing time per run"),
+    "approval_timeout_seconds": (float, "How long an approval waits"),
+    "max_output_tokens": (int, "Most output tokens per model response"),
+}
+
+
+def limit_flags(command: Callable[..., T]) -> Callable[..., T]:
+    """Add the LIMIT_FLAGS options to `command`, which receives them as one dict,
+    `limit_flags` (the flags given; the others left out)."""
+    own = [p for p in inspect.signature(command, eval_str=True).parameters.values()
+           if p.name != "limit_flags"]
+    added = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None,
+                               annotation=Annotated[kind | None, typer.Option(
+                                   help=text, rich_help_panel="Limits (each overrides --limits)")])
+             for name, (kind, text) in LIMIT_FLAGS.items()]
+
+    @functools.wraps(command)
+    def with_flags(**kwargs: Any) -> T:
+        given = {name: kwargs.pop(name) for name in LIMIT_FLAGS}
+        return command(**kwargs, limit_flags={k: v for k, v in given.items() if v is not None})
+
+    with_flags.__signature__ = inspect.Signature([*own, *added])  # type: ignore[attr-defined]
+    return with_flags
+
+
+def build_agent(settings: Settings, *, model: str | None, api: str | None,
                 tools: str | None, instructions: str | None, limits_json: str | None,
                 policy_json: str | None, limit_flags: dict[str, Any],
-                budget: str | None = None) -> RunInput:
-    """Validate everything before anything starts."""
+                budget: str | None = None, task_queue: str | None = None) -> Agent[Any]:
+    """The agent the flags describe, validated before anything starts."""
     limits_raw = json_object("--limits", limits_json)
     policy_raw = json_object("--policy", policy_json)
-    limits_raw.update({k: v for k, v in limit_flags.items() if v is not None})
-    reg = load_registry()
+    limits_raw.update(limit_flags)
     if tools is not None and not tools.strip():
         raise fail("--tools is empty; name at least one tool, e.g. --tools lookup_stock")
-    mcp = {d.name: d for d in load_mcp_tools(settings)}
-    available = [*reg.names(), *mcp]
-    names = [t.strip() for t in tools.split(",")] if tools else available
-    unknown = [n for n in names if n not in available]
-    if unknown:
-        raise fail(f"unknown tools {unknown}; available: {available}")
-    if not question.strip():
-        raise fail("the question is empty")
     if model is not None and not model.strip():
         raise fail("--model is empty")
+    toolset = load_registry()
     try:
-        run_settings = RunSettings(model=model or settings.model, api=api or settings.api,
-                                   limits=Limits.model_validate(limits_raw),
-                                   policy=Policy.model_validate(policy_raw),
-                                   budget=budget)
-        named = {**run_settings.limits.per_tool_max_calls, **run_settings.policy.approvers}
-        strangers = [n for n in named if n not in available]
-        if strangers:
-            raise fail(f"limits/policy name tools that do not exist: {strangers}")
-        return RunInput(question=question, instructions=instructions, settings=run_settings,
-                        tools=names, mcp_tools=[mcp[n] for n in names if n in mcp])
+        return Agent(toolset, model=model or settings.model, api=api or settings.api,  # type: ignore[arg-type]
+                     instructions=instructions, limits=Limits.model_validate(limits_raw),
+                     policy=Policy.model_validate(policy_raw), budget=budget,
+                     task_queue=task_queue or settings.task_queue,
+                     mcp_tools=load_mcp_tools(settings),
+                     allowed=[t.strip() for t in tools.split(",")] if tools else None)
     except ValidationError as exc:
         raise fail("invalid run settings:\n" + validation_lines(exc)) from None
+    except ValueError as exc:
+        raise fail(str(exc)) from None
 
 
 def validation_lines(exc: ValidationError) -> str:
@@ -304,6 +330,7 @@ def worker(
 
 
 @app.command()
+@limit_flags
 def run(
     question: Annotated[str, typer.Argument(help="The user message")],
     wait: Annotated[bool, typer.Option("--wait", help="Wait for the RunResult")] = False,
@@ -315,20 +342,11 @@ def run(
     model_script: Annotated[Path | None, typer.Option(
         help="Use the scripted model server with this script (runs its own worker)")] = None,
     workflow_id: Annotated[str | None, typer.Option("--id", help="Workflow id")] = None,
-    max_steps: Annotated[int | None, typer.Option()] = None,
-    max_tool_executions: Annotated[int | None, typer.Option()] = None,
-    token_threshold: Annotated[int | None, typer.Option()] = None,
-    max_result_bytes: Annotated[int | None, typer.Option()] = None,
-    max_history_bytes: Annotated[int | None, typer.Option()] = None,
-    max_identical_calls: Annotated[int | None, typer.Option()] = None,
-    deadline_seconds: Annotated[float | None, typer.Option()] = None,
-    approval_timeout_seconds: Annotated[float | None, typer.Option()] = None,
     limits: Annotated[str | None, typer.Option("--limits", help="Limits as JSON")] = None,
     policy: Annotated[str | None, typer.Option("--policy", help="Policy as JSON")] = None,
-    max_output_tokens: Annotated[int | None, typer.Option(
-        help="Most output tokens per model response")] = None,
     budget: Annotated[str | None, typer.Option(
         "--budget", help="Spend from this shared budget key (boundloop budget set)")] = None,
+    limit_flags: dict[str, Any] | None = None,
 ) -> None:
     """Start a run. With --model-script the run uses a scripted model and its own worker."""
     settings = load_settings()
@@ -337,43 +355,32 @@ def run(
         check_approver_keys(settings)
     if script is not None and api is None and script.api is not None:
         api = script.api  # the script says which API it speaks
-    flags = {"max_steps": max_steps, "max_tool_executions": max_tool_executions,
-             "token_threshold": token_threshold, "max_result_bytes": max_result_bytes,
-             "max_history_bytes": max_history_bytes, "max_identical_calls": max_identical_calls,
-             "deadline_seconds": deadline_seconds,
-             "approval_timeout_seconds": approval_timeout_seconds,
-             "max_output_tokens": max_output_tokens}
-    inp = build_input(question, settings=settings, model=model, api=api, tools=tools,
-                      instructions=instructions, limits_json=limits, policy_json=policy,
-                      limit_flags=flags, budget=budget)
-    code = _run(_run_async(settings, inp, wait or script is not None, as_json,
+    if not question.strip():
+        raise fail("the question is empty")
+    agent = build_agent(settings, model=model, api=api, tools=tools,
+                        instructions=instructions, limits_json=limits, policy_json=policy,
+                        limit_flags=limit_flags or {}, budget=budget)
+    code = _run(_run_async(settings, agent, question, wait or script is not None, as_json,
                            script, model_script, workflow_id))
     raise typer.Exit(code)
 
 
-async def _start(client: Client, settings: Settings, inp: RunInput, workflow_id: str | None,
-                 task_queue: str | None = None) -> Any:
-    run_settings = inp.settings
+async def _start(client: Client, agent: Agent[Any], question: str,
+                 workflow_id: str | None) -> Any:
     try:
-        run = await ops.start(client, inp.question, tools=inp.tools, mcp_tools=inp.mcp_tools,
-                              model=run_settings.model,
-                              api=run_settings.api, limits=run_settings.limits,
-                              policy=run_settings.policy, instructions=inp.instructions,
-                              workflow_id=workflow_id,
-                              task_queue=task_queue or settings.task_queue,
-                              budget=run_settings.budget)
-        return run.handle
+        return (await agent.start(client, question, workflow_id=workflow_id)).handle
     except RPCError as exc:
         if exc.status == RPCStatusCode.UNAVAILABLE:
             raise
         raise fail(f"the server refused the run: {exc.message}") from None
 
 
-async def _run_async(settings: Settings, inp: RunInput, wait: bool, as_json: bool,
+async def _run_async(settings: Settings, agent: Agent[Any], question: str, wait: bool,
+                     as_json: bool,
                      script: Any, model_script: Path | None, workflow_id: str | None) -> int:
     client = await connect(settings)
     if script is None:
-        handle = await _start(client, settings, inp, workflow_id)
+        handle = await _start(client, agent, question, workflow_id)
         if not as_json:
             console.print(f"started {handle.id}: {ops.ui_link(settings, handle.id)}")
         if not wait:
@@ -398,7 +405,8 @@ async def _run_async(settings: Settings, inp: RunInput, wait: bool, as_json: boo
             loop.add_signal_handler(signum, main_task.cancel)
     try:
         async with build_worker(client, local):
-            handle = await _start(client, local, inp, workflow_id, local.task_queue)
+            handle = await _start(client, agent.replace(task_queue=local.task_queue),
+                                  question, workflow_id)
             if not as_json:
                 console.print(f"started {handle.id} against the scripted model "
                               f"({safe(model_script)})")
@@ -823,6 +831,7 @@ def print_session(st: SessionStatus) -> None:
 
 
 @session_app.command("start")
+@limit_flags
 def start(
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object")] = False,
     idle_seconds: Annotated[float | None, typer.Option(
@@ -836,30 +845,18 @@ def start(
     tools: Annotated[str | None, typer.Option(help="Allowed tools, comma-separated")] = None,
     instructions: Annotated[str | None, typer.Option(help="Instructions")] = None,
     session_id: Annotated[str | None, typer.Option("--id", help="Session id")] = None,
-    max_steps: Annotated[int | None, typer.Option(help="Per turn")] = None,
-    max_tool_executions: Annotated[int | None, typer.Option(help="Per turn")] = None,
-    token_threshold: Annotated[int | None, typer.Option(help="Per turn")] = None,
-    max_result_bytes: Annotated[int | None, typer.Option()] = None,
-    max_history_bytes: Annotated[int | None, typer.Option()] = None,
-    max_identical_calls: Annotated[int | None, typer.Option(help="Per turn")] = None,
-    deadline_seconds: Annotated[float | None, typer.Option(help="Per turn")] = None,
-    approval_timeout_seconds: Annotated[float | None, typer.Option()] = None,
     limits: Annotated[str | None, typer.Option("--limits", help="Turn limits as JSON")] = None,
     policy: Annotated[str | None, typer.Option("--policy", help="Policy as JSON")] = None,
+    limit_flags: dict[str, Any] | None = None,
 ) -> None:
     """Start a session. Each turn is one bounded run with these limits; the session's
     own limits bound the turns, their tokens and the idle time."""
     settings = load_settings()
-    flags = {"max_steps": max_steps, "max_tool_executions": max_tool_executions,
-             "token_threshold": token_threshold, "max_result_bytes": max_result_bytes,
-             "max_history_bytes": max_history_bytes, "max_identical_calls": max_identical_calls,
-             "deadline_seconds": deadline_seconds,
-             "approval_timeout_seconds": approval_timeout_seconds}
     # The turns' settings are a run's settings, checked the same way (the message comes
     # with each `say`).
-    inp = build_input("-", settings=settings, model=model, api=api, tools=tools,
-                      instructions=instructions, limits_json=limits, policy_json=policy,
-                      limit_flags=flags)
+    agent = build_agent(settings, model=model, api=api, tools=tools,
+                        instructions=instructions, limits_json=limits, policy_json=policy,
+                        limit_flags=limit_flags or {})
     chosen = {"idle_seconds": idle_seconds, "max_turns": max_turns,
               "token_budget": token_budget}
     try:
@@ -870,12 +867,7 @@ def start(
 
     async def go() -> None:
         client = await connect(settings)
-        run = inp.settings
-        session = await ops.start_session(
-            client, tools=inp.tools, model=run.model, api=run.api, limits=run.limits,
-            policy=run.policy, session_limits=session_limits,
-            instructions=inp.instructions, session_id=session_id,
-            task_queue=settings.task_queue)
+        session = await agent.session(client, limits=session_limits, session_id=session_id)
         if as_json:
             print(json.dumps({"session_id": session.id}))
         else:

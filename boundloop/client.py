@@ -31,8 +31,8 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from boundloop import errors
 from boundloop import search_attributes as sa
+from boundloop.agent import DEFAULT_TASK_QUEUE, Agent
 from boundloop.contracts import (
-    SESSION_WORKFLOW,
     WORKFLOW_NAME,
     CancelRequest,
     Decision,
@@ -40,18 +40,17 @@ from boundloop.contracts import (
     RunResult,
     RunStatus,
     SayRequest,
-    SessionInput,
     SessionStatus,
 )
 from boundloop.core import session as session_core
 from boundloop.core.canonical import compact_json, preview
 from boundloop.core.fingerprint import fingerprint
-from boundloop.core.limits import Limits, Policy, RunSettings
+from boundloop.core.limits import Limits, Policy
 from boundloop.core.loop import Approval, Event
 from boundloop.core.mcp_tools import MCPToolDeclaration
 from boundloop.core.session import SessionLimits
 from boundloop.settings import Settings
-from boundloop.tools.registry import Toolset, tool_names
+from boundloop.tools.registry import Toolset
 
 if TYPE_CHECKING:
     from boundloop.signing import Signer
@@ -61,8 +60,6 @@ if TYPE_CHECKING:
 # workflow modules are imported where a message is sent, so `import boundloop` loads
 # neither them nor the `cryptography` module their signature checks need.
 
-#: Where runs go unless told otherwise (the default of `boundloop.Worker` too).
-DEFAULT_TASK_QUEUE = "boundloop"
 
 
 # --- public API -----------------------------------------------------------------------
@@ -95,26 +92,12 @@ async def start(client: Client, question: str, *,
                 instructions: str | None = None, workflow_id: str | None = None,
                 task_queue: str = DEFAULT_TASK_QUEUE, budget: str | None = None,
                 mcp_tools: Sequence[MCPToolDeclaration] = ()) -> Run:
-    """Start a run: `question` to `model`, which may call `tools` (a toolset, or tool
-    names / tool functions of the toolset the worker on `task_queue` serves) and every
-    one of `mcp_tools` (declarations of the worker's MCP servers: `await
-    worker.mcp_tools()`, or `boundloop.list_mcp_tools(servers)`). The run keeps these
-    declarations in its input: what a server lists later does not change it.
-
-    `budget` names a shared budget (`boundloop budget set KEY`) the run spends from; it
-    needs `limits.max_output_tokens`.
-
-    Limits and policy are checked here (pydantic), before anything starts. Each run needs
-    a new `workflow_id` (default: a fresh `boundloop-…` id): ids scope idempotency keys,
-    so a finished run's id is refused.
-    """
-    settings = RunSettings(model=model, api=api, limits=limits or Limits(),
-                           policy=policy or Policy(), budget=budget)
-    names = tool_names(tools)
-    names += [d.name for d in mcp_tools if d.name not in names]
-    inp = RunInput(question=question, instructions=instructions, settings=settings,
-                   tools=names, mcp_tools=list(mcp_tools))
-    return Run(await start_run(client, inp, workflow_id=workflow_id, task_queue=task_queue))
+    """Start one run without keeping an agent: `Agent(tools, model=..., ...).start(client,
+    question, workflow_id=...)` (see `boundloop.Agent` for each argument)."""
+    agent: Agent[Any] = Agent(tools, model=model, api=api, limits=limits or Limits(),
+                              policy=policy or Policy(), instructions=instructions,
+                              task_queue=task_queue, budget=budget, mcp_tools=mcp_tools)
+    return await agent.start(client, question, workflow_id=workflow_id)
 
 
 def get_run(client: Client, workflow_id: str) -> Run:
@@ -289,24 +272,12 @@ async def start_session(client: Client, *,
                         session_limits: SessionLimits | None = None,
                         instructions: str | None = None, session_id: str | None = None,
                         task_queue: str = DEFAULT_TASK_QUEUE) -> Session:
-    """Start a session: one conversation whose turns each run the loop with `limits`
-    (and `policy`, `instructions`, `tools`), within `session_limits` (turns, a token
-    budget across turns, the idle time after which it ends). Send messages with
-    `Session.say`. Like a run's, a session's id is never reused."""
-    settings = RunSettings(model=model, api=api, limits=limits or Limits(),
-                           policy=policy or Policy())
-    inp = SessionInput(instructions=instructions, settings=settings, tools=tool_names(tools),
-                       limits=session_limits or SessionLimits(),
-                       search_attributes=await search_attributes_registered(client))
-    wf_id = session_id or f"boundloop-session-{uuid.uuid4().hex[:12]}"
-    try:
-        handle = await client.start_workflow(
-            SESSION_WORKFLOW, inp, id=wf_id, task_queue=task_queue, result_type=SessionStatus,
-            static_summary=f"session · model {model} · tools {', '.join(inp.tools)}",
-            id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE)
-    except WorkflowAlreadyStartedError:
-        raise _taken(wf_id, "session") from None
-    return Session(client, handle)
+    """Start a session without keeping an agent: `Agent(tools, ...).session(client,
+    limits=session_limits, session_id=...)`."""
+    agent: Agent[Any] = Agent(tools, model=model, api=api, limits=limits or Limits(),
+                              policy=policy or Policy(), instructions=instructions,
+                              task_queue=task_queue)
+    return await agent.session(client, limits=session_limits, session_id=session_id)
 
 
 def get_session(client: Client, session_id: str) -> Session:
@@ -427,10 +398,10 @@ async def start_run(client: Client, inp: RunInput, *, workflow_id: str | None = 
             result_type=RunResult, static_summary=preview(inp.question, 120),
             static_details=details, id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE)
     except WorkflowAlreadyStartedError:
-        raise _taken(wf_id, "run") from None
+        raise id_taken(wf_id, "run") from None
 
 
-def _taken(workflow_id: str, what: str) -> errors.RunIdTaken:
+def id_taken(workflow_id: str, what: str) -> errors.RunIdTaken:
     return errors.RunIdTaken(f"workflow id {workflow_id!r} is already used; each {what} "
                              "needs its own (ids scope the idempotency keys of side effects)")
 

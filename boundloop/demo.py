@@ -19,7 +19,8 @@ from importlib import resources
 from rich.markup import escape
 
 from boundloop import client as ops
-from boundloop.client import Run, start
+from boundloop.agent import Agent
+from boundloop.client import Run
 from boundloop.contracts import RunResult
 from boundloop.devserver import DevServer, port_open
 from boundloop.scripted.script import Script, load_script
@@ -75,9 +76,11 @@ async def _follow(run: Run, interactive: bool) -> RunResult:
 
 
 async def run_demo(settings: Settings, *, interactive: bool) -> int:
+    from boundloop.connection import connect
     from boundloop.scripted.server import ScriptedModelServer
     from boundloop.terminal import exit_code
-    from boundloop.worker.main import build_worker, connect
+    from boundloop.tools.demo import tools as demo_tools
+    from boundloop.worker.main import build_worker
 
     server: DevServer | None = None
     if "temporal_address" in settings.model_fields_set:
@@ -103,6 +106,8 @@ async def run_demo(settings: Settings, *, interactive: bool) -> int:
         console.print(f"Model: {model} via {settings.openai_base_url or 'api.openai.com'} "
                       f"({settings.api})")
     settings = settings.model_copy(update={"task_queue": f"demo-{uuid.uuid4().hex[:8]}"})
+    agent = Agent(demo_tools, model=model, api=settings.api, instructions=INSTRUCTIONS,
+                  task_queue=settings.task_queue)
     client = await connect(settings)
     code = 0
     try:
@@ -110,9 +115,7 @@ async def run_demo(settings: Settings, *, interactive: bool) -> int:
             for question, tools in ((STOCK_QUESTION, ["lookup_stock", "search_docs"]),
                                     (TICKET_QUESTION, ["lookup_stock", "create_ticket"])):
                 console.rule(question)
-                run = await start(client, question, tools=tools, model=model,
-                                  api=settings.api, instructions=INSTRUCTIONS,
-                                  task_queue=settings.task_queue)
+                run = await agent.replace(allowed=tools).start(client, question)
                 console.print(f"run {run.id}")
                 result = await _follow(run, interactive)
                 print_result(result, settings)

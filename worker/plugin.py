@@ -36,7 +36,7 @@ from boundloop.activities.heartbeat import HEARTBEAT_EVERY
 from boundloop.activities.model import ModelActivities
 from boundloop.activities.threads import ToolThreads
 from boundloop.activities.tools import ToolActivities
-from boundloop.client import DEFAULT_TASK_QUEUE
+from boundloop.agent import DEFAULT_TASK_QUEUE, Agent
 from boundloop.core import signatures
 from boundloop.errors import BoundloopError
 from boundloop.mcp import (
@@ -87,7 +87,8 @@ def keep_codec(existing: DataConverter | None) -> DataConverter:
 class Plugin(SimplePlugin, Generic[Deps]):
     """boundloop's workflow and activities for a worker (or Replayer) you build.
 
-    - toolset: the tools this worker serves; the workflow reads their rules from it.
+    - agent: the `boundloop.Agent` whose tools this worker serves (or the toolset
+      itself); the workflow reads their rules from it.
     - deps: handed to every tool as `ctx.deps`.
     - model: the OpenAI (or compatible) client the model activity uses; its retries are
       turned off (Temporal's retry policy is the only retry layer). Not needed for a
@@ -112,13 +113,14 @@ class Plugin(SimplePlugin, Generic[Deps]):
     does passing this plugin to `Client.connect`).
     """
 
-    def __init__(self, toolset: Toolset[Deps], *, deps: Deps,
+    def __init__(self, agent: Agent[Deps] | Toolset[Deps], *, deps: Deps,
                  model: openai.AsyncOpenAI | None = None,
                  log_tool_error_messages: bool = False,
                  conversation_cache: int | ConversationCache = 512,
                  own_task_queue: bool = True,
                  approver_keys: Mapping[str, str] | None = None,
                  mcp_servers: Sequence[MCPServerConfig] = ()) -> None:
+        toolset = agent.toolset if isinstance(agent, Agent) else agent
         self.toolset = toolset
         self.served = catalog.Served(toolset, _checked_keys(approver_keys))
         self.mcp = MCPPool(mcp_servers) if mcp_servers else None
@@ -229,12 +231,12 @@ class Plugin(SimplePlugin, Generic[Deps]):
 
 
 class Worker(temporalio.worker.Worker, Generic[Deps]):
-    """A Temporal worker serving boundloop runs with `toolset`.
+    """A Temporal worker serving the runs of `agent` (its toolset).
 
     - client: from `boundloop.connect` (the pydantic data converter).
-    - toolset, deps, model, log_tool_error_messages, conversation_cache, own_task_queue:
-      see `Plugin`.
-    - task_queue: where `boundloop.start(..., task_queue=...)` sends runs.
+    - agent (or a toolset), deps, model, log_tool_error_messages, conversation_cache,
+      own_task_queue: see `Plugin`.
+    - task_queue: where the agent's runs go (default: the agent's `task_queue`).
     - max_cached_workflows: workflow instances kept in memory (default 100); a run parked
       on approval beyond it is evicted and replays its short history when the decision
       arrives, so 1,000 parked runs cost little memory.
@@ -248,8 +250,8 @@ class Worker(temporalio.worker.Worker, Generic[Deps]):
     - plugins: more Temporal worker plugins.
     """
 
-    def __init__(self, client: Client, toolset: Toolset[Deps], *, deps: Deps,
-                 model: openai.AsyncOpenAI, task_queue: str = DEFAULT_TASK_QUEUE,
+    def __init__(self, client: Client, agent: Agent[Deps] | Toolset[Deps], *, deps: Deps,
+                 model: openai.AsyncOpenAI, task_queue: str | None = None,
                  max_cached_workflows: int = 100,
                  sticky_timeout: timedelta = timedelta(seconds=10),
                  max_concurrent_activities: int = ACTIVITY_SLOTS,
@@ -259,7 +261,9 @@ class Worker(temporalio.worker.Worker, Generic[Deps]):
                  mcp_servers: Sequence[MCPServerConfig] = (),
                  own_task_queue: bool = True,
                  plugins: Sequence[temporalio.worker.Plugin] = ()) -> None:
-        self.plugin = Plugin(toolset, deps=deps, model=model,
+        if task_queue is None:
+            task_queue = agent.task_queue if isinstance(agent, Agent) else DEFAULT_TASK_QUEUE
+        self.plugin = Plugin(agent, deps=deps, model=model,
                              log_tool_error_messages=log_tool_error_messages,
                              conversation_cache=conversation_cache,
                              own_task_queue=own_task_queue,

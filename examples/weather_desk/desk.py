@@ -64,3 +64,10 @@ def issue_warning(ctx: ToolContext[Desk], city: str, day: date, level: Level) ->
                    (ctx.idempotency_key, city, str(day), level.value))
         (count,) = db.execute("SELECT count(*) FROM warnings").fetchone()
     return {"published": True, "warnings_in_store": count}
+
+
+# The agent, defined once: its worker serves it, its client starts runs of it.
+agent = boundloop.Agent(
+    tools, model="gpt-5-mini", task_queue="weather-desk",
+    instructions="You are a weather desk. Check the forecast before any warning.",
+    limits=boundloop.Limits(max_steps=6))

@@ -11,16 +11,15 @@ import json
 import os
 import sys
 
-from desk import tools
+from desk import agent
 
 import boundloop
 
 
 async def main(question: str, temporal: str, task_queue: str, model: str) -> None:
     client = await boundloop.connect(temporal)
-    run = await boundloop.start(client, question, tools=tools, model=model,
-                                limits=boundloop.Limits(max_steps=6),
-                                task_queue=task_queue)
+    desk = agent.replace(task_queue=task_queue, model=model)
+    run = await desk.start(client, question)
     print(f"run {run.id}")
     async for event in run.events():
         print(f"  step {event.step} · {event.event}" + (f" · {event.tool}" if event.tool else ""))

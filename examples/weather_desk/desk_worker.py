@@ -13,7 +13,7 @@ import asyncio
 from pathlib import Path
 
 import httpx2 as httpx
-from desk import Desk, tools
+from desk import Desk, agent
 from openai import AsyncOpenAI
 from weather_service import start as start_weather_service
 
@@ -26,8 +26,8 @@ async def main(temporal: str, task_queue: str, data_dir: Path) -> None:
     client = await boundloop.connect(temporal)
     async with httpx.AsyncClient(base_url=weather_url) as weather:
         desk = Desk(weather=weather, store=data_dir / "warnings.sqlite3")
-        worker = boundloop.Worker(client, tools, deps=desk, model=AsyncOpenAI(),
-                                  task_queue=task_queue)
+        worker = boundloop.Worker(client, agent.replace(task_queue=task_queue), deps=desk,
+                                  model=AsyncOpenAI())
         print(f"weather desk worker on {task_queue}", flush=True)
         await worker.run()
     service.shutdown()
