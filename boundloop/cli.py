@@ -1040,6 +1040,17 @@ def codec_server(
              keyfile=str(tls_key) if tls_key else None)
 
 
+def _console_commands() -> None:
+    """`boundloop console` and `boundloop console-approver` (boundloop/console/command.py)."""
+    from boundloop.console import command
+
+    app.command("console")(command.serve)
+    app.command("console-approver")(command.approver)
+
+
+_console_commands()
+
+
 def main() -> None:
     for arg in sys.argv[1:]:
         try:

@@ -23,6 +23,7 @@ from temporalio.client import (
     WorkflowFailureError,
     WorkflowHandle,
     WorkflowUpdateFailedError,
+    WorkflowUpdateStage,
 )
 from temporalio.common import WorkflowIDReusePolicy
 from temporalio.converter import PayloadCodec
@@ -311,6 +312,19 @@ class Session:
         except (WorkflowUpdateFailedError, RPCError) as exc:
             raise await self._refused(exc) from None
         return result
+
+    async def send(self, message: str) -> str:
+        """Start a turn with the user's `message` and return once the session has taken
+        it (not when the turn ends): what happened, in a few words. Raises SessionRefused
+        as `say` does. Follow the turn with `show()` / `turn(n)`."""
+        try:
+            await self.handle.start_update(
+                "say", SayRequest(message=message), result_type=RunResult,
+                wait_for_stage=WorkflowUpdateStage.ACCEPTED)
+        except (WorkflowUpdateFailedError, RPCError) as exc:
+            raise await self._refused(exc) from None
+        status = await self.show()
+        return f"turn {status.turns} started"
 
     async def show(self) -> SessionStatus:
         """Counters, the running or last turn, tokens left, when an idle session ends

@@ -44,6 +44,9 @@ class Settings(BaseSettings):
     - BOUNDLOOP_CODEC_KEYS / BOUNDLOOP_CODEC_KEY: payload encryption keys, a file of
       `id:base64key` lines or the lines themselves (boundloop/codec.py).
     - BOUNDLOOP_CODEC_TOKEN / BOUNDLOOP_CODEC_CORS_ORIGINS: `boundloop codec-server`.
+    - BOUNDLOOP_CONSOLE_APPROVERS / BOUNDLOOP_CONSOLE_KEYS / BOUNDLOOP_CONSOLE_SECRET:
+      `boundloop console`'s approvers file, their private keys' directory, and the
+      secret (at least 32 characters) its session cookies are signed with.
 
     This is the only place boundloop reads the environment: the CLI reads it once and
     hands the values to the public API, which takes them as arguments.
@@ -83,6 +86,12 @@ class Settings(BaseSettings):
     codec_key: SecretStr | None = Field(None, alias="BOUNDLOOP_CODEC_KEY")
     codec_token: SecretStr | None = Field(None, alias="BOUNDLOOP_CODEC_TOKEN")
     codec_cors_origins: str | None = Field(None, alias="BOUNDLOOP_CODEC_CORS_ORIGINS")
+    # `boundloop console` (docs/console.md): who may sign in, their signing keys, and
+    # the secret its session cookies are signed with (default: new at each start).
+    console_approvers: Path | None = Field(None, alias="BOUNDLOOP_CONSOLE_APPROVERS")
+    console_keys: Path | None = Field(None, alias="BOUNDLOOP_CONSOLE_KEYS")
+    console_secret: SecretStr | None = Field(None, alias="BOUNDLOOP_CONSOLE_SECRET",
+                                             min_length=32)
 
     @property
     def model_configured(self) -> bool:
@@ -97,6 +106,9 @@ CLIENT_SETTINGS = {
     "BOUNDLOOP_UI_URL": "the Web UI links the CLI prints",
     "BOUNDLOOP_CODEC_TOKEN": "set it where `boundloop codec-server` runs",
     "BOUNDLOOP_CODEC_CORS_ORIGINS": "set it where `boundloop codec-server` runs",
+    "BOUNDLOOP_CONSOLE_APPROVERS": "set it where `boundloop console` runs",
+    "BOUNDLOOP_CONSOLE_KEYS": "set it where `boundloop console` runs",
+    "BOUNDLOOP_CONSOLE_SECRET": "set it where `boundloop console` runs",
 }
 
 

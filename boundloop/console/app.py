@@ -1,0 +1,628 @@
+"""`boundloop console`: the runs, their approvals and the sessions, in a browser.
+
+Every page needs a signed-in approver; every decision is a POST carrying the session's
+CSRF token, made through the public client API (`Run.approve` / `Run.reject`) as the
+signed-in approver, and signed with that approver's key when the console holds one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+from urllib.parse import parse_qs, quote, urlencode
+
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.middleware.base import BaseHTTPMiddleware, RequestResponseEndpoint
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
+from starlette.routing import Route
+from temporalio.client import Client, WorkflowExecutionStatus, WorkflowUpdateFailedError
+from temporalio.service import RPCError
+
+from boundloop import client as ops
+from boundloop.console import auth
+from boundloop.console import html as h
+from boundloop.contracts import SESSION_WORKFLOW, RunResult, RunStatus, SessionStatus
+from boundloop.core.loop import Approval, Event
+from boundloop.core.reasons import StopReason
+from boundloop.errors import DecisionRefused, SessionRefused
+
+if TYPE_CHECKING:
+    from boundloop.signing import Signer
+
+log = logging.getLogger("boundloop.console")
+
+#: How long a page waits for a worker to answer a query or take a decision.
+QUERY_TIMEOUT = 10.0
+DECISION_TIMEOUT = 30.0
+#: The largest form body read (edited arguments included).
+MAX_FORM_BYTES = 256 * 1024
+STATES = ["running", "waiting_approval", "stopped", "completed"]
+
+
+@dataclass
+class Console:
+    """What the console serves with: a connected client, the approvers and their keys."""
+
+    client: Client
+    approvers: dict[str, auth.Credential]
+    sessions: auth.Sessions
+    #: approver name -> private key, kept server-side (docs/console.md, "Signing").
+    signers: dict[str, Signer] = field(default_factory=dict)
+    #: Set the cookie's Secure flag (the console is served over HTTPS, or behind a proxy
+    #: that is).
+    secure_cookie: bool = False
+    #: Turns started from the chat view, kept so the task is not collected mid-turn.
+    _turns: set[asyncio.Task[Any]] = field(default_factory=set)
+
+
+# --- what the run page shows --------------------------------------------------------------
+
+
+async def snapshot(client: Client, workflow_id: str) -> dict[str, Any]:
+    """The run as its page draws it: status, counters against their caps, the event log,
+    waiting calls and, once it has ended, its answer. Polled by the page; the one place
+    that reads a run's progress."""
+    handle = client.get_workflow_handle(workflow_id, result_type=RunResult)
+    desc = await handle.describe()
+    closed = desc.status != WorkflowExecutionStatus.RUNNING
+    status: RunStatus | None = None
+    with contextlib.suppress(RPCError, TimeoutError):
+        status = await asyncio.wait_for(ops.query_status(handle), timeout=QUERY_TIMEOUT)
+    result: RunResult | None = None
+    if closed:
+        with contextlib.suppress(Exception):  # terminated / timed out: no RunResult
+            result = await ops.result_of(handle)
+    events = (status.events if status else result.events if result else [])
+    limits = status.limits if status else None
+    return {
+        "workflow_id": workflow_id,
+        "closed": closed,
+        "execution": desc.status.name.lower() if desc.status else "",
+        "answered": status is not None,
+        "status": (status.status if status else
+                   ("completed" if result and result.reason == StopReason.COMPLETED else
+                    "stopped" if result else (desc.status.name.lower() if desc.status
+                                              else ""))),
+        "reason": (result.reason.value if result else
+                   status.reason.value if status and status.reason else None),
+        "question": status.question if status else "",
+        "model": status.model if status else "",
+        "steps": result.steps if result else status.steps if status else 0,
+        "tool_executions": (result.tool_executions if result else
+                            status.tool_executions if status else 0),
+        "total_tokens": result.total_tokens if result else status.total_tokens if status else 0,
+        "cost_usd": result.cost_usd if result else status.cost_usd if status else None,
+        "limits": limits.model_dump(mode="json") if limits else None,
+        "events": [ev.model_dump(mode="json", exclude_none=True) for ev in events],
+        "pending": [a.model_dump(mode="json") for a in (status.pending if status else [])],
+        "text": result.text if result else None,
+        "cancel_reason": result.cancel_reason if result else None,
+    }
+
+
+def asked_because(approval: Approval) -> str:
+    """Why the call waits for a person: the rule that asked when the run names one,
+    else the tool's own flag (or the run's approval policy)."""
+    rule = getattr(approval, "asked_because", None)
+    if rule:
+        return f"rule: {rule}"
+    return "the tool requires approval (its needs_approval flag, or the run's policy)"
+
+
+# --- requests ------------------------------------------------------------------------------
+
+
+Handler = Callable[[Request, Console, auth.SignedIn], Awaitable[Response]]
+
+
+async def form_of(request: Request) -> dict[str, str]:
+    """An urlencoded form (the only kind the console's pages send), first value of each
+    field; refused past MAX_FORM_BYTES."""
+    body = await request.body()
+    if len(body) > MAX_FORM_BYTES:
+        return {}
+    parsed = parse_qs(body.decode("utf-8", "replace"), keep_blank_values=True)
+    return {k: v[0] for k, v in parsed.items()}
+
+
+def local(url: str | None, default: str = "/") -> str:
+    """A redirect target on this console only (never another site)."""
+    if not url or not url.startswith("/") or url.startswith("//") or "\\" in url:
+        return default
+    return url
+
+
+def signed_in(console: Console, request: Request) -> auth.SignedIn | None:
+    who = console.sessions.read(request.cookies.get(auth.COOKIE))
+    return who if who is not None and who.approver in console.approvers else None
+
+
+def guarded(console: Console, handler: Handler, *, json_api: bool = False
+            ) -> Callable[[Request], Awaitable[Response]]:
+    """Refuse a request without a valid session (GET pages redirect to sign-in) and a
+    POST without the session's CSRF token; nothing runs for either."""
+
+    async def endpoint(request: Request) -> Response:
+        who = signed_in(console, request)
+        if who is None:
+            if request.method == "GET" and not json_api:
+                return RedirectResponse(f"/login?{urlencode({'next': request.url.path})}",
+                                        303)
+            return JSONResponse({"error": "sign in first"}, 401)
+        if request.method == "POST":
+            form = await form_of(request)
+            if not auth.csrf_ok(who, form.get("csrf")):
+                return JSONResponse({"error": "missing or wrong CSRF token"}, 403)
+            request.state.form = form
+        return await handler(request, console, who)
+
+    return endpoint
+
+
+def _page(who: auth.SignedIn, title: str, body: str, request: Request,
+          script: str = "", body_attrs: dict[str, str] | None = None) -> HTMLResponse:
+    q = request.query_params
+    return HTMLResponse(h.page(title, body, approver=who.approver, csrf=who.csrf,
+                               note=q.get("note"), error=q.get("error"), script=script,
+                               body_attrs=body_attrs))
+
+
+def _back(target: str, **params: str) -> RedirectResponse:
+    sep = "&" if "?" in target else "?"
+    return RedirectResponse(f"{target}{sep}{urlencode(params)}" if params else target, 303)
+
+
+# --- sign-in -----------------------------------------------------------------------------
+
+
+async def login_page(request: Request) -> Response:
+    nxt = local(request.query_params.get("next"))
+    error = request.query_params.get("error")
+    body = (f'<form method="post" action="/login" class="card">'
+            f'<input type="hidden" name="next" value="{h.e(nxt)}">'
+            f'<p><label>Approver <input name="approver" autocomplete="username"></label></p>'
+            f'<p><label>Password or token <input name="credential" type="password" '
+            f'autocomplete="current-password"></label></p>'
+            f'<p><button name="signin">Sign in</button></p></form>')
+    return HTMLResponse(h.page("Sign in", body, error=error))
+
+
+def login(console: Console) -> Callable[[Request], Awaitable[Response]]:
+    async def endpoint(request: Request) -> Response:
+        form = await form_of(request)
+        name, secret = form.get("approver", ""), form.get("credential", "")
+        credential = console.approvers.get(name)
+        # The same work whether or not the name exists: no telling names apart by time.
+        ok = (credential or _DUMMY).matches(secret) and credential is not None
+        nxt = local(form.get("next"))
+        if not ok:
+            log.warning("console sign-in refused")  # never the name or the credential
+            query = urlencode({"error": "wrong approver or credential", "next": nxt})
+            return RedirectResponse(f"/login?{query}", 303)
+        cookie, _ = console.sessions.issue(name)
+        response = RedirectResponse(nxt, 303)
+        response.set_cookie(auth.COOKIE, cookie, max_age=auth.SESSION_SECONDS, httponly=True,
+                            samesite="strict", secure=console.secure_cookie)
+        log.info("console sign-in", extra={"approver": name})
+        return response
+
+    return endpoint
+
+
+_DUMMY = auth.Credential.parse(auth.hash_credential("not a credential anyone has"))
+
+
+async def logout(request: Request, console: Console, who: auth.SignedIn) -> Response:
+    response = RedirectResponse("/login", 303)
+    response.delete_cookie(auth.COOKIE)
+    return response
+
+
+# --- the runs list -----------------------------------------------------------------------
+
+
+async def events_of(client: Client, row: dict[str, Any]) -> list[Event]:
+    """A listed run's event log: from its result once closed (no worker needed), else
+    its status query."""
+    handle = client.get_workflow_handle(row["workflow_id"], result_type=RunResult)
+    with contextlib.suppress(Exception):
+        if row["status"] in ("completed", "stopped"):
+            return (await ops.result_of(handle)).events
+        return (await asyncio.wait_for(ops.query_status(handle), timeout=QUERY_TIMEOUT)).events
+    return []
+
+
+def decided_by(events: list[Event]) -> set[str]:
+    return {ev.detail.removeprefix("by ").split(",")[0] for ev in events
+            if ev.event in ("approval_approved", "approval_rejected") and ev.detail}
+
+
+async def runs_page(request: Request, console: Console, who: auth.SignedIn) -> Response:
+    q = request.query_params
+    state, reason = q.get("state") or None, q.get("reason") or None
+    tool, approver = q.get("tool") or None, q.get("approver") or None
+    rows = await ops.list_runs(console.client, state, reason, limit=100)
+    if tool or approver:
+        logs = await asyncio.gather(*(events_of(console.client, r) for r in rows))
+        rows = [r for r, events in zip(rows, logs, strict=True)
+                if (not tool or any(ev.tool == tool for ev in events))
+                and (not approver or approver in decided_by(events))]
+    filters = (
+        '<form method="get" action="/" class="card" id="filters">'
+        f'<label>state <select name="state">{h.options(STATES, state)}</select></label> '
+        f'<label>reason <select name="reason">'
+        f'{h.options([r.value for r in StopReason], reason)}</select></label> '
+        f'<label>tool <input name="tool" value="{h.e(tool)}" size="14"></label> '
+        f'<label>approver <input name="approver" value="{h.e(approver)}" size="12"></label> '
+        '<button>Filter</button> <a href="/">clear</a></form>')
+    lines = "".join(
+        f'<tr class="{h.e(r["status"])}" data-run="{h.e(r["workflow_id"])}">'
+        f'<td>{h.run_link(r["workflow_id"])}</td>'
+        f'<td>{h.state_badge(r["status"], r["reason"])}</td>'
+        f'<td>{r["steps"]}</td><td>{r["tool_executions"]}</td>'
+        f'<td>{r["pending_approvals"] or ""}</td><td>{h.e(r["start_time"])}</td></tr>'
+        for r in rows)
+    table = ('<table id="runs"><thead><tr><th>run</th><th>state</th><th>steps</th>'
+             '<th>tool executions</th><th>waiting</th><th>started</th></tr></thead>'
+             f'<tbody>{lines}</tbody></table>' if rows else '<p id="runs">no runs match</p>')
+    return _page(who, "Runs", filters + table, request)
+
+
+# --- one run ----------------------------------------------------------------------------
+
+
+def decision_forms(workflow_id: str, a: Approval | dict[str, Any], csrf: str,
+                   back: str) -> str:
+    """Approve / reject with a reason / edit the arguments, for one waiting call."""
+    call_id = a["call_id"] if isinstance(a, dict) else a.call_id
+    arguments = a["arguments"] if isinstance(a, dict) else a.arguments
+    hidden = (h.csrf_field(csrf) + f'<input type="hidden" name="run" value="{h.e(workflow_id)}">'
+              f'<input type="hidden" name="call_id" value="{h.e(call_id)}">'
+              f'<input type="hidden" name="back" value="{h.e(back)}">')
+    return (
+        f'<form class="inline" method="post" action="/decide">{hidden}'
+        '<input type="hidden" name="action" value="approve">'
+        '<button name="approve">Approve</button></form> '
+        f'<form class="inline" method="post" action="/decide">{hidden}'
+        '<input type="hidden" name="action" value="reject">'
+        '<input name="reason" placeholder="reason (the model reads it)" required size="40">'
+        '<button name="reject">Reject</button></form>'
+        f'<details><summary>Edit arguments</summary>'
+        f'<form method="post" action="/approvals/edit">{hidden}'
+        f'<textarea name="arguments" rows="8">{h.e(h.pretty(arguments))}</textarea>'
+        '<button name="review">Review the edit</button></form></details>')
+
+
+def approval_card(workflow_id: str, a: Approval, csrf: str, back: str) -> str:
+    return (f'<div class="card approval" data-run="{h.e(workflow_id)}" '
+            f'data-call="{h.e(a.call_id)}">'
+            f'<p><b>{h.e(a.tool)}</b> · call <code>{h.e(a.call_id)}</code> · step {a.step} '
+            f'· run {h.run_link(workflow_id)} · waiting since {h.e(a.requested_at)}</p>'
+            f'<p class="why">asked because: {h.e(asked_because(a))}</p>'
+            f'<pre class="arguments">{h.e(h.pretty(a.arguments))}</pre>'
+            f'{decision_forms(workflow_id, a, csrf, back)}</div>')
+
+
+RUN_SCRIPT = """
+<script>
+const runId = document.body.dataset.run;
+function esc(s){const d=document.createElement('div');d.textContent=s==null?'':String(s);
+  return d.innerHTML;}
+function meter(used, cap, text){ if(!cap) return esc(text);
+  const w=Math.max(0,Math.min(100,100*used/cap));
+  return '<span class="meter"><span style="width:'+w.toFixed(0)+'%"></span></span> '+esc(text);}
+async function refresh(){
+  let r; try { r = await fetch('/api/runs/'+encodeURIComponent(runId)); } catch(e) { return; }
+  if (r.status === 401) { location.href='/login'; return; }
+  const s = await r.json();
+  const badge = document.getElementById('state');
+  const known=['completed','stopped','running','waiting_approval'];
+  badge.className='badge state-'+(known.includes(s.status)?s.status:'other');
+  badge.textContent=s.status.replace('_',' ')+(s.reason&&s.status!=='completed'?' · '+s.reason:'');
+  const L = s.limits || {};
+  document.getElementById('steps').innerHTML=meter(s.steps,L.max_steps,
+    s.steps+(L.max_steps?' / '+L.max_steps:''));
+  document.getElementById('tools').innerHTML=meter(s.tool_executions,L.max_tool_executions,
+    s.tool_executions+(L.max_tool_executions?' / '+L.max_tool_executions:''));
+  document.getElementById('tokens').innerHTML=meter(s.total_tokens,L.token_threshold,
+    s.total_tokens+(L.token_threshold?' / '+L.token_threshold:''));
+  document.getElementById('cost').innerHTML=s.cost_usd==null?'no price known':
+    meter(s.cost_usd,L.usd_budget,'$'+s.cost_usd.toFixed(6)+(L.usd_budget?' / $'+L.usd_budget:''));
+  document.getElementById('timeline').innerHTML=s.events.map(ev=>'<li>step '+ev.step+' · <b>'+
+    esc(ev.event)+'</b>'+(ev.tool?' · '+esc(ev.tool):'')+(ev.call_id?' · '+esc(ev.call_id):'')+
+    (ev.detail?' · '+esc(ev.detail):'')+'</li>').join('');
+  const answer=document.getElementById('answer');
+  answer.textContent = s.text==null ? (s.closed?'(no answer)':'…') : s.text;
+  const waiting = s.pending.map(a=>a.call_id).join(',');
+  if (waiting !== document.body.dataset.pending) { location.reload(); return; }
+  if (!s.closed) setTimeout(refresh, 700);
+}
+refresh();
+</script>
+"""
+
+
+async def run_page(request: Request, console: Console, who: auth.SignedIn) -> Response:
+    workflow_id = request.path_params["workflow_id"]
+    try:
+        s = await snapshot(console.client, workflow_id)
+    except RPCError:
+        return _page(who, "Run not found", f"<p>no run {h.e(workflow_id)}</p>", request)
+    back = f"/runs/{quote(workflow_id, safe='')}"
+    lim = s["limits"] or {}
+    badge = h.state_badge(s["status"], s["reason"]).replace("<span", '<span id="state"', 1)
+    steps = h.meter(s["steps"], lim.get("max_steps"), str(s["steps"]))
+    counters = (
+        '<table id="counters">'
+        f'<tr><th>state</th><td>{badge}</td></tr>'
+        f'<tr><th>steps</th><td id="steps">{steps}</td></tr>'
+        f'<tr><th>tool executions</th><td id="tools">{s["tool_executions"]}</td></tr>'
+        f'<tr><th>tokens</th><td id="tokens">{s["total_tokens"]}</td></tr>'
+        f'<tr><th>cost</th><td id="cost"></td></tr>'
+        f'<tr><th>model</th><td>{h.e(s["model"])}</td></tr></table>')
+    pending = [Approval.model_validate(a) for a in s["pending"]]
+    waiting = "".join(approval_card(workflow_id, a, who.csrf, back) for a in pending)
+    not_answered = ("" if s["answered"] or s["closed"] else
+                    '<p class="error">no worker answered this run\'s status query: is '
+                    '`boundloop worker` running?</p>')
+    body = (f'{not_answered}<div class="card"><p class="msg-user" id="question">'
+            f'{h.e(s["question"])}</p><div class="answer" id="answer"></div></div>'
+            f'{counters}'
+            + (f'<h2>Waiting for approval</h2>{waiting}' if waiting else "")
+            + '<h2>Timeline</h2><ol id="timeline"></ol>')
+    return _page(who, f"Run {workflow_id}", body, request, script=RUN_SCRIPT,
+                 body_attrs={"run": workflow_id,
+                             "pending": ",".join(a.call_id for a in pending)})
+
+
+async def run_api(request: Request, console: Console, who: auth.SignedIn) -> Response:
+    try:
+        return JSONResponse(await snapshot(console.client, request.path_params["workflow_id"]))
+    except RPCError as exc:
+        return JSONResponse({"error": exc.message}, 404)
+
+
+# --- the approvals inbox -------------------------------------------------------------------
+
+
+async def approvals_page(request: Request, console: Console, who: auth.SignedIn) -> Response:
+    unanswered: list[str] = []
+    rows = await ops.pending_runs(console.client, unanswered)
+    cards = "".join(approval_card(wf, a, who.csrf, "/approvals")
+                    for wf, status in rows for a in status.pending)
+    notes = "".join(f'<p class="error">{h.run_link(wf)} waits for approval but no worker '
+                    'answered its status query</p>' for wf in unanswered)
+    body = notes + (cards or '<p id="inbox-empty">no calls are waiting for approval</p>')
+    return _page(who, "Approvals", f'<div id="inbox">{body}</div>', request)
+
+
+async def edit_review(request: Request, console: Console, who: auth.SignedIn) -> Response:
+    """The edited arguments as a diff against the proposed ones, to confirm or drop."""
+    form = request.state.form
+    workflow_id, call_id = form.get("run", ""), form.get("call_id", "")
+    back = local(form.get("back"), "/approvals")
+    try:
+        edited = json.loads(form.get("arguments", ""))
+    except json.JSONDecodeError as exc:
+        return _back(back, error=f"the edited arguments are not JSON: {exc.msg} "
+                                 f"(line {exc.lineno})")
+    if not isinstance(edited, dict):
+        return _back(back, error="the edited arguments must be a JSON object")
+    run = ops.get_run(console.client, workflow_id)
+    try:
+        pending = await asyncio.wait_for(run.pending(), timeout=QUERY_TIMEOUT)
+    except (RPCError, TimeoutError):
+        return _back(back, error=f"run {workflow_id}: no worker answered")
+    waiting = next((a for a in pending if a.call_id == call_id), None)
+    if waiting is None:
+        return _back(back, error=f"call {call_id} is no longer waiting for approval")
+    body = (f'<div class="card"><p><b>{h.e(waiting.tool)}</b> · call '
+            f'<code>{h.e(call_id)}</code> · run {h.run_link(workflow_id)}</p>'
+            f'<p>Your edit:</p>{h.diff(waiting.arguments, edited)}'
+            f'<form method="post" action="/decide">{h.csrf_field(who.csrf)}'
+            f'<input type="hidden" name="run" value="{h.e(workflow_id)}">'
+            f'<input type="hidden" name="call_id" value="{h.e(call_id)}">'
+            f'<input type="hidden" name="back" value="{h.e(back)}">'
+            '<input type="hidden" name="action" value="approve">'
+            f'<input type="hidden" name="arguments" value="{h.e(json.dumps(edited))}">'
+            '<button name="confirm">Approve with these arguments</button> '
+            f'<a href="{h.e(back)}">cancel</a></form></div>')
+    return _page(who, "Review the edit", body, request)
+
+
+async def decide(request: Request, console: Console, who: auth.SignedIn) -> Response:
+    form = request.state.form
+    workflow_id, call_id = form.get("run", ""), form.get("call_id", "")
+    back = local(form.get("back"), "/approvals")
+    action = form.get("action")
+    run = ops.get_run(console.client, workflow_id)
+    signer = console.signers.get(who.approver)
+    args: dict[str, Any] | None = None
+    if form.get("arguments"):
+        try:
+            args = json.loads(form["arguments"])
+        except json.JSONDecodeError:
+            return _back(back, error="the edited arguments are not JSON")
+        if not isinstance(args, dict):
+            return _back(back, error="the edited arguments must be a JSON object")
+    try:
+        if action == "approve":
+            deciding = run.approve(call_id, approver=who.approver, args=args, signer=signer)
+        elif action == "reject":
+            reason = form.get("reason", "").strip()
+            if not reason:
+                return _back(back, error="a rejection needs a reason (the model reads it)")
+            deciding = run.reject(call_id, reason=reason, approver=who.approver,
+                                  signer=signer)
+        else:
+            return _back(back, error="unknown action")
+        await asyncio.wait_for(deciding, timeout=DECISION_TIMEOUT)
+    except DecisionRefused as exc:
+        return _back(back, error=f"refused: {exc}")
+    except (TimeoutError, WorkflowUpdateFailedError, RPCError) as exc:
+        why = ("no worker took the decision in time; it may still apply: look before "
+               "deciding again" if isinstance(exc, TimeoutError)
+               else getattr(getattr(exc, "cause", None), "message", None)
+               or getattr(exc, "message", "") or type(exc).__name__)
+        return _back(back, error=f"run {workflow_id}: {why}")
+    log.info("console decision", extra={"approver": who.approver, "call_id": call_id,
+                                        "decision": action, "signed": signer is not None})
+    done = "approved" if action == "approve" else "rejected"
+    return _back(back, note=f"{call_id}: {done}" + (" with edited arguments" if args else "")
+                 + (f" (signed by {who.approver})" if signer is not None else ""))
+
+
+# --- sessions ---------------------------------------------------------------------------
+
+
+async def sessions_page(request: Request, console: Console, who: auth.SignedIn) -> Response:
+    rows = []
+    async for wf in console.client.list_workflows(f"WorkflowType = '{SESSION_WORKFLOW}'",
+                                                  limit=100):
+        rows.append(wf)
+    lines = "".join(
+        f'<tr><td><a href="/sessions/{quote(wf.id, safe="")}">{h.e(wf.id)}</a></td>'
+        f'<td>{h.e(wf.status.name.lower() if wf.status else "")}</td>'
+        f'<td>{h.e(wf.start_time.isoformat(timespec="seconds"))}</td></tr>' for wf in rows)
+    body = ('<table id="sessions"><thead><tr><th>session</th><th>state</th><th>started</th>'
+            f'</tr></thead><tbody>{lines}</tbody></table>' if rows
+            else '<p>no sessions (start one with `boundloop session start`)</p>')
+    return _page(who, "Sessions", body, request)
+
+
+async def session_snapshot(console: Console, session_id: str) -> dict[str, Any]:
+    """A session's turns as a chat: each turn's message and answer, the running turn's
+    waiting calls."""
+    session = ops.get_session(console.client, session_id)
+    st: SessionStatus = await asyncio.wait_for(session.show(), timeout=QUERY_TIMEOUT)
+    turns = []
+    for n in range(1, st.turns + 1):
+        turn = session.turn(n)
+        snap: dict[str, Any] = {"turn": n, "workflow_id": turn.id}
+        with contextlib.suppress(Exception):
+            snap.update(await snapshot(console.client, turn.id))
+        turns.append(snap)
+    return {"session": st.model_dump(mode="json"), "turns": turns}
+
+
+SESSION_SCRIPT = """
+<script>
+const sid = document.body.dataset.session;
+async function refresh(){
+  let r; try { r = await fetch('/api/sessions/'+encodeURIComponent(sid)); } catch(e) { return; }
+  if (r.status === 401) { location.href='/login'; return; }
+  const s = await r.json();
+  const sig = s.turns.map(t=>t.workflow_id+':'+t.closed+':'+(t.pending||[]).length).join('|')
+    + '|' + s.session.status;
+  if (sig !== document.body.dataset.sig) { location.reload(); return; }
+  setTimeout(refresh, 700);
+}
+if (document.body.dataset.live === '1') refresh();
+</script>
+"""
+
+
+async def session_page(request: Request, console: Console, who: auth.SignedIn) -> Response:
+    session_id = request.path_params["session_id"]
+    try:
+        s = await session_snapshot(console, session_id)
+    except (RPCError, TimeoutError):
+        return _page(who, "Session", f"<p class=\"error\">session {h.e(session_id)} not found "
+                     "or no worker answered</p>", request)
+    back = f"/sessions/{quote(session_id, safe='')}"
+    chat = []
+    for t in s["turns"]:
+        chat.append(f'<div class="msg-user">{h.e(t.get("question"))}</div>')
+        for a in t.get("pending", []):
+            chat.append(approval_card(t["workflow_id"], Approval.model_validate(a), who.csrf,
+                                      back))
+        if t.get("closed"):
+            chat.append(f'<div class="msg-bot">{h.e(t.get("text") or "")}</div>'
+                        f'<p>{h.state_badge(t.get("status", ""), t.get("reason"))} '
+                        f'{h.run_link(t["workflow_id"])}</p>')
+        else:
+            chat.append(f'<p>{h.state_badge(t.get("status", "running"))} '
+                        f'{h.run_link(t["workflow_id"])}</p>')
+    st = s["session"]
+    say = ("" if st["status"] == "ended" else
+           f'<form method="post" action="/sessions/say" class="card">{h.csrf_field(who.csrf)}'
+           f'<input type="hidden" name="session" value="{h.e(session_id)}">'
+           '<input name="message" size="80" placeholder="your message" required> '
+           '<button name="say">Say</button></form>')
+    body = (f'<p>{h.e(st["status"])} · {st["turns"]} turn(s) · {st["total_tokens"]} tokens'
+            + (f' · ended: {h.e(st["ended"])}' if st["ended"] else "") + '</p>'
+            + f'<div id="chat">{"".join(chat)}</div>{say}')
+    sig = "|".join(f'{t["workflow_id"]}:{str(t.get("closed", False)).lower()}:'
+                   f'{len(t.get("pending", []))}' for t in s["turns"]) + f'|{st["status"]}'
+    return _page(who, f"Session {session_id}", body, request, script=SESSION_SCRIPT,
+                 body_attrs={"session": session_id, "sig": sig,
+                             "live": "1" if st["status"] == "running" else "0"})
+
+
+async def session_api(request: Request, console: Console, who: auth.SignedIn) -> Response:
+    try:
+        return JSONResponse(await session_snapshot(console, request.path_params["session_id"]))
+    except (RPCError, TimeoutError):
+        return JSONResponse({"error": "not found or no worker answered"}, 404)
+
+
+async def say(request: Request, console: Console, who: auth.SignedIn) -> Response:
+    form = request.state.form
+    session_id, message = form.get("session", ""), form.get("message", "").strip()
+    back = f"/sessions/{quote(session_id, safe='')}"
+    if not message:
+        return _back(back, error="the message is empty")
+    session = ops.get_session(console.client, session_id)
+    try:
+        outcome = await asyncio.wait_for(session.send(message), timeout=DECISION_TIMEOUT)
+    except SessionRefused as exc:
+        return _back(back, error=f"refused: {exc}")
+    except (TimeoutError, RPCError):
+        return _back(back, error="no worker took the message in time")
+    return _back(back, note=outcome)
+
+
+# --- the application ------------------------------------------------------------------
+
+
+def app(console: Console) -> Starlette:
+    def g(handler: Handler, **kw: bool) -> Callable[[Request], Awaitable[Response]]:
+        return guarded(console, handler, **kw)
+
+    routes = [
+        Route("/login", login_page, methods=["GET"]),
+        Route("/login", login(console), methods=["POST"]),
+        Route("/logout", g(logout), methods=["POST"]),
+        Route("/", g(runs_page), methods=["GET"]),
+        Route("/runs/{workflow_id:path}", g(run_page), methods=["GET"]),
+        Route("/api/runs/{workflow_id:path}", g(run_api, json_api=True), methods=["GET"]),
+        Route("/approvals", g(approvals_page), methods=["GET"]),
+        Route("/approvals/edit", g(edit_review), methods=["POST"]),
+        Route("/decide", g(decide), methods=["POST"]),
+        Route("/sessions", g(sessions_page), methods=["GET"]),
+        Route("/sessions/say", g(say), methods=["POST"]),
+        Route("/sessions/{session_id:path}", g(session_page), methods=["GET"]),
+        Route("/api/sessions/{session_id:path}", g(session_api, json_api=True),
+              methods=["GET"]),
+    ]
+    return Starlette(routes=routes, middleware=[Middleware(FramesRefused)])
+
+
+class FramesRefused(BaseHTTPMiddleware):
+    """No page of the console inside another site's frame (a decision button under a
+    decoy is clickjacking), and no referrer to elsewhere (URLs hold run ids)."""
+
+    async def dispatch(self, request: Request, call_next: RequestResponseEndpoint
+                       ) -> Response:
+        response = await call_next(request)
+        response.headers["X-Frame-Options"] = "DENY"
+        response.headers["Content-Security-Policy"] = "frame-ancestors 'none'"
+        response.headers["Referrer-Policy"] = "same-origin"
+        return response

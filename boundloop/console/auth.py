@@ -1,0 +1,181 @@
+"""Who may use the console: approvers' credentials, signed session cookies, CSRF tokens.
+
+- The approvers file (BOUNDLOOP_CONSOLE_APPROVERS): lines of `NAME scrypt$N$r$p$SALT$HASH`
+  (`boundloop console-approver NAME` writes one), `#` comments and blank lines. The
+  credential is a password or a generated token; only its scrypt hash is stored.
+- A session is a cookie holding the approver's name, a CSRF token and its expiry,
+  signed with HMAC-SHA256 under the console's secret: the browser can read it but
+  cannot forge or extend it. No server-side session store, so no cleanup either.
+- Every state-changing form carries the session's CSRF token; the cookie is also
+  `SameSite=Strict`.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import json
+import secrets
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from boundloop.errors import BoundloopError
+from boundloop.signing import check_name
+
+#: scrypt's cost (2^14, r 8, p 1: ~16 MiB and some 50 ms a sign-in; the commonly
+#: recommended interactive setting).
+SCRYPT_N, SCRYPT_R, SCRYPT_P = 2**14, 8, 1
+#: How long a sign-in lasts.
+SESSION_SECONDS = 12 * 3600
+COOKIE = "boundloop_console"
+
+
+class ApproversFileError(BoundloopError, ValueError):
+    """An approvers file the console cannot use; the message names the line."""
+
+
+def _b64(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).decode("ascii").rstrip("=")
+
+
+def _unb64(text: str) -> bytes:
+    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+
+
+def _scrypt(secret: str, salt: bytes, n: int, r: int, p: int) -> bytes:
+    return hashlib.scrypt(secret.encode("utf-8"), salt=salt, n=n, r=r, p=p,
+                          maxmem=128 * r * n * 2, dklen=32)
+
+
+def hash_credential(secret: str) -> str:
+    """`scrypt$N$r$p$SALT$HASH` of a password or token (a fresh random salt)."""
+    salt = secrets.token_bytes(16)
+    digest = _scrypt(secret, salt, SCRYPT_N, SCRYPT_R, SCRYPT_P)
+    return f"scrypt${SCRYPT_N}${SCRYPT_R}${SCRYPT_P}${_b64(salt)}${_b64(digest)}"
+
+
+def new_token() -> str:
+    """A sign-in token for an approver who should not pick a password."""
+    return secrets.token_urlsafe(24)
+
+
+@dataclass(frozen=True)
+class Credential:
+    n: int
+    r: int
+    p: int
+    salt: bytes
+    digest: bytes
+
+    @classmethod
+    def parse(cls, text: str) -> Credential:
+        parts = text.split("$")
+        if len(parts) != 6 or parts[0] != "scrypt":
+            raise ValueError("expected `scrypt$N$r$p$SALT$HASH` "
+                             "(from `boundloop console-approver NAME`)")
+        try:
+            n, r, p = (int(v) for v in parts[1:4])
+            salt, digest = _unb64(parts[4]), _unb64(parts[5])
+        except ValueError:
+            raise ValueError("the scrypt parameters or base64 values are malformed") from None
+        if n < 2**10 or n & (n - 1) or not 0 < r <= 64 or not 0 < p <= 16 or len(digest) != 32:
+            raise ValueError("scrypt parameters out of range (N a power of 2 >= 1024)")
+        return cls(n=n, r=r, p=p, salt=salt, digest=digest)
+
+    def matches(self, secret: str) -> bool:
+        return hmac.compare_digest(_scrypt(secret, self.salt, self.n, self.r, self.p),
+                                   self.digest)
+
+
+def parse_approvers(text: str, source: str) -> dict[str, Credential]:
+    found: dict[str, Credential] = {}
+    for number, raw in enumerate(text.splitlines(), start=1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        where = f"{source} line {number}"
+        parts = line.split()
+        if len(parts) != 2:
+            raise ApproversFileError(f"{where}: expected `NAME scrypt$…` (one approver a line)")
+        name, hashed = parts
+        if name in found:
+            raise ApproversFileError(f"{where}: {name} is listed already (one line each)")
+        try:
+            check_name(name)
+            found[name] = Credential.parse(hashed)
+        except ValueError as exc:
+            raise ApproversFileError(f"{where}: {exc}") from None
+    return found
+
+
+def load_approvers(path: Path) -> dict[str, Credential]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ApproversFileError(f"approvers file {path} does not exist") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ApproversFileError(f"cannot read approvers file {path}: {exc}") from None
+    approvers = parse_approvers(text, str(path))
+    if not approvers:
+        raise ApproversFileError(f"approvers file {path} lists no approver: nobody could "
+                                 "sign in")
+    return approvers
+
+
+# --- signed session cookies ------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SignedIn:
+    approver: str
+    csrf: str
+    expires: int
+
+
+class Sessions:
+    """Issues and reads signed session cookies under `secret`."""
+
+    def __init__(self, secret: bytes) -> None:
+        if len(secret) < 32:
+            raise ValueError("the console secret must be at least 32 bytes")
+        self._secret = secret
+
+    def _mac(self, body: str) -> str:
+        return _b64(hmac.new(self._secret, body.encode("ascii"), hashlib.sha256).digest())
+
+    def issue(self, approver: str, now: float | None = None) -> tuple[str, SignedIn]:
+        at = int(time.time() if now is None else now)
+        signed = SignedIn(approver=approver, csrf=secrets.token_urlsafe(24),
+                          expires=at + SESSION_SECONDS)
+        body = _b64(json.dumps({"a": signed.approver, "c": signed.csrf,
+                                "e": signed.expires}).encode("utf-8"))
+        return f"{body}.{self._mac(body)}", signed
+
+    def read(self, cookie: str | None, now: float | None = None) -> SignedIn | None:
+        """The signed-in approver of a cookie, or None (absent, forged, expired)."""
+        if not cookie or cookie.count(".") != 1:
+            return None
+        body, mac = cookie.split(".")
+        try:
+            body.encode("ascii")
+            mac.encode("ascii")
+        except UnicodeEncodeError:
+            return None
+        if not hmac.compare_digest(self._mac(body), mac):
+            return None
+        try:
+            data = json.loads(_unb64(body))
+            signed = SignedIn(approver=str(data["a"]), csrf=str(data["c"]),
+                              expires=int(data["e"]))
+        except (ValueError, KeyError, TypeError):
+            return None
+        if signed.expires <= (time.time() if now is None else now):
+            return None
+        return signed
+
+
+def csrf_ok(signed: SignedIn, token: str | None) -> bool:
+    return token is not None and hmac.compare_digest(signed.csrf.encode(),
+                                                     token.encode("utf-8", "replace"))

@@ -1,0 +1,115 @@
+"""The console's pages: server-rendered HTML, every value escaped, a little vanilla JS.
+
+No template engine: the pages are few and small, and `html.escape` on every value
+(through `e`) is the whole of the escaping rule.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+from collections.abc import Iterable
+from html import escape
+from typing import Any
+from urllib.parse import quote
+
+STYLE = """
+body{font-family:system-ui,sans-serif;margin:0;color:#1b1f24;background:#f6f7f9}
+header{background:#1b2a41;color:#fff;padding:.6rem 1.2rem;display:flex;gap:1.2rem;
+ align-items:center}
+header a{color:#cfe0ff;text-decoration:none}header .who{margin-left:auto}
+main{padding:1rem 1.4rem;max-width:1250px}
+table{border-collapse:collapse;width:100%;background:#fff}
+th,td{border-bottom:1px solid #e2e5ea;padding:.35rem .5rem;text-align:left;
+ vertical-align:top;font-size:.92rem}
+.badge{display:inline-block;padding:.05rem .45rem;border-radius:.6rem;font-size:.8rem;
+ font-weight:600}
+.state-completed{background:#d7f5de;color:#145a26}
+.state-stopped{background:#fde2e0;color:#8a1c12}
+.state-running{background:#dde9ff;color:#173e8a}
+.state-waiting_approval{background:#fff1c7;color:#7a5200}
+.state-other{background:#e6e6e6;color:#333}
+tr.stopped td{background:#fff8f7}tr.completed td{background:#f6fff8}
+pre{background:#f1f3f6;padding:.5rem;white-space:pre-wrap;word-break:break-word;margin:.2rem 0}
+.card{background:#fff;border:1px solid #e2e5ea;border-radius:.4rem;padding:.8rem 1rem;
+ margin:.8rem 0}
+.note{background:#eef6ff;border:1px solid #b8d4ff;padding:.5rem .8rem;border-radius:.3rem}
+.error{background:#fff0f0;border:1px solid #f2b8b5;padding:.5rem .8rem;border-radius:.3rem}
+.answer{white-space:pre-wrap;background:#fff;border-left:4px solid #1b2a41;padding:.5rem .8rem}
+.meter{display:inline-block;width:120px;height:.6rem;background:#e2e5ea;border-radius:.3rem;
+ vertical-align:middle}.meter span{display:block;height:100%;background:#3b6fd8;
+ border-radius:.3rem}
+form.inline{display:inline}
+textarea{width:100%;font-family:monospace}
+.diff .add{background:#dcfce4}.diff .del{background:#fde4e4}
+.msg-user{background:#e8f0ff;border-radius:.4rem;padding:.4rem .7rem;margin:.4rem 0}
+.msg-bot{background:#fff;border:1px solid #e2e5ea;border-radius:.4rem;padding:.4rem .7rem;
+ margin:.4rem 0;white-space:pre-wrap}
+"""
+
+
+def e(value: object) -> str:
+    return escape("" if value is None else str(value), quote=True)
+
+
+def page(title: str, body: str, *, approver: str | None = None, csrf: str | None = None,
+         note: str | None = None, error: str | None = None, script: str = "",
+         body_attrs: dict[str, str] | None = None) -> str:
+    nav = ""
+    if approver is not None:
+        nav = (f'<a href="/">Runs</a><a href="/approvals">Approvals</a>'
+               f'<a href="/sessions">Sessions</a>'
+               f'<span class="who">signed in as <b id="approver">{e(approver)}</b> '
+               f'<form class="inline" method="post" action="/logout">{csrf_field(csrf)}'
+               f'<button>Sign out</button></form></span>')
+    flash = (f'<p class="note" id="note">{e(note)}</p>' if note else "") + (
+        f'<p class="error" id="error">{e(error)}</p>' if error else "")
+    attrs = "".join(f' data-{k}="{e(v)}"' for k, v in (body_attrs or {}).items())
+    return (f'<!doctype html><html lang="en"><head><meta charset="utf-8">'
+            f'<title>{e(title)} · boundloop console</title><style>{STYLE}</style></head>'
+            f'<body{attrs}><header><b>boundloop console</b>{nav}</header>'
+            f'<main><h1>{e(title)}</h1>{flash}{body}</main>{script}</body></html>')
+
+
+def csrf_field(token: str | None) -> str:
+    return f'<input type="hidden" name="csrf" value="{e(token)}">' if token else ""
+
+
+def state_badge(status: str, reason: str | None = None) -> str:
+    known = {"completed", "stopped", "running", "waiting_approval"}
+    cls = f"state-{status}" if status in known else "state-other"
+    label = status.replace("_", " ") + (f" · {reason}" if reason and status != "completed"
+                                        else "")
+    return f'<span class="badge {cls}">{e(label)}</span>'
+
+
+def run_link(workflow_id: str) -> str:
+    return f'<a href="/runs/{quote(workflow_id, safe="")}">{e(workflow_id)}</a>'
+
+
+def options(values: Iterable[str], chosen: str | None) -> str:
+    return '<option value="">any</option>' + "".join(
+        f'<option value="{e(v)}"{" selected" if v == chosen else ""}>{e(v)}</option>'
+        for v in values)
+
+
+def meter(used: float, cap: float | None, text: str) -> str:
+    if not cap:
+        return e(text)
+    width = max(0.0, min(100.0, 100.0 * used / cap))
+    return f'<span class="meter"><span style="width:{width:.0f}%"></span></span> {e(text)}'
+
+
+def pretty(arguments: dict[str, Any]) -> str:
+    return json.dumps(arguments, ensure_ascii=False, indent=2, sort_keys=True)
+
+
+def diff(before: dict[str, Any], after: dict[str, Any]) -> str:
+    """The edit as a line diff of the pretty-printed arguments."""
+    lines = []
+    for line in difflib.unified_diff(pretty(before).splitlines(), pretty(after).splitlines(),
+                                     "proposed", "edited", lineterm="", n=20):
+        cls = ("add" if line.startswith("+") and not line.startswith("+++")
+               else "del" if line.startswith("-") and not line.startswith("---") else "")
+        lines.append(f'<span class="{cls}">{e(line)}</span>')
+    return '<pre class="diff">' + "\n".join(lines) + "</pre>"
