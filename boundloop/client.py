@@ -316,10 +316,13 @@ class Session:
     async def send(self, message: str) -> str:
         """Start a turn with the user's `message` and return once the session has taken
         it (not when the turn ends): what happened, in a few words. Raises SessionRefused
-        as `say` does. Follow the turn with `show()` / `turn(n)`."""
+        (or RunEnded, RunNotFound) as `say` does. Follow the turn with `show()` /
+        `turn(n)`."""
+        from boundloop.workflows.session import BoundloopSessionWorkflow
+
         try:
             await self.handle.start_update(
-                "say", SayRequest(message=message), result_type=RunResult,
+                BoundloopSessionWorkflow.say, SayRequest(message=message),
                 wait_for_stage=WorkflowUpdateStage.ACCEPTED)
         except (WorkflowUpdateFailedError, RPCError) as exc:
             raise await self._refused(exc) from None

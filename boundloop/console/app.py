@@ -31,7 +31,7 @@ from boundloop.console import html as h
 from boundloop.contracts import SESSION_WORKFLOW, RunResult, RunStatus, SessionStatus
 from boundloop.core.loop import Approval, Event
 from boundloop.core.reasons import StopReason
-from boundloop.errors import DecisionRefused, SessionRefused
+from boundloop.errors import DecisionRefused, RunEnded, RunNotFound, SessionRefused
 
 if TYPE_CHECKING:
     from boundloop.signing import Signer
@@ -464,7 +464,7 @@ async def decide(request: Request, console: Console, who: auth.SignedIn) -> Resp
         else:
             return _back(back, error="unknown action")
         await asyncio.wait_for(deciding, timeout=DECISION_TIMEOUT)
-    except DecisionRefused as exc:
+    except (DecisionRefused, RunEnded, RunNotFound) as exc:
         return _back(back, error=f"refused: {exc}")
     except (TimeoutError, WorkflowUpdateFailedError, RPCError) as exc:
         why = ("no worker took the decision in time; it may still apply: look before "
@@ -582,7 +582,7 @@ async def say(request: Request, console: Console, who: auth.SignedIn) -> Respons
     session = ops.get_session(console.client, session_id)
     try:
         outcome = await asyncio.wait_for(session.send(message), timeout=DECISION_TIMEOUT)
-    except SessionRefused as exc:
+    except (SessionRefused, RunEnded, RunNotFound) as exc:
         return _back(back, error=f"refused: {exc}")
     except (TimeoutError, RPCError):
         return _back(back, error="no worker took the message in time")
