@@ -41,7 +41,8 @@ from boundloop.contracts import (
 )
 from boundloop.core.budget import Amount, BudgetLimits, Grant
 from boundloop.core.limits import Limits, RunSettings
-from boundloop.devserver import DevServer, free_port
+from boundloop.devserver import DevServer
+from boundloop.testing import free_port
 
 FULL = {"clients": 20, "per_client": 25, "steps": 10, "reps": 5}
 QUICK = {"clients": 5, "per_client": 5, "steps": 3, "reps": 2}

@@ -33,7 +33,8 @@ from bench import phases
 from bench.harness import REPO, Model, WorkerProcess, connect, now
 from bench.report import machine_facts, render_markdown, render_table
 from bench.sessions import session_growth
-from boundloop.devserver import DevServer, free_port
+from boundloop.devserver import DevServer
+from boundloop.testing import free_port
 
 FULL = {"steps": 20, "reps": 5, "sizes": [10, 25, 50, 100], "runs": 100, "run_steps": 5,
         "bare_acts": 10, "rounds": 4, "parked": 1000, "warmup": 20, "diag_cache": 100,

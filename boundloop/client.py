@@ -11,7 +11,7 @@ import contextlib
 import json
 import urllib.parse
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 from temporalio.api.operatorservice.v1 import ListSearchAttributesRequest
@@ -547,13 +547,3 @@ def argument_text(approval: Approval) -> str:
     """The validated arguments in full, pretty-printed, for the person approving them
     (never cut: approving what you cannot read is no approval; never for logs)."""
     return json.dumps(approval.arguments, ensure_ascii=False, indent=2)
-
-
-async def wait_until(predicate: Callable[[], Awaitable[bool]], timeout: float = 30.0,
-                     interval: float = 0.1) -> None:
-    loop = asyncio.get_running_loop()
-    end = loop.time() + timeout
-    while not await predicate():
-        if loop.time() > end:
-            raise TimeoutError("condition not reached")
-        await asyncio.sleep(interval)

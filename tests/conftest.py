@@ -19,17 +19,14 @@ import pytest
 import pytest_asyncio
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowHandle
-from temporalio.contrib.pydantic import pydantic_data_converter
-from temporalio.testing import WorkflowEnvironment
 
 from boundloop import Worker
-from boundloop import search_attributes as sa
 from boundloop.activities.conversation import ConversationCache
 from boundloop.client import result_of
 from boundloop.contracts import WORKFLOW_NAME, RunInput, RunResult
 from boundloop.core.limits import Limits, Policy, RunSettings
-from boundloop.devserver import FAST_FLAGS, temporal_binary
 from boundloop.scripted.server import ScriptedModelServer
+from boundloop.testing import dev_server
 from boundloop.tools.demo import DemoDeps, list_tickets
 from tests.support.tools import tools as test_tools
 
@@ -41,34 +38,19 @@ DEMO_TOOLS = ["lookup_stock", "search_docs", "create_ticket"]
 @pytest_asyncio.fixture(scope="session")
 async def temporal(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Client]:
     db = tmp_path_factory.mktemp("temporal") / "temporal.db"
-    env = await WorkflowEnvironment.start_local(
-        data_converter=pydantic_data_converter,
-        dev_server_existing_path=temporal_binary(),
-        dev_server_database_filename=str(db),
-        dev_server_extra_args=FAST_FLAGS,
-        search_attributes=sa.ALL,
-    )
-    try:
-        yield env.client
-    finally:
-        await env.shutdown()
+    async with dev_server(database=str(db)) as client:
+        yield client
 
 
 @contextlib.asynccontextmanager
 async def continue_as_new_server(db: Path, events: int) -> AsyncIterator[Client]:
     """A dev server that suggests continue-as-new after `events` history events (and lets
     a workflow id's next run start at once, not after the usual 1 s)."""
-    env = await WorkflowEnvironment.start_local(
-        data_converter=pydantic_data_converter, dev_server_existing_path=temporal_binary(),
-        dev_server_database_filename=str(db), search_attributes=sa.ALL,
-        dev_server_extra_args=[
-            *FAST_FLAGS,
+    async with dev_server(database=str(db), extra_args=[
             "--dynamic-config-value", f"limit.historyCount.suggestContinueAsNew={events}",
-            "--dynamic-config-value", 'history.workflowIdReuseMinimalInterval="0s"'])
-    try:
-        yield env.client
-    finally:
-        await env.shutdown()
+            "--dynamic-config-value", 'history.workflowIdReuseMinimalInterval="0s"',
+    ]) as client:
+        yield client
 
 
 @dataclass

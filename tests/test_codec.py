@@ -25,11 +25,12 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowHandle
 
 import boundloop
-from boundloop.client import result_of, wait_until
+from boundloop.client import result_of
 from boundloop.codec import ENCODING, KEY_ID, CodecKeyError, new_key_line, parse_keys
-from boundloop.devserver import free_port, port_open, temporal_binary
+from boundloop.devserver import port_open, temporal_binary
 from boundloop.scripted.server import ScriptedModelServer
 from boundloop.settings import Settings
+from boundloop.testing import free_port, wait_until
 from boundloop.worker.main import build_worker, connect
 from tests.scripts import answer, call, resp
 

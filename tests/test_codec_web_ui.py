@@ -26,10 +26,10 @@ import pytest
 import pytest_asyncio
 
 import boundloop
-from boundloop.client import wait_until
-from boundloop.devserver import DevServer, free_port, port_open, temporal_binary
+from boundloop.devserver import DevServer, port_open, temporal_binary
 from boundloop.scripted.server import ScriptedModelServer
 from boundloop.settings import Settings
+from boundloop.testing import free_port, wait_until
 from boundloop.worker.main import build_worker, connect
 from tests.test_codec import ANSWER, ARGUMENT, CLI, QUESTION, ROOT, keyfile, script
 

@@ -42,8 +42,9 @@ from boundloop.contracts import (
     RunResult,
 )
 from boundloop.core.limits import Limits, Policy, RunSettings
-from boundloop.devserver import DevServer, free_port
+from boundloop.devserver import DevServer
 from boundloop.scripted.server import ScriptedModelServer
+from boundloop.testing import free_port
 from boundloop.tools.demo import list_tickets
 from tests.conftest import workflow_task_failures
 from tests.scripts import answer, call, outputs, resp

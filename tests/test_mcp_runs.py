@@ -25,10 +25,10 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer
 
 import boundloop
-from boundloop.client import wait_until
 from boundloop.core.mcp_tools import MCPServerConfig
 from boundloop.mcp import MCPServerError
 from boundloop.scripted.server import ScriptedModelServer
+from boundloop.testing import wait_until
 from boundloop.tools.demo import DemoDeps
 from tests.conftest import workflow_task_failures
 from tests.scripts import answer, call, outputs, resp

@@ -16,8 +16,8 @@ from pathlib import Path
 from temporalio.client import Client
 
 import boundloop
-from boundloop.client import wait_until
 from boundloop.scripted.server import ScriptedModelServer
+from boundloop.testing import wait_until
 from tests.scripts import answer, call, outputs, resp
 from tests.support import mcp_servers
 from tests.support.mcp_servers import rows

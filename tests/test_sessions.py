@@ -19,6 +19,7 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer
 
 import boundloop
+import boundloop.testing
 from boundloop.activities.conversation import ConversationCache
 from boundloop.client import result_of
 from boundloop.core.limits import Limits
@@ -194,7 +195,7 @@ async def test_a_message_during_a_running_turn_is_refused(temporal: Client,
                 return bool(await run.pending())
             except Exception:
                 return False
-        await boundloop.client.wait_until(pending, timeout=WAIT)
+        await boundloop.testing.wait_until(pending, timeout=WAIT)
         with pytest.raises(boundloop.SessionRefused, match="still running"):
             await asyncio.wait_for(session.say("another"), timeout=WAIT)
         shown = await session.show()
@@ -228,7 +229,7 @@ async def test_end_cancels_a_running_turn_and_ends_the_session(
                 return bool(await run.pending())
             except Exception:
                 return False
-        await boundloop.client.wait_until(pending, timeout=WAIT)
+        await boundloop.testing.wait_until(pending, timeout=WAIT)
         status = await asyncio.wait_for(session.end(), timeout=WAIT)
         result = await asyncio.wait_for(turn, timeout=WAIT)
         with pytest.raises(boundloop.RunEnded, match="has ended"):

@@ -17,8 +17,8 @@ import boundloop
 from bench.harness import Model
 from bench.sessions import increments, session_growth
 from boundloop.core.reasons import StopReason
-from boundloop.devserver import free_port
 from boundloop.scripted.server import ScriptedModelServer
+from boundloop.testing import free_port
 from tests.conftest import RUN_TIMEOUT, continue_as_new_server, workflow_task_failures
 from tests.conftest import test_worker as make_worker
 from tests.scripts import call, resp

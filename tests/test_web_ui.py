@@ -27,13 +27,14 @@ import pytest
 import pytest_asyncio
 from temporalio.client import Client, WorkflowHandle
 
-from boundloop.client import result_of, start_run, wait_until
+from boundloop.client import result_of, start_run
 from boundloop.contracts import RunInput, RunResult
 from boundloop.core.limits import RunSettings
 from boundloop.core.reasons import NEXT_CHECK, StopReason
-from boundloop.devserver import DevServer, free_port, port_open
+from boundloop.devserver import DevServer, port_open
 from boundloop.scripted.server import ScriptedModelServer
 from boundloop.settings import Settings
+from boundloop.testing import free_port, wait_until
 from boundloop.worker.main import build_worker, connect
 from tests.conftest import DEMO_TOOLS
 from tests.scripts import answer, call, resp

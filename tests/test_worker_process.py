@@ -17,10 +17,11 @@ from typing import Any
 
 from temporalio.client import Client
 
-from boundloop.client import decide, query_status, wait_until
+from boundloop.client import decide, query_status
 from boundloop.contracts import WORKFLOW_NAME, Decision, RunInput, RunResult
 from boundloop.core.limits import Policy, RunSettings
 from boundloop.scripted.server import ScriptedModelServer
+from boundloop.testing import wait_until
 from tests.scripts import answer, call, resp
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -21,7 +21,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from boundloop.devserver import free_port
+from boundloop.testing import free_port
 
 
 @dataclass(frozen=True)

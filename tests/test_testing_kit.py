@@ -1,0 +1,77 @@
+"""`boundloop.testing`, the public kit: the documented example runs as written, and the
+kit scripts both APIs (what the project's own tests build on)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from temporalio.client import Client
+
+import boundloop
+from boundloop.testing import AgentEnvironment, chat, responses
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLE = ROOT / "examples" / "weather_desk" / "test_desk.py"
+
+tools = boundloop.Toolset[dict[str, int]]()
+
+
+@tools.tool()
+def stock(ctx: boundloop.ToolContext[dict[str, int]], sku: str) -> dict[str, int]:
+    """Units in stock."""
+    return {"units": ctx.deps[sku]}
+
+
+def test_the_testing_page_shows_the_example_verbatim() -> None:
+    page = (ROOT / "docs" / "testing.md").read_text(encoding="utf-8")
+    code = EXAMPLE.read_text(encoding="utf-8")
+    assert f"`examples/weather_desk/test_desk.py`:\n\n```python\n{code}```" in page
+
+
+def test_the_documented_example_passes() -> None:
+    # As a user runs it: pytest in the example's directory, its own dev server.
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-c", os.devnull,
+         "--rootdir", str(EXAMPLE.parent), "-o", "asyncio_mode=auto", EXAMPLE.name],
+        cwd=EXAMPLE.parent, env=env, capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "3 passed" in done.stdout
+
+
+async def test_the_kit_scripts_a_chat_model_and_its_failures(temporal: Client) -> None:
+    agent = boundloop.Agent(tools, model="m", api="chat")
+    # A 503 is retried; a truncated body stops the run with `protocol_error`.
+    script = [chat.error(503, "busy"), chat.call("stock", {"sku": "A-1"}, "call_a"),
+              chat.raw('{"id": "chatcmpl-3", "choices": [')]
+    async with AgentEnvironment(agent, deps={"A-1": 12}, script=script,
+                                client=temporal) as env:
+        result = await env.run("How many A-1?")
+    assert (result.reason, result.tool_executions) == ("protocol_error", 1)
+    assert [r.path for r in env.requests] == ["/v1/chat/completions"] * 3
+    tool_message = env.requests[2].body["messages"][-1]
+    assert (tool_message["role"], tool_message["tool_call_id"]) == ("tool", "call_a")
+    assert '"units":12' in tool_message["content"].replace(" ", "")
+
+
+async def test_the_kit_decides_approvals_by_call_id(temporal: Client) -> None:
+    gated = boundloop.Toolset[None]()
+
+    @gated.tool(side_effects=True, needs_approval=True)
+    def ship(sku: str) -> dict[str, str]:
+        """Ship a SKU."""
+        return {"shipped": sku}
+
+    agent = boundloop.Agent(gated, model="m")
+    script = [responses.calls(("ship", {"sku": "A"}, "call_a"), ("ship", {"sku": "B"}, "call_b")),
+              responses.answer("Shipped A only.", number=2)]
+    async with AgentEnvironment(agent, deps=None, script=script, client=temporal) as env:
+        run = await env.start("Ship A and B.")
+        rejected = await env.reject(run, "call_b", reason="B is on hold")
+        approved = await env.approve(run, "call_a")
+        result = await env.result(run)
+    assert (approved.arguments, rejected.arguments) == ({"sku": "A"}, {"sku": "B"})
+    assert (result.reason, result.tool_executions) == ("completed", 1)
