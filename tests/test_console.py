@@ -32,13 +32,14 @@ import pytest_asyncio
 from temporalio.client import Client, WorkflowHandle
 from temporalio.service import RPCError
 
-from boundloop.client import query_status, result_of, start_run, wait_until
+from boundloop.client import query_status, result_of, start_run
 from boundloop.console.auth import hash_credential
 from boundloop.contracts import RunInput, RunResult
 from boundloop.core.limits import Policy, RunSettings
-from boundloop.devserver import free_port, port_open
+from boundloop.devserver import port_open
 from boundloop.scripted.server import ScriptedModelServer
 from boundloop.signing import new_key
+from boundloop.testing import free_port, wait_until
 from tests.conftest import DEMO_TOOLS
 from tests.conftest import test_worker as make_worker
 from tests.scripts import answer, call, resp
