@@ -20,9 +20,11 @@ import json
 import logging
 import os
 import signal
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from temporalio.client import Client
 from temporalio.worker import Worker
 
 from bench.workflows import BareWorkflow, NaiveModel, NaiveWorkflow, bench_noop
@@ -32,18 +34,30 @@ from boundloop.activities.tools import ToolActivities
 from boundloop.settings import Settings
 from boundloop.tools import catalog
 from boundloop.tools.demo import DemoDeps
-from boundloop.worker.main import build_worker, connect
+from boundloop.worker.main import build_worker, connect, model_client
+from boundloop.worker.plugin import Worker as BoundloopWorker
+
+
+def shared_queue_only(client: Client, settings: Settings) -> BoundloopWorker[DemoDeps]:
+    """`boundloop worker`'s worker without a task queue of its own (phase 5's "before")."""
+    return BoundloopWorker(
+        client, catalog.load(settings.tools), deps=DemoDeps(data_dir=settings.data_dir),
+        model=model_client(settings), task_queue=settings.task_queue,
+        max_cached_workflows=settings.max_cached_workflows,
+        sticky_timeout=timedelta(seconds=settings.sticky_timeout_seconds),
+        own_task_queue=False)
 
 
 async def serve(bench_queue: str | None, max_cached_workflows: int | None = None,
                 stats: Path | None = None, own_task_queue: bool = True) -> None:
     settings = Settings()
     client = await connect(settings)
-    cache = ConversationCache()
+    cache: ConversationCache | None = None
     loop_worker: Worker
     if max_cached_workflows is None:
-        loop_worker = build_worker(client, settings, cache=cache,
-                                   own_task_queue=own_task_queue)
+        built = (build_worker(client, settings) if own_task_queue
+                 else shared_queue_only(client, settings))
+        cache, loop_worker = built.plugin.cache, built
     else:  # diagnostic: build_worker's own config with one knob changed. Its worker is
         # made on a second connection, so the two never share a task-queue registration.
         config = build_worker(await connect(settings), settings).config()
@@ -67,7 +81,7 @@ async def serve(bench_queue: str | None, max_cached_workflows: int | None = None
             await stack.enter_async_context(w)
         print(f"ready {os.getpid()}", flush=True)
         await stop.wait()
-    if stats is not None:
+    if stats is not None and cache is not None:
         counters = {k: getattr(cache, k) for k in ("hits", "misses", "rebuilds",
                                                    "history_bytes")}
         stats.write_text(json.dumps(counters), encoding="utf-8")

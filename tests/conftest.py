@@ -21,7 +21,6 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowHandle
 
 from boundloop import Worker
-from boundloop.activities.conversation import ConversationCache
 from boundloop.client import result_of
 from boundloop.contracts import WORKFLOW_NAME, RunInput, RunResult
 from boundloop.core.limits import Limits, Policy, RunSettings
@@ -100,11 +99,11 @@ async def workflow_task_failures(handle: WorkflowHandle[Any, Any],
 
 
 def test_worker(client: Client, queue: str, base_url: str, data_dir: Path, *,
-                cache: ConversationCache | None = None) -> Worker[DemoDeps]:
+                cache: int = 512) -> Worker[DemoDeps]:
     """A worker serving the demo and test tools against the scripted model at `base_url`."""
     model = openai.AsyncOpenAI(base_url=base_url, api_key="sk-test-not-real")
     return Worker(client, test_tools, deps=DemoDeps(data_dir=data_dir), model=model,
-                  task_queue=queue, conversation_cache=cache if cache is not None else 512)
+                  task_queue=queue, conversation_cache=cache)
 
 
 @pytest.fixture
@@ -116,7 +115,7 @@ def run_script(temporal: Client, tmp_path: Path) -> RunScript:
                   api: str = "responses", tools: list[str] | None = None,
                   limits: Limits | None = None, policy: Policy | None = None,
                   instructions: str | None = None, allow_violations: bool = False,
-                  cache: ConversationCache | None = None,
+                  cache: int = 512,
                   during: Callable[[WorkflowHandle[Any, Any]], Awaitable[None]] | None = None,
                   model: ScriptedModelServer | None = None,
                   ) -> Outcome:

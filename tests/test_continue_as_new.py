@@ -17,9 +17,7 @@ from boundloop.client import result_of
 from boundloop.contracts import WORKFLOW_NAME, RunInput, RunResult
 from boundloop.core.limits import Limits, RunSettings
 from boundloop.scripted.server import ScriptedModelServer
-from boundloop.settings import Settings
-from boundloop.worker.main import build_worker
-from tests.conftest import continue_as_new_server
+from tests.conftest import continue_as_new_server, test_worker
 from tests.scripts import answer, call, resp
 
 STEPS = 8
@@ -38,18 +36,17 @@ def script() -> list[dict[str, Any]]:
     return [*turns, answer("done")]
 
 
-async def run(client: Client, tmp_path: Path, cache: ConversationCache) -> tuple[
-        RunResult, list[Any], list[str]]:
+async def run(client: Client, tmp_path: Path, cache: int) -> tuple[
+        RunResult, list[Any], list[str], ConversationCache]:
     server = ScriptedModelServer(script())
     queue = f"can-{uuid.uuid4().hex[:8]}"
-    settings = Settings(OPENAI_BASE_URL=server.start(), BOUNDLOOP_TASK_QUEUE=queue,
-                        BOUNDLOOP_DATA_DIR=tmp_path)
+    base_url = server.start()
     # A step to spare: the answer comes while the model may still call tools (completed).
     limits = Limits(max_steps=STEPS + 1, max_tool_executions=STEPS)
     inp = RunInput(question="many steps", tools=["lookup_stock"],
                    settings=RunSettings(model="m", limits=limits))
     try:
-        async with build_worker(client, settings, cache=cache):
+        async with test_worker(client, queue, base_url, tmp_path, cache=cache) as worker:
             handle = await client.start_workflow(WORKFLOW_NAME, inp, id=f"can-{queue}",
                                                  task_queue=queue, result_type=RunResult)
             result = await result_of(handle)
@@ -58,12 +55,12 @@ async def run(client: Client, tmp_path: Path, cache: ConversationCache) -> tuple
     finally:
         server.stop()
     assert server.violations == []
-    return result, [r.body["input"] for r in server.requests], runs
+    return result, [r.body["input"] for r in server.requests], runs, worker.plugin.cache
 
 
 async def test_continue_as_new_changes_nothing_the_model_or_operator_sees(
         low_threshold: Client, tmp_path: Path) -> None:
-    result, inputs, runs = await run(low_threshold, tmp_path, ConversationCache())
+    result, inputs, runs, _ = await run(low_threshold, tmp_path, 512)
     assert len(runs) > 1, "the low threshold should have caused continue-as-new"
     assert (result.reason, result.steps, result.tool_executions) == ("completed", STEPS,
                                                                    STEPS - 1)
@@ -76,9 +73,8 @@ async def test_continue_as_new_changes_nothing_the_model_or_operator_sees(
 
 async def test_conversation_rebuilt_across_runs_from_history_only(
         low_threshold: Client, tmp_path: Path) -> None:
-    warm, cold = ConversationCache(), ConversationCache(capacity=0)
-    _, cached_inputs, _ = await run(low_threshold, tmp_path / "a", warm)
-    uncached, inputs, runs = await run(low_threshold, tmp_path / "b", cold)
+    _, cached_inputs, _, warm = await run(low_threshold, tmp_path / "a", 512)
+    uncached, inputs, runs, cold = await run(low_threshold, tmp_path / "b", 0)
     assert len(runs) > 1
     # Step 1 has nothing to rebuild; every later step of the cold run reads history.
     assert (warm.hits, cold.hits, cold.misses) == (STEPS - 1, 0, STEPS - 1)

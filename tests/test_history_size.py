@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 
-from boundloop.activities.conversation import ConversationCache
 from boundloop.core.limits import Limits
 from tests.conftest import Outcome, RunScript
 from tests.scripts import answer, call, outputs, resp
@@ -39,7 +38,7 @@ async def test_outputs_are_rebuilt_from_history_when_the_cache_is_cold(
               answer("ok")]
     warm = await run_script(script, tools=["huge"], limits=Limits(max_result_bytes=8000))
     cold = await run_script(script, tools=["huge"], limits=Limits(max_result_bytes=8000),
-                            cache=ConversationCache(capacity=0))
+                            cache=0)
     assert cold.result.reason == "completed"
     assert [b["input"] for b in cold.bodies] == [b["input"] for b in warm.bodies]
 

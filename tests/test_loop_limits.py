@@ -7,7 +7,6 @@ from typing import Any
 
 from temporalio.client import WorkflowExecutionStatus, WorkflowHandle
 
-from boundloop.activities.conversation import ConversationCache
 from boundloop.client import query_status
 from boundloop.core.limits import Limits, Policy, Price
 from tests.conftest import RunScript
@@ -168,6 +167,6 @@ async def test_conversation_rebuilt_from_history_without_cache(run_script: RunSc
         answer("done"),
     ]
     cached = await run_script(script)
-    uncached = await run_script(script, cache=ConversationCache(capacity=0))
+    uncached = await run_script(script, cache=0)
     assert uncached.result.reason == "completed"
     assert [b["input"] for b in uncached.bodies] == [b["input"] for b in cached.bodies]

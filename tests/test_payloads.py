@@ -174,7 +174,7 @@ async def test_continue_as_new_with_large_unsent_outputs_carries_references(
     # cold: no cache, so every request rebuilds the conversation from the histories and
     # the references carried across continue-as-new resolve from the run before.
     out = await run_script(many_large_results(), tools=["counted"], limits=REPRODUCTION,
-                           cache=ConversationCache(capacity=0) if cache == "cold" else None)
+                           cache=0 if cache == "cold" else 512)
     r = out.result
     steps = REPRODUCTION.max_steps
     executed = CALLS_PER_TURN * (steps - 1)

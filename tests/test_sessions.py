@@ -61,7 +61,7 @@ class Env:
 
 @asynccontextmanager
 async def session_env(client: Client, tmp_path: Path, script: list[dict[str, Any]],
-                      cache: ConversationCache | None = None) -> AsyncIterator[Env]:
+                      cache: int = 512) -> AsyncIterator[Env]:
     server = ScriptedModelServer(script)
     base_url = server.start()
     queue = f"s-{uuid.uuid4().hex[:8]}"
@@ -298,7 +298,7 @@ async def test_a_retried_model_request_is_rebuilt_once_from_history(run_script: 
     # The workflow schedules a failed request again (counted retries); a later step
     # rebuilt from history must read that request's items once.
     out = await run_script([http_error(500), resp(call("lookup_stock", {"sku": "A-001"}, "c1")),
-                            answer("done")], cache=ConversationCache(capacity=0))
+                            answer("done")], cache=0)
     assert out.result.reason == StopReason.COMPLETED, out.result.events
 
 

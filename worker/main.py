@@ -17,7 +17,6 @@ import openai
 from pydantic import ValidationError
 from temporalio.client import Client
 
-from boundloop.activities.conversation import ConversationCache
 from boundloop.connection import (
     TLS_DROPPED,
     ConnectionSettingsError,
@@ -45,7 +44,6 @@ from boundloop.settings import (
 )
 from boundloop.signing import KeyFileError, load_keys_file
 from boundloop.tools import catalog
-from boundloop.tools.registry import Toolset
 from boundloop.worker.plugin import Worker
 
 __all__ = ["build_worker", "connect", "main"]
@@ -56,23 +54,19 @@ def model_client(settings: Settings) -> openai.AsyncOpenAI:
                               max_retries=0)
 
 
-def build_worker(client: Client, settings: Settings, *, toolset: Toolset[Any] | None = None,
-                 cache: ConversationCache | None = None,
-                 own_task_queue: bool = True) -> Worker[Any]:
+def build_worker(client: Client, settings: Settings) -> Worker[Any]:
     """The worker `boundloop worker` runs: the BOUNDLOOP_TOOLS toolset (the demo tools by
     default), each tool getting the demo's dependencies (its data directory), and the
     MCP servers of BOUNDLOOP_MCP_CONFIG. A toolset with other dependencies runs in its
     own worker script (examples/weather_desk/)."""
     from boundloop.tools.demo import DemoDeps
 
-    return Worker(client, toolset or catalog.load(settings.tools),
+    return Worker(client, catalog.load(settings.tools),
                   deps=DemoDeps(data_dir=settings.data_dir), model=model_client(settings),
                   task_queue=settings.task_queue,
                   max_cached_workflows=settings.max_cached_workflows,
                   sticky_timeout=timedelta(seconds=settings.sticky_timeout_seconds),
                   log_tool_error_messages=settings.log_tool_error_messages,
-                  conversation_cache=cache if cache is not None else 512,
-                  own_task_queue=own_task_queue,
                   approver_keys=approver_keys(settings), mcp_servers=mcp_servers(settings))
 
 

@@ -116,7 +116,7 @@ class Plugin(SimplePlugin, Generic[Deps]):
     def __init__(self, agent: Agent[Deps] | Toolset[Deps], *, deps: Deps,
                  model: openai.AsyncOpenAI | None = None,
                  log_tool_error_messages: bool = False,
-                 conversation_cache: int | ConversationCache = 512,
+                 conversation_cache: int = 512,
                  own_task_queue: bool = True,
                  approver_keys: Mapping[str, str] | None = None,
                  mcp_servers: Sequence[MCPServerConfig] = ()) -> None:
@@ -126,8 +126,9 @@ class Plugin(SimplePlugin, Generic[Deps]):
         self.mcp = MCPPool(mcp_servers) if mcp_servers else None
         self._mcp_listed = asyncio.Event()
         self._mcp_failure: Exception | None = None
-        cache = (conversation_cache if isinstance(conversation_cache, ConversationCache)
-                 else ConversationCache(capacity=conversation_cache))
+        cache = ConversationCache(capacity=conversation_cache)
+        #: The conversations kept for the next model request (its hits, misses and
+        #: rebuilds are counted).
         self.cache = cache
         # Sync tools get threads of their own, as many as the worker's activity slots
         # (sized in configure_worker): not asyncio's small shared pool.
@@ -256,7 +257,7 @@ class Worker(temporalio.worker.Worker, Generic[Deps]):
                  sticky_timeout: timedelta = timedelta(seconds=10),
                  max_concurrent_activities: int = ACTIVITY_SLOTS,
                  log_tool_error_messages: bool = False,
-                 conversation_cache: int | ConversationCache = 512,
+                 conversation_cache: int = 512,
                  approver_keys: Mapping[str, str] | None = None,
                  mcp_servers: Sequence[MCPServerConfig] = (),
                  own_task_queue: bool = True,
