@@ -17,7 +17,8 @@ from boundloop.client import result_of
 from boundloop.contracts import WORKFLOW_NAME, RunInput, RunResult
 from boundloop.core.limits import Limits, RunSettings
 from boundloop.scripted.server import ScriptedModelServer
-from tests.conftest import continue_as_new_server, test_worker
+from tests.conftest import continue_as_new_server
+from tests.conftest import test_worker as make_worker
 from tests.scripts import answer, call, resp
 
 STEPS = 8
@@ -46,7 +47,7 @@ async def run(client: Client, tmp_path: Path, cache: int) -> tuple[
     inp = RunInput(question="many steps", tools=["lookup_stock"],
                    settings=RunSettings(model="m", limits=limits))
     try:
-        async with test_worker(client, queue, base_url, tmp_path, cache=cache) as worker:
+        async with make_worker(client, queue, base_url, tmp_path, cache=cache) as worker:
             handle = await client.start_workflow(WORKFLOW_NAME, inp, id=f"can-{queue}",
                                                  task_queue=queue, result_type=RunResult)
             result = await result_of(handle)

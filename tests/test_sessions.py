@@ -20,7 +20,6 @@ from temporalio.worker import Replayer
 
 import boundloop
 import boundloop.testing
-from boundloop.activities.conversation import ConversationCache
 from boundloop.client import result_of
 from boundloop.core.limits import Limits
 from boundloop.core.reasons import StopReason
@@ -283,7 +282,7 @@ async def test_a_turn_whose_model_request_failed_is_continued_from_history(
     # twice in turn 2's conversation.
     script = [resp(call("lookup_stock", {"sku": "A-001"}, "c1")), http_error(400),
               answer("second turn")]
-    async with session_env(temporal, tmp_path, script, ConversationCache(capacity=0)) as env:
+    async with session_env(temporal, tmp_path, script, cache=0) as env:
         session = await env.start()
         first = await say(session, "stock?")
         second = await say(session, "again")
