@@ -33,6 +33,7 @@ test: lint typecheck pytest
 bench: $(STAMP)
 	$(BIN)/python -m bench.run
 	$(BIN)/python -m bench.budget
+	$(BIN)/python -m bench.streaming
 
 clean:
 	rm -rf $(VENV) .boundloop

@@ -35,7 +35,17 @@ from boundloop.client import (
     start,
     start_session,
 )
-from boundloop.contracts import BudgetView, RunResult, RunStatus, SessionStatus
+from boundloop.contracts import (
+    BudgetView,
+    Reset,
+    RunResult,
+    RunStatus,
+    SessionStatus,
+    StreamEvent,
+    StreamItem,
+    StreamResult,
+    TextDelta,
+)
 from boundloop.core.budget import BudgetLimits
 from boundloop.core.envelope import ToolStatus
 from boundloop.core.limits import Limits, Policy, Price
@@ -98,6 +108,7 @@ __all__ = [
     "Plugin",
     "Policy",
     "Price",
+    "Reset",
     "Run",
     "RunEnded",
     "RunIdTaken",
@@ -110,6 +121,10 @@ __all__ = [
     "SessionStatus",
     "Signer",
     "StopReason",
+    "StreamEvent",
+    "StreamItem",
+    "StreamResult",
+    "TextDelta",
     "ToolContext",
     "ToolDefinitionError",
     "ToolFailure",

@@ -14,6 +14,7 @@ import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
+from pydantic import TypeAdapter
 from temporalio.api.operatorservice.v1 import ListSearchAttributesRequest
 from temporalio.client import (
     Client,
@@ -25,7 +26,8 @@ from temporalio.client import (
     WorkflowUpdateFailedError,
     WorkflowUpdateStage,
 )
-from temporalio.common import WorkflowIDReusePolicy
+from temporalio.common import RawValue, WorkflowIDReusePolicy
+from temporalio.contrib.workflow_streams import WorkflowStreamClient
 from temporalio.converter import PayloadCodec
 from temporalio.exceptions import ApplicationError, WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
@@ -34,6 +36,7 @@ from boundloop import errors
 from boundloop import search_attributes as sa
 from boundloop.agent import DEFAULT_TASK_QUEUE, Agent
 from boundloop.contracts import (
+    STREAM_TOPIC,
     WORKFLOW_NAME,
     CancelRequest,
     Decision,
@@ -42,6 +45,8 @@ from boundloop.contracts import (
     RunStatus,
     SayRequest,
     SessionStatus,
+    StreamItem,
+    StreamResult,
 )
 from boundloop.core import session as session_core
 from boundloop.core.canonical import compact_json, preview
@@ -128,6 +133,15 @@ class Run:
             return await query_status(self.handle)
         except RPCError as exc:
             raise await _gone(self.handle, exc, "queries") from None
+
+    async def stream(self, from_offset: int = 0) -> AsyncIterator[StreamItem]:
+        """The run's live stream from `from_offset` (docs/streaming.md): its events, the
+        model's text as it is written, a `Reset` after an attempt that died mid-answer,
+        and last the `StreamResult`. Each item carries its `offset`: reconnect with the
+        last one seen + 1 to go on without a gap or a repeat. Follows continue-as-new;
+        ends after the result (or when the run closed without one)."""
+        async for item in stream_items(self.handle, from_offset):
+            yield item
 
     async def pending(self) -> list[Approval]:
         """The calls waiting for a decision, with their validated arguments."""
@@ -351,6 +365,32 @@ class Session:
             raise await self._refused(exc) from None
         return status
 
+    async def stream(self, from_turn: int = 1, interval: float = 0.3,
+                     ) -> AsyncIterator[tuple[int, StreamItem]]:
+        """Each turn's stream from `from_turn` on, as (turn number, item), one turn after
+        the other, until the session ends. A turn's items carry offsets within that turn:
+        reconnect with `session.turn(n).stream(from_offset=...)`, then this from n + 1."""
+        number = from_turn
+        while True:
+            status = await self.show()
+            if status.turns >= number:
+                run = self.turn(number)
+                try:
+                    await run.handle.describe()
+                except RPCError:  # the turn starts a moment from now, or never did
+                    if status.status == "ended":
+                        number += 1
+                    else:
+                        await asyncio.sleep(interval)
+                    continue
+                async for item in run.stream():
+                    yield number, item
+                number += 1
+                continue
+            if status.status == "ended":
+                return
+            await asyncio.sleep(interval)
+
     def turn(self, number: int) -> Run:
         """Turn `number` of this session, as a Run (status, approvals, cancel, result)."""
         return Run(self.client.get_workflow_handle(
@@ -439,6 +479,23 @@ async def result_of(handle: WorkflowHandle[Any, Any]) -> RunResult:
             return RunResult.model_validate(cause.details[0])
         raise
     return value if isinstance(value, RunResult) else RunResult.model_validate(value)
+
+
+_STREAM_ITEM: TypeAdapter[StreamItem] = TypeAdapter(StreamItem)
+
+
+async def stream_items(handle: WorkflowHandle[Any, Any],
+                       from_offset: int = 0) -> AsyncIterator[StreamItem]:
+    """The items of a run's stream from `from_offset`, each with its offset."""
+    client: Client = handle._client  # the handle's own client: its converter and codec
+    reader = WorkflowStreamClient.create(client, handle.id)
+    converter = client.data_converter.payload_converter
+    async for wire in reader.subscribe([STREAM_TOPIC], from_offset, result_type=RawValue):
+        item = _STREAM_ITEM.validate_python(converter.from_payload(wire.data.payload))
+        item = item.model_copy(update={"offset": wire.offset})
+        yield item
+        if isinstance(item, StreamResult):
+            return
 
 
 async def query_status(handle: WorkflowHandle[Any, Any]) -> RunStatus:

@@ -5,9 +5,10 @@ All are pydantic models carried by `pydantic_data_converter`.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+from temporalio.contrib.workflow_streams import WorkflowStreamState
 
 from boundloop.core.budget import Amount, BudgetLimits, LedgerState, Reservation
 from boundloop.core.conversation import ConversationMeta, Item
@@ -58,6 +59,8 @@ class Carried(BaseModel):
     unsent: list[Item] = Field(default_factory=list)
     #: Processing time so far (approval waits already left out).
     processing_seconds: float = 0.0
+    #: The run's live stream (its items and publishers), handed to the next run.
+    stream: WorkflowStreamState | None = Field(default=None, exclude_if=_none)
 
 
 class RunInput(BaseModel):
@@ -103,6 +106,8 @@ class ModelRequest(BaseModel):
     timeout_seconds: float | None = Field(default=None, exclude_if=_none)
     #: The most output tokens the response may hold (limits.max_output_tokens).
     max_output_tokens: int | None = Field(default=None, exclude_if=_none)
+    #: Request a streamed answer and publish its text to the run's stream.
+    stream: bool = Field(default=False, exclude_if=lambda v: v is False)
     #: The run's MCP tools among `tools` (their definitions come from the run's input).
     mcp_tools: list[MCPToolDeclaration] = Field(default_factory=list, exclude_if=_empty)
 
@@ -299,3 +304,51 @@ class SessionStatus(BaseModel):
     #: When an idle session ends (ISO 8601 UTC); None while a turn runs or once ended.
     idle_until: str | None
     model: str
+
+
+# --- the live stream of a run (docs/streaming.md) --------------------------------------
+
+#: The topic every item of a run's stream is published on.
+STREAM_TOPIC = "boundloop"
+
+
+class StreamEvent(BaseModel):
+    """A record of the run's event log, as it is logged (the same records, in order)."""
+
+    kind: Literal["event"] = "event"
+    offset: int = 0  # set by the reader: the item's place in the stream
+    event: Event
+
+
+class TextDelta(BaseModel):
+    """Answer text of `step` as the model writes it, batched (about every 100 ms).
+    `attempt` names the activity attempt that wrote it."""
+
+    kind: Literal["text"] = "text"
+    offset: int = 0
+    step: int
+    attempt: str
+    text: str
+
+
+class Reset(BaseModel):
+    """The text streamed so far for `step` is void (its attempt died or failed): drop
+    it; a retried attempt streams the answer again. `attempt`: the attempt voided, None
+    for every attempt of the step so far."""
+
+    kind: Literal["reset"] = "reset"
+    offset: int = 0
+    step: int
+    attempt: str | None = None
+
+
+class StreamResult(BaseModel):
+    """The end: the run's RunResult (the truth the stream is a view of)."""
+
+    kind: Literal["result"] = "result"
+    offset: int = 0
+    result: RunResult
+
+
+StreamItem = Annotated[StreamEvent | TextDelta | Reset | StreamResult,
+                       Field(discriminator="kind")]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from typing import Any
 
@@ -13,13 +14,14 @@ from rich.text import Text
 from temporalio.client import WorkflowFailureError
 
 from boundloop import client as ops
-from boundloop.contracts import RunResult, RunStatus
+from boundloop.contracts import Reset, RunResult, RunStatus, StreamItem, TextDelta
 from boundloop.core.reasons import StopReason
 from boundloop.terminal import safe
 
 
-def render(workflow_id: str, st: RunStatus) -> Panel:
-    """One frame: counters against their limits, waiting approvals, the latest events."""
+def render(workflow_id: str, st: RunStatus, answer: str = "") -> Panel:
+    """One frame: counters against their limits, waiting approvals, the latest events,
+    and the answer as the model writes it."""
     lim = st.limits
     table = Table.grid(padding=(0, 2))
     table.add_column(style="bold")
@@ -45,6 +47,8 @@ def render(workflow_id: str, st: RunStatus) -> Panel:
         parts.append(Text("\n".join(
             f"step {e.step} · {safe(e.event)}" + (f" · {safe(e.tool)}" if e.tool else "")
             for e in recent), style="dim"))
+    if answer:
+        parts.append(Panel(Text(safe(answer)), title="answer", title_align="left"))
     return Panel(Group(*parts), title=f"{safe(workflow_id)} — {safe(st.question[:60])}")
 
 
@@ -68,11 +72,49 @@ async def watch(handle: Any, interval: float = 0.3) -> None:
                                f"{safe(task_queue)}): start `boundloop worker`[/]")
 
         last: RunStatus | None = None
-        async for status, _new in ops.follow(handle, interval=interval, on_silence=silence):
-            last = status
-            live.update(render(handle.id, status))
+        answer = Answer()
+
+        async def read_stream() -> None:
+            async for item in ops.stream_items(handle):
+                if answer.add(item) and last is not None:
+                    live.update(render(handle.id, last, answer.text))
+
+        # The answer comes from the run's stream; counters and approvals from the status
+        # query. A run on a worker without streams still shows all but the live text.
+        reader = asyncio.create_task(read_stream())
+        try:
+            async for status, _new in ops.follow(handle, interval=interval,
+                                                 on_silence=silence):
+                last = status
+                live.update(render(handle.id, status, answer.text))
+        finally:
+            reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await reader
         if last is not None:
             result: RunResult | None = None
             with contextlib.suppress(WorkflowFailureError):
                 result = await ops.result_of(handle)
-            live.update(render(handle.id, ended(last, result)))
+            live.update(render(handle.id, ended(last, result),
+                               result.text if result is not None else answer.text))
+
+
+class Answer:
+    """The answer text a reader of the stream shows: the latest step's deltas since its
+    last reset."""
+
+    def __init__(self) -> None:
+        self.step = 0
+        self.text = ""
+
+    def add(self, item: StreamItem) -> bool:
+        """Take one stream item in; True when the text changed."""
+        if isinstance(item, TextDelta):
+            if item.step != self.step:
+                self.step, self.text = item.step, ""
+            self.text += item.text
+            return True
+        if isinstance(item, Reset) and item.step == self.step and self.text:
+            self.text = ""
+            return True
+        return False

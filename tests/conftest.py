@@ -117,7 +117,7 @@ def run_script(temporal: Client, tmp_path: Path) -> RunScript:
                   instructions: str | None = None, allow_violations: bool = False,
                   cache: int = 512,
                   during: Callable[[WorkflowHandle[Any, Any]], Awaitable[None]] | None = None,
-                  model: ScriptedModelServer | None = None,
+                  model: ScriptedModelServer | None = None, stream: bool = True,
                   ) -> Outcome:
         # `model`: a server the test made itself, to watch requests while the run goes on.
         server = model if model is not None else ScriptedModelServer(turns)
@@ -125,7 +125,8 @@ def run_script(temporal: Client, tmp_path: Path) -> RunScript:
         queue = f"q-{uuid.uuid4().hex[:8]}"
         data_dir = tmp_path / "data"
         run_settings = RunSettings(model="scripted-model", api=api,  # type: ignore[arg-type]
-                                   limits=limits or Limits(), policy=policy or Policy())
+                                   limits=limits or Limits(), policy=policy or Policy(),
+                                   stream=stream)
         inp = RunInput(question=question, instructions=instructions, settings=run_settings,
                        tools=tools if tools is not None else DEMO_TOOLS)
         try:

@@ -45,6 +45,12 @@ async def nothing(c: Cluster, handle: WorkflowHandle[Any, RunResult]) -> None:
     return None
 
 
+async def read_stream(c: Cluster, handle: WorkflowHandle[Any, RunResult]) -> None:
+    """A reader follows the run's stream to its end (its polls are updates in history)."""
+    async for _item in ops.stream_items(handle):
+        pass
+
+
 async def approve_by_signal(c: Cluster, handle: WorkflowHandle[Any, RunResult]) -> None:
     call_id = await pending_call(handle)
     await handle.signal("approve", Decision(call_id=call_id, approve=True, approver="alice"))
@@ -80,6 +86,12 @@ RUNS: dict[str, tuple[list[dict[str, Any]], Act]] = {
         resp(call("lookup_stock", {"sku": "B-002"}, "p2"), rid="pr2"),
         answer("A-001は12個、B-002は在庫切れです。", rid="pr3"),
     ], nothing),
+    # Streamed answers (text deltas as signals) read by a client (poll updates).
+    "streamed": ([
+        {**resp(call("lookup_stock", {"sku": "A-001"}, "s1"), rid="sr1"), "chunk_bytes": 7},
+        {**answer("A-001は12個です。在庫は札幌の倉庫にあります。", rid="sr2"),
+         "chunk_bytes": 7, "chunk_interval_seconds": 0.05},
+    ], read_stream),
     "approval": ([
         resp(call("create_ticket", TICKET, "a1"), call("lookup_stock", {"sku": "A-001"}, "a2"),
              rid="ar1"),

@@ -17,6 +17,7 @@ from typing import Any
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
+from temporalio.contrib.workflow_streams import WorkflowStream
 from temporalio.exceptions import (
     ActivityError,
     ApplicationError,
@@ -34,6 +35,7 @@ with workflow.unsafe.imports_passed_through():
         BUDGET_RESERVE_ACTIVITY,
         MODEL_ACTIVITY,
         OUTPUT_REF,
+        STREAM_TOPIC,
         TOOL_ACTIVITY,
         WORKFLOW_NAME,
         BudgetReserve,
@@ -42,10 +44,13 @@ with workflow.unsafe.imports_passed_through():
         ConversationRef,
         Decision,
         ModelRequest,
+        Reset,
         RunInput,
         RunResult,
         RunStatus,
         SettleRequest,
+        StreamEvent,
+        StreamResult,
         ToolRequest,
         budget_workflow_id,
     )
@@ -176,6 +181,12 @@ class BoundLoopWorkflow:
                                          self._state.policy.approver_keys)
         self._reserved = Amount()  # the shared budget's hold for the request in flight
         self._settling: asyncio.Task[None] | None = None  # the settle signal in flight
+        # The live stream (docs/streaming.md): a view of the event log, the model's text
+        # (published by the model activity) and the end. Publishing here adds nothing to
+        # history; it is carried through continue-as-new.
+        self._stream = WorkflowStream(prior_state=carried.stream if carried else None)
+        self._topic = self._stream.topic(STREAM_TOPIC)
+        self._streamed = len(self._state.events) if carried is not None else 0
 
     # --- run -----------------------------------------------------------------------
 
@@ -197,6 +208,8 @@ class BoundLoopWorkflow:
                                     step_unfinished=self._model_in_flight)
         if reason is None:  # continue-as-new was requested
             await self._settled()
+            self._stream_events()
+            self._stream.detach_pollers()  # readers follow to the next run
             await workflow.wait_condition(workflow.all_handlers_finished)
             carry = self._carry()
             reason = core.check_payload(self._state, "carried_state", payload_bytes(carry))
@@ -208,8 +221,11 @@ class BoundLoopWorkflow:
         self._publish()
         workflow.logger.info("run stopped", extra={"reason": reason.value,
                                                    "step": self._state.steps})
+        self._stream_events()
+        self._stream.detach_pollers()  # waiting readers return; they read the end closed
         await workflow.wait_condition(workflow.all_handlers_finished)
         result = self._result()
+        self._topic.publish(StreamResult(result=result))
         if reason != StopReason.COMPLETED:
             # Temporal's own status says the run did not succeed (the Web UI list shows
             # it Failed, not green Completed); the RunResult rides along as the detail.
@@ -276,6 +292,7 @@ class BoundLoopWorkflow:
             tool_choice=plan.tool_choice, instructions=self._inp.instructions,
             prior=self._sent, new_items=new_items, expected=state.conversation,
             base=self._base, max_output_tokens=state.limits.max_output_tokens,
+            stream=state.settings.stream,
             mcp_tools=[self._mcp[n] for n in state.allowed_tools if n in self._mcp])
         too_large = core.check_payload(state, "model_request", payload_bytes(req))
         if too_large is not None:
@@ -314,6 +331,8 @@ class BoundLoopWorkflow:
                     summary=f"model step {plan.step} · {state.settings.model}")
                 return turn
             except ActivityError as err:
+                if req.stream:  # whatever the attempt streamed is void
+                    self._topic.publish(Reset(step=plan.step))
                 if is_cancelled_exception(err):
                     raise asyncio.CancelledError from None  # the run was cancelled
                 if (self._processing_seconds() < state.limits.deadline_seconds
@@ -668,6 +687,7 @@ class BoundLoopWorkflow:
         after every tool execution (current details, which cost no history, show it).
         """
         s = self._state
+        self._stream_events()
         pending = approvals.pending_count(s)
         status = self._status()
         values = (status, s.reason, s.steps, s.tool_executions, pending)
@@ -697,12 +717,19 @@ class BoundLoopWorkflow:
                              f"{a.requested_at}")
         workflow.set_current_details("\n\n".join(lines))
 
+    def _stream_events(self) -> None:
+        """Publish the event log's records not yet in the stream, in order."""
+        for event in self._state.events[self._streamed:]:
+            self._topic.publish(StreamEvent(event=event))
+        self._streamed = len(self._state.events)
+
     def _carry(self) -> RunInput:
         info = workflow.info()
         base = ConversationRef(workflow_id=info.workflow_id, run_id=info.run_id,
                                meta=self._sent)
         carried = Carried(state=self._state, base=base, unsent=self._wire_items(),
-                          processing_seconds=self._processing_seconds())
+                          processing_seconds=self._processing_seconds(),
+                          stream=self._stream.get_state())
         return self._inp.model_copy(update={"carried": carried})
 
     def _result(self) -> RunResult:

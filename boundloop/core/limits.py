@@ -181,6 +181,9 @@ class RunSettings(BaseModel):
     policy: Policy = Field(default_factory=Policy)
     budget: Annotated[str, Field(pattern=BUDGET_KEY_PATTERN)] | None = Field(
         default=None, exclude_if=lambda v: v is None)
+    #: Request the model's answer as a stream (its text reaches `run.stream()` as it is
+    #: written); False for a provider whose streams misbehave.
+    stream: bool = Field(default=True, exclude_if=lambda v: v is True)
 
     @model_validator(mode="after")
     def _shared_budget_needs_output_cap(self) -> RunSettings:

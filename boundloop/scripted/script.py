@@ -31,6 +31,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from boundloop.scripted.sse import StreamFault
+
 __all__ = ["ApiKind", "Script", "Turn", "load_script", "parse_script"]
 
 ApiKind = Literal["responses", "chat"]
@@ -57,6 +59,14 @@ class Turn(BaseModel):
     """Seconds to wait before answering (after the request has been recorded)."""
     note: str | None = None
     """Free text for humans reading the script; ignored by the server."""
+    stream_fault: StreamFault | None = None
+    """How the answer's stream breaks when the request asks for `stream: true`
+    (``boundloop.scripted.sse``): cut, no_terminator, no_usage, error_event."""
+    chunk_bytes: int | None = Field(default=None, ge=1)
+    """Write a streamed answer this many bytes at a time (odd sizes split UTF-8
+    characters and events across reads)."""
+    chunk_interval_seconds: float = Field(default=0.0, ge=0.0)
+    """Seconds between the writes of a streamed answer (a model writing at its pace)."""
 
     @model_validator(mode="before")
     @classmethod

@@ -43,6 +43,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import TracebackType
 from typing import Any, cast
 
+from boundloop.scripted import sse
 from boundloop.scripted.script import ApiKind, Script, Turn, load_script, parse_script
 from boundloop.scripted.validation import (
     RequiredReasoning,
@@ -99,6 +100,9 @@ class _Answer:
     headers: dict[str, str]
     payload: bytes
     delay_seconds: float = 0.0
+    streamed: bool = False
+    chunk_bytes: int | None = None
+    chunk_interval: float = 0.0
 
 
 def _error_body(message: str, type_: str, code: str | None = None) -> bytes:
@@ -141,6 +145,17 @@ class _Handler(BaseHTTPRequestHandler):
             for name, value in answer.headers.items():
                 if name.lower() != "content-length":
                     self.send_header(name, value)
+            if answer.streamed:  # events until the connection closes, as providers do
+                self.send_header("Connection", "close")
+                self.end_headers()
+                size = answer.chunk_bytes or len(answer.payload) or 1
+                for start in range(0, len(answer.payload), size):
+                    if start and answer.chunk_interval > 0:
+                        owner._sleep(answer.chunk_interval)
+                    self.wfile.write(answer.payload[start:start + size])
+                    self.wfile.flush()
+                self.close_connection = True
+                return
             self.send_header("Content-Length", str(len(answer.payload)))
             self.end_headers()
             self.wfile.write(answer.payload)
@@ -395,11 +410,25 @@ class ScriptedModelServer:
         answer_headers = {"x-request-id": request_id}
         if turn is not None:
             answer_headers.update(turn.headers)
+        streamed = (turn is not None and status == 200 and turn.raw is None
+                    and isinstance(turn.body, dict) and isinstance(body, dict)
+                    and body.get("stream") is True)
+        if streamed:
+            assert turn is not None
+            options = body.get("stream_options")
+            events = (sse.responses_events(turn.body, turn.stream_fault) if api == "responses"
+                      else sse.chat_events(turn.body, turn.stream_fault, isinstance(
+                          options, dict) and options.get("include_usage") is True))
+            payload = b"".join(events)
+            answer_headers["Content-Type"] = "text/event-stream"
         return _Answer(
             status=status,
             headers=answer_headers,
             payload=payload,
             delay_seconds=turn.delay_seconds if turn is not None else 0.0,
+            streamed=streamed,
+            chunk_bytes=turn.chunk_bytes if turn is not None else None,
+            chunk_interval=turn.chunk_interval_seconds if turn is not None else 0.0,
         )
 
 
