@@ -25,8 +25,9 @@ from boundloop import Worker
 from boundloop.client import connect, result_of, stream_items
 from boundloop.contracts import WORKFLOW_NAME, RunInput, RunResult, TextDelta
 from boundloop.core.limits import Limits, RunSettings
-from boundloop.devserver import DevServer, free_port
+from boundloop.devserver import DevServer
 from boundloop.scripted.server import ScriptedModelServer
+from boundloop.testing import free_port
 from boundloop.tools.demo import DemoDeps
 from boundloop.tools.demo import tools as demo_tools
 
