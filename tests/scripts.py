@@ -1,40 +1,37 @@
-"""Tiny builders so tests read as the conversation they script (raw response bodies)."""
+"""The tests' shorthand for script turns, on boundloop.scripted.builders (the bodies the
+public kit, boundloop.testing, builds too), with the usage the tests count: 100 in, 20 out."""
 
 from __future__ import annotations
 
 import json
 from typing import Any
 
+from boundloop.scripted import builders as b
+
 USAGE = {"input_tokens": 100, "output_tokens": 20, "total_tokens": 120}
 
 
-def body(b: dict[str, Any], **extra: Any) -> dict[str, Any]:
-    return {"body": b, **extra}
+def body(payload: dict[str, Any], **extra: Any) -> dict[str, Any]:
+    return {"body": payload, **extra}
 
 
 def call(name: str, args: Any, call_id: str) -> dict[str, Any]:
     text = args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)
-    return {"type": "function_call", "id": f"fc_{call_id}", "call_id": call_id, "name": name,
-            "arguments": text, "status": "completed"}
+    return b.fn_call(name, text, call_id=call_id, id=f"fc_{call_id}")
 
 
 def reasoning(rid: str) -> dict[str, Any]:
-    return {"type": "reasoning", "id": rid, "summary": [],
-            "encrypted_content": f"gAAAA-encrypted-{rid}"}
+    return b.reasoning_item(rid, f"gAAAA-encrypted-{rid}")
 
 
 def message(text: str) -> dict[str, Any]:
-    return {"type": "message", "id": "msg_1", "role": "assistant", "status": "completed",
-            "content": [{"type": "output_text", "text": text, "annotations": []}]}
+    return b.message_item(text)
 
 
 def resp(*items: dict[str, Any], usage: Any = USAGE, status: str = "completed",
          rid: str = "resp_1", **turn: Any) -> dict[str, Any]:
-    b: dict[str, Any] = {"id": rid, "object": "response", "status": status,
-                         "output": list(items)}
-    if usage is not None:
-        b["usage"] = usage
-    return body(b, **turn)
+    return body(b.responses_turn(extra_items=items, usage=usage, status=status, id=rid),
+                **turn)
 
 
 def answer(text: str, **kw: Any) -> dict[str, Any]:
@@ -46,23 +43,16 @@ CHAT_USAGE = {"prompt_tokens": 100, "completion_tokens": 20, "total_tokens": 120
 
 def chat(content: str | None = None, calls: list[dict[str, Any]] | None = None,
          finish_reason: str | None = None, usage: Any = CHAT_USAGE) -> dict[str, Any]:
-    msg: dict[str, Any] = {"role": "assistant", "content": content}
-    if calls:
-        msg["tool_calls"] = calls
-    reason = finish_reason or ("tool_calls" if calls else "stop")
-    b: dict[str, Any] = {"id": "chatcmpl-1", "object": "chat.completion",
-                         "choices": [{"index": 0, "message": msg, "finish_reason": reason}]}
-    if usage is not None:
-        b["usage"] = usage
-    return body(b)
+    return body(b.chat_turn(content=content, tool_calls=calls or (),
+                            finish_reason=finish_reason, usage=usage))
 
 
 def chat_call(name: str, args: Any, call_id: str | None) -> dict[str, Any]:
     text = args if isinstance(args, str) or not isinstance(args, dict | list) else json.dumps(
         args, ensure_ascii=False)
-    c: dict[str, Any] = {"type": "function", "function": {"name": name, "arguments": text}}
-    if call_id is not None:
-        c["id"] = call_id
+    c = b.chat_tool_call(name, text, id=call_id or "")
+    if call_id is None:
+        del c["id"]  # a call without an id: some servers send them
     return c
 
 

@@ -12,6 +12,7 @@ from typing import Any
 from temporalio.client import Client, WorkflowHandle
 
 from boundloop import client as ops
+from boundloop.testing import wait_until
 from tests.conftest import RunScript
 from tests.scripts import answer, call, resp
 
@@ -74,7 +75,7 @@ async def test_pending_approve_and_refusals_from_the_cli(
             seen["pending"] = rows
             return code == 0 and bool(rows)
 
-        await ops.wait_until(listed, timeout=60, interval=0.3)
+        await wait_until(listed, timeout=60, interval=0.3)
         seen["unknown"] = await cli("approve", handle.id, "nope", env=env)
         seen["bad_args"] = await cli("approve", handle.id, "t1", "--args",
                                      '{"title": "", "description": "d", "priority": "p"}',
@@ -180,7 +181,7 @@ async def test_a_killed_model_script_run_is_terminated_not_orphaned(
         except Exception:
             return False
 
-    await ops.wait_until(waiting, timeout=60, interval=0.3)
+    await wait_until(waiting, timeout=60, interval=0.3)
     proc.send_signal(signal.SIGTERM)
     _out, err = await asyncio.wait_for(proc.communicate(), timeout=60)
     assert f"terminated {run_id}" in err.decode()
@@ -211,7 +212,7 @@ async def test_pending_status_and_watch_show_the_full_arguments_being_approved(
         async def waiting() -> bool:
             return bool((await ops.query_status(handle)).pending)
 
-        await ops.wait_until(waiting, timeout=60, interval=0.2)
+        await wait_until(waiting, timeout=60, interval=0.2)
         seen["pending"] = await cli("pending", env=env)
         seen["status"] = await cli("status", handle.id, env=env)
         frame = StringIO()

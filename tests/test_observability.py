@@ -14,6 +14,7 @@ from boundloop import client as ops
 from boundloop import search_attributes as sa
 from boundloop.contracts import Decision
 from boundloop.logs import JsonFormatter, TextFormatter
+from boundloop.testing import wait_until
 from tests.conftest import RunScript
 from tests.scripts import answer, call, resp
 
@@ -73,7 +74,7 @@ async def test_waiting_run_is_found_by_status_list_and_pending(
     seen: dict[str, Any] = {}
 
     async def inspect_while_waiting(handle: WorkflowHandle[Any, Any]) -> None:
-        await ops.wait_until(lambda: _has_pending(handle))
+        await wait_until(lambda: _has_pending(handle))
         status = await ops.query_status(handle)
         seen["status"] = status
 
@@ -81,7 +82,7 @@ async def test_waiting_run_is_found_by_status_list_and_pending(
             rows = await ops.list_runs(temporal, "waiting_approval", None, 50)
             return any(r["workflow_id"] == handle.id for r in rows)
 
-        await ops.wait_until(listed)  # visibility is eventually consistent
+        await wait_until(listed)  # visibility is eventually consistent
         pending = await ops.pending_runs(temporal)
         seen["pending"] = [(wf, [a.call_id for a in st.pending]) for wf, st in pending]
         desc = await handle.describe()
