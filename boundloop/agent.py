@@ -56,6 +56,8 @@ class Agent(Generic[Deps]):
       (`await worker.mcp_tools()`, `boundloop.list_mcp_tools(servers)`).
     - allowed: the tools a run may call, a subset of `tools` and `mcp_tools` (default:
       all of them).
+    - stream: request each answer as a stream, so its text reaches `run.stream()` as it
+      is written (docs/streaming.md); False for a provider whose streams misbehave.
     """
 
     tools: Toolset[Deps] | Sequence[str | Callable[..., Any]]
@@ -69,6 +71,7 @@ class Agent(Generic[Deps]):
     task_queue: str = DEFAULT_TASK_QUEUE
     mcp_tools: Sequence[MCPToolDeclaration] = ()
     allowed: Sequence[str] | None = None
+    stream: bool = True
     #: model, API, limits, policy and budget, validated together (made from the above).
     settings: RunSettings = field(init=False, repr=False, compare=False)
     #: the tools each run may call, in order (made from the above).
@@ -77,7 +80,7 @@ class Agent(Generic[Deps]):
     def __post_init__(self) -> None:
         # Validated once, here: raises pydantic's ValidationError or ValueError.
         settings = RunSettings(model=self.model, api=self.api, limits=self.limits,
-                               policy=self.policy, budget=self.budget)
+                               policy=self.policy, budget=self.budget, stream=self.stream)
         available = tool_names(self.tools)
         available += [d.name for d in self.mcp_tools if d.name not in available]
         if self.allowed is not None:

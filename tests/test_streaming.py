@@ -8,15 +8,17 @@ the text deltas of the attempt that counted make the final text.
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 from typing import Any
 
 import pytest
 from temporalio.client import WorkflowHandle
 
-from boundloop.client import result_of, stream_items
+from boundloop.client import stream_items
 from boundloop.contracts import Reset, StreamEvent, StreamItem, StreamResult, TextDelta
 from tests.conftest import RunScript
 from tests.scripts import answer, call, chat, chat_call, resp
+from tests.test_crash import cluster, result_of, until
 
 #: Bound of every wait below (seconds); none is an assertion on time.
 WAIT = 60.0
@@ -144,3 +146,39 @@ async def test_stream_false_sends_no_stream_and_streams_no_text(run_script: RunS
     assert not [i for i in seen if isinstance(i, TextDelta)]
     assert isinstance(seen[-1], StreamResult)
     assert (await result_of(out.handle)) == out.result
+
+
+async def test_a_worker_killed_mid_stream_gives_a_reset_and_the_retry_text(
+        tmp_path: Path) -> None:
+    """kill -9 of the worker while the model is writing: the next attempt says `reset`
+    for the dead one, streams the answer again, and a client's text is the retry's,
+    nothing doubled."""
+    slow = {**answer(LONG), "chunk_bytes": 200, "chunk_interval_seconds": 0.5}
+    async with cluster(tmp_path) as c:
+        worker = c.start_worker()
+        handle = await c.start_run([slow, answer(LONG)], tools=["lookup_stock"])
+        items: list[StreamItem] = []
+        reader = asyncio.create_task(read_into(handle, items))
+
+        async def streaming() -> bool:
+            return any(isinstance(i, TextDelta) for i in items)
+        await until(streaming, "the first attempt to stream text")
+        c.kill(worker)
+        c.start_worker()
+        result = await result_of(handle)
+        await asyncio.wait_for(reader, WAIT)
+
+    assert (result.reason, result.steps, result.text) == ("completed", 1, LONG)
+    dead = next(i for i in items if isinstance(i, TextDelta)).attempt
+    resets = [i for i in items if isinstance(i, Reset)]
+    assert [r.attempt for r in resets] == [dead]
+    after = [i for i in items if isinstance(i, TextDelta) and i.offset > resets[0].offset]
+    assert after and all(i.attempt != dead for i in after)
+    assert "".join(i.text for i in after) == LONG  # the retry's text, once
+    assert text_of(items, 1) == LONG
+    assert isinstance(items[-1], StreamResult) and items[-1].result == result
+
+
+async def read_into(handle: WorkflowHandle[Any, Any], items: list[StreamItem]) -> None:
+    async for item in stream_items(handle):
+        items.append(item)
