@@ -36,7 +36,6 @@ from boundloop.connection import TLS_DROPPED, ConnectionSettingsError, tls_dropp
 from boundloop.contracts import (
     SESSION_WORKFLOW,
     CancelRequest,
-    Decision,
     RunResult,
     RunStatus,
     SessionStatus,
@@ -598,19 +597,17 @@ def load_signer(approver: str, key: Path | None) -> Any:
         raise fail(str(exc)) from None
 
 
-def _decide(run_id: str, decision: Decision, signer: Any = None) -> None:
+def _decide(run_id: str, call_id: str, verb: str,
+            decide: Callable[[ops.Run], Coroutine[Any, Any, None]], signer: Any = None) -> None:
+    """Send one decision with `decide(run)` (Run.approve or Run.reject) and print it."""
     settings = load_settings()
 
     async def go() -> None:
-        run = ops.get_run(await connect(settings), run_id)
-        if decision.approve:
-            deciding = run.approve(decision.call_id, approver=decision.approver,
-                                   args=decision.arguments, signer=signer)
-        else:
-            deciding = run.reject(decision.call_id, reason=decision.reason or "",
-                                  approver=decision.approver, signer=signer)
+        deciding = decide(ops.get_run(await connect(settings), run_id))
         try:
             await asyncio.wait_for(deciding, timeout=UPDATE_TIMEOUT)
+        except ValidationError as exc:  # the decision itself (a reason too long, ...)
+            raise fail("invalid decision:\n" + validation_lines(exc)) from None
         except (TimeoutError, WorkflowUpdateRPCTimeoutOrCancelledError):
             # The server keeps an update it could not deliver until a worker takes the run
             # (not across a server restart): it may still apply, so never "nothing changed".
@@ -618,8 +615,7 @@ def _decide(run_id: str, decision: Decision, signer: Any = None) -> None:
                        "worker` running?); the decision may still take effect when a worker "
                        f"picks up the run: check `boundloop status {run_id}` before deciding "
                        "again", ExitCode.FAILED) from None
-        console.print(f"{safe(decision.call_id)}: "
-                      f"{'approved' if decision.approve else 'rejected'}"
+        console.print(f"{safe(call_id)}: {verb}"
                       + (f" (signed by {safe(signer.name)})" if signer is not None else ""))
 
     _run(go())
@@ -637,8 +633,8 @@ def approve(run_id: str, call_id: str,
     """Approve a pending call (optionally with edited arguments)."""
     edited = json_object("--args", args) if args is not None else None
     signer = load_signer(approver, key)
-    _decide(run_id, Decision(call_id=call_id, approve=True, approver=approver,
-                             arguments=edited), signer)
+    _decide(run_id, call_id, "approved", lambda run: run.approve(
+        call_id, approver=approver, args=edited, signer=signer), signer)
 
 
 @app.command()
@@ -648,8 +644,8 @@ def reject(run_id: str, call_id: str,
            key: KeyOption = None) -> None:
     """Reject a pending call; the model is told not to retry it."""
     signer = load_signer(approver, key)
-    _decide(run_id, Decision(call_id=call_id, approve=False, approver=approver, reason=reason),
-            signer)
+    _decide(run_id, call_id, "rejected", lambda run: run.reject(
+        call_id, reason=reason, approver=approver, signer=signer), signer)
 
 
 keys_app = typer.Typer(no_args_is_help=True, help="Approvers' signing keys.")
