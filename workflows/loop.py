@@ -12,8 +12,9 @@ import asyncio
 import builtins
 import json
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
@@ -72,7 +73,6 @@ with workflow.unsafe.imports_passed_through():
     from boundloop.core.reasons import NEXT_CHECK, StopReason
     from boundloop.core.turn import FunctionCall, Turn
     from boundloop.tools import catalog
-    from boundloop.tools.registry import DEFAULT_RETRY
 
 #: Both activities heartbeat every second: an attempt whose worker died is noticed
 #: within this and retried by Temporal (not counted), and a cancel reaches the attempt.
@@ -115,6 +115,8 @@ TOOL_RETRY = _worker_lost(list(TOOL_RETRYABLE))
 #: lost while running it, the activity goes to the shared queue (core/routing.py).
 HOLDER_START_TIMEOUT = timedelta(seconds=5)
 HOLDER_RETRY = RetryPolicy(maximum_attempts=1)
+
+_R = TypeVar("_R")
 
 
 #: Failure kinds of model activity errors that carry no `ModelFailure` of their own.
@@ -319,51 +321,75 @@ class BoundLoopWorkflow:
         state = self._state
         limit = state.limits.model_timeout_seconds
         req = req.model_copy(update={"timeout_seconds": limit})
+        attempts = _Attempts(
+            activity=MODEL_ACTIVITY, timeout_seconds=limit, lost=MODEL_RETRY,
+            backoff=retries.MODEL_BACKOFF, retryable=MODEL_RETRYABLE, deadline_ends=True,
+            summary=f"model step {plan.step} · {state.settings.model}",
+            # Whatever a failed attempt streamed is void.
+            on_failure=(lambda: self._topic.publish(Reset(step=plan.step))) if req.stream
+            else None)
+        out = await self._attempts(attempts, req, Turn)
+        if not isinstance(out, _Failed):
+            return out
+        if out.deadline:
+            return state.stop(StopReason.DEADLINE)
+        failure = _model_failure(out.error, limit)
+        workflow.logger.warning("model request failed", extra={
+            "step": plan.step, "failure": failure.kind, "detail": failure.detail})
+        state.log(f"{mf.EVENT_PREFIX}{failure.kind}", detail=failure.detail)
+        return state.stop(StopReason.MODEL_ERROR)
+
+    async def _attempts(self, a: _Attempts, arg: object,
+                        result_type: type[_R]) -> _R | _Failed:
+        """One activity's counted attempts, the same for a model request and a tool
+        execution: an attempt lost to a dead worker (Temporal retries it) or to the
+        holder's queue (the shared queue takes it) is not counted; each failure of the
+        provider or tool is, against `a.backoff`, until the attempts or the run's time
+        run out. A cancel of the run raises through."""
+        state = self._state
         failures = 0
+        failed: list[ActivityError] = []
         while True:
             remaining = state.limits.deadline_seconds - self._processing_seconds()
             try:
-                turn: Turn = await workflow.execute_activity(
-                    MODEL_ACTIVITY, req, result_type=Turn,
-                    start_to_close_timeout=timedelta(seconds=limit + WEDGED_MARGIN),
+                result: _R = await workflow.execute_activity(
+                    a.activity, arg, result_type=result_type,
+                    start_to_close_timeout=timedelta(seconds=a.timeout_seconds + WEDGED_MARGIN),
                     schedule_to_close_timeout=timedelta(seconds=max(remaining, 1.0)),
-                    heartbeat_timeout=HEARTBEAT_TIMEOUT, **self._route(MODEL_RETRY),
-                    summary=f"model step {plan.step} · {state.settings.model}")
-                return turn
+                    heartbeat_timeout=HEARTBEAT_TIMEOUT, **self._route(a.lost),
+                    summary=a.summary)
+                return result
             except ActivityError as err:
-                if req.stream:  # whatever the attempt streamed is void
-                    self._topic.publish(Reset(step=plan.step))
+                if a.on_failure is not None:
+                    a.on_failure()
                 if is_cancelled_exception(err):
                     raise asyncio.CancelledError from None  # the run was cancelled
-                if (self._processing_seconds() < state.limits.deadline_seconds
-                        and self._holder_lost(err, MODEL_RETRY)):
-                    continue  # not a failure: the shared queue takes it
+                failed.append(err)
+                in_time = self._processing_seconds() < state.limits.deadline_seconds
+                if (in_time or not a.deadline_ends) and self._holder_lost(err, a.lost):
+                    continue  # not a failure: the shared queue takes it (same request)
                 # Schedule-to-close is the time left before the deadline: a retry refused
-                # for lack of time is the deadline, not the model.
-                if (err.retry_state == RetryState.TIMEOUT
-                        or self._processing_seconds() >= state.limits.deadline_seconds):
-                    return state.stop(StopReason.DEADLINE)
-                cause = err.cause if isinstance(err.cause, ApplicationError) else None
-                failure = _model_failure(err, limit)
+                # for lack of time is the deadline, not the provider.
+                if a.deadline_ends and (err.retry_state == RetryState.TIMEOUT or not in_time):
+                    return _Failed(err, failures, failed, deadline=True)
                 failures += 1
-                if cause is not None and cause.type in MODEL_RETRYABLE \
+                cause = err.cause if isinstance(err.cause, ApplicationError) else None
+                if cause is not None and cause.type in a.retryable \
+                        and err.retry_state != RetryState.TIMEOUT \
                         and workflow.patched(COUNTED_RETRIES):
                     asked = cause.next_retry_delay
                     delay = retries.next_delay(
-                        retries.MODEL_BACKOFF, failures,
-                        asked.total_seconds() if asked is not None else None,
+                        a.backoff, failures, asked.total_seconds() if asked is not None else None,
                         state.limits.deadline_seconds - self._processing_seconds())
-                    if delay == "deadline":
-                        return state.stop(StopReason.DEADLINE)
+                    if delay == "deadline" and a.deadline_ends:
+                        return _Failed(err, failures, failed, deadline=True)
                     if not isinstance(delay, str):
-                        workflow.logger.warning("model request failed; retrying", extra={
-                            "step": plan.step, "failure": failure.kind, "failures": failures})
+                        workflow.logger.warning("activity failed; retrying", extra={
+                            "activity": a.activity, "error_type": cause.type,
+                            "failures": failures})
                         await workflow.sleep(delay)
                         continue
-                workflow.logger.warning("model request failed", extra={
-                    "step": plan.step, "failure": failure.kind, "detail": failure.detail})
-                state.log(f"{mf.EVENT_PREFIX}{failure.kind}", detail=failure.detail)
-                return state.stop(StopReason.MODEL_ERROR)
+                return _Failed(err, failures, failed, deadline=False)
 
     # --- shared budget (workflows/budget.py) ----------------------------------------
 
@@ -512,17 +538,9 @@ class BoundLoopWorkflow:
     async def _execute(self, step: int,
                        p: core.Execute) -> tuple[Envelope, str | None] | StopReason:
         state = self._state
-        mcp = self._mcp.get(p.call.name)
-        if mcp is not None:
-            # An MCP tool: its timeout and attempts from its declaration, the backoff of
-            # any tool; the activity calls the worker's session to its server.
-            timeout = state.limits.tool_timeout_seconds or mcp.timeout_seconds
-            policy = RetryPolicy(initial_interval=DEFAULT_RETRY.initial_interval,
-                                 maximum_attempts=mcp.max_attempts)
-        else:
-            spec = self._toolset.get(p.call.name)
-            timeout = state.limits.tool_timeout_seconds or spec.timeout.total_seconds()
-            policy = spec.retry
+        rule = self._rules[p.call.name]
+        mcp = self._mcp.get(p.call.name)  # an MCP tool: the activity calls its server
+        timeout = state.limits.tool_timeout_seconds or rule.timeout_seconds
         req = ToolRequest(tool=p.call.name,
                           call_id=p.call.call_id, step=step, arguments=p.arguments,
                           idempotency_key=p.idempotency_key,
@@ -534,53 +552,29 @@ class BoundLoopWorkflow:
             return too_large
         workflow.logger.info("tool execution", extra={
             "step": step, "tool": p.call.name, "fingerprint": p.fingerprint})
-        backoff = retries.tool_backoff(
-            policy.maximum_attempts, policy.initial_interval.total_seconds(),
-            policy.backoff_coefficient,
-            policy.maximum_interval.total_seconds() if policy.maximum_interval else None)
-        failures, started = 0, False
-        while True:
-            remaining = state.limits.deadline_seconds - self._processing_seconds()
-            try:
-                outcome: core.ToolOutcome = await workflow.execute_activity(
-                    TOOL_ACTIVITY, req, result_type=core.ToolOutcome,
-                    start_to_close_timeout=timedelta(seconds=timeout + WEDGED_MARGIN),
-                    schedule_to_close_timeout=timedelta(seconds=max(remaining, 1.0)),
-                    heartbeat_timeout=HEARTBEAT_TIMEOUT, **self._route(TOOL_RETRY),
-                    summary=f"tool {p.call.name} · call {state.tool_executions + 1}")
-                break
-            except ActivityError as err:
-                if is_cancelled_exception(err):
-                    raise asyncio.CancelledError from None  # the run was cancelled
-                cause = err.cause
-                if isinstance(cause, ApplicationError) and cause.type == errors.PAYLOADS_TOO_LARGE:
-                    # The body ran; its result could not be returned (never retried).
-                    workflow.logger.warning("tool result over the payload limit", extra={
-                        "step": step, "tool": p.call.name, "fingerprint": p.fingerprint})
-                    return core.result_payload_too_large(state, p, self._rules)
-                started = started or _body_started(cause)
-                if self._holder_lost(err, TOOL_RETRY):
-                    continue  # not a failure: the shared queue takes it (same key)
-                kind = cause.type if isinstance(cause, ApplicationError) else None
-                failures += 1
-                if kind in TOOL_RETRYABLE and err.retry_state != RetryState.TIMEOUT \
-                        and workflow.patched(COUNTED_RETRIES):
-                    delay = retries.next_delay(
-                        backoff, failures, None,
-                        state.limits.deadline_seconds - self._processing_seconds())
-                    if not isinstance(delay, str):
-                        await workflow.sleep(delay)
-                        continue
-                # A tool's timeout and transient failures give the model a temporary error;
-                # an unexpected exception stops the run.
-                transient = isinstance(cause, TimeoutError) or kind in (
-                    errors.TRANSIENT_TOOL_ERROR, errors.TOOL_TIMED_OUT)
-                # Timing out on the last attempt is told apart, with the numbers.
-                exhausted = (tool_timed_out(timeout, failures) if kind == errors.TOOL_TIMED_OUT
-                             else temporary_error_exhausted())
-                outcome = core.ToolOutcome(envelope=exhausted, executed=started,
-                                           fatal=not transient, from_activity=False)
-                break
+        attempts = _Attempts(
+            activity=TOOL_ACTIVITY, timeout_seconds=timeout, lost=TOOL_RETRY,
+            backoff=rule.backoff, retryable=TOOL_RETRYABLE, deadline_ends=False,
+            summary=f"tool {p.call.name} · call {state.tool_executions + 1}")
+        outcome = await self._attempts(attempts, req, core.ToolOutcome)
+        if isinstance(outcome, _Failed):
+            cause = outcome.error.cause
+            kind = cause.type if isinstance(cause, ApplicationError) else None
+            if kind == errors.PAYLOADS_TOO_LARGE:
+                # The body ran; its result could not be returned (never retried).
+                workflow.logger.warning("tool result over the payload limit", extra={
+                    "step": step, "tool": p.call.name, "fingerprint": p.fingerprint})
+                return core.result_payload_too_large(state, p, self._rules)
+            # A tool's timeout and transient failures give the model a temporary error;
+            # an unexpected exception stops the run.
+            transient = isinstance(cause, TimeoutError) or kind in (
+                errors.TRANSIENT_TOOL_ERROR, errors.TOOL_TIMED_OUT)
+            # Timing out on the last attempt is told apart, with the numbers.
+            exhausted = (tool_timed_out(timeout, outcome.failures)
+                         if kind == errors.TOOL_TIMED_OUT else temporary_error_exhausted())
+            started = any(_body_started(err.cause) for err in outcome.attempts)
+            outcome = core.ToolOutcome(envelope=exhausted, executed=started,
+                                       fatal=not transient, from_activity=False)
         result = core.record_outcome(state, p, outcome, self._rules)
         self._publish(attributes=False)  # the count reaches the attributes next step
         if isinstance(result, StopReason):
@@ -769,6 +763,33 @@ class BoundLoopWorkflow:
              for call_id, envelope, _ in closing])
         return sessions.Continuation(base=base, unsent=[*self._wire_items(), *wire],
                                      conversation=conversation)
+
+
+@dataclass(frozen=True)
+class _Attempts:
+    """What `BoundLoopWorkflow._attempts` needs to run one activity's counted attempts."""
+
+    activity: str
+    timeout_seconds: float  # of one attempt (the activity enforces it)
+    lost: RetryPolicy  # Temporal's: attempts lost to our own workers
+    backoff: retries.Backoff  # the counted failures
+    retryable: tuple[str, ...]  # failure types counted and retried
+    #: Whether the run's deadline ends the attempts as `DEADLINE` (the model request) or
+    #: is one more failure of the operation (a tool's attempts; the next step stops).
+    deadline_ends: bool
+    summary: str
+    on_failure: Callable[[], None] | None = None  # after each failed attempt
+
+
+@dataclass(frozen=True)
+class _Failed:
+    """The attempts ended without a result: the last failure, how many were counted,
+    every failed attempt (lost ones too), and whether the deadline ended them."""
+
+    error: ActivityError
+    failures: int
+    attempts: list[ActivityError]
+    deadline: bool
 
 
 def _model_failure(err: ActivityError, timeout_seconds: float) -> mf.ModelFailure:

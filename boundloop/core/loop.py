@@ -22,6 +22,7 @@ from boundloop.core.envelope import Envelope, ToolStatus
 from boundloop.core.fingerprint import fingerprint, invalid_fingerprint
 from boundloop.core.limits import Limits, Policy, RunSettings, fits_payload
 from boundloop.core.reasons import StopReason
+from boundloop.core.retries import TOOL_BACKOFF, Backoff
 from boundloop.core.turn import FunctionCall, Turn, Usage
 
 ToolChoice = Literal["auto", "none"]
@@ -33,7 +34,8 @@ class ToolRule:
 
     A function tool validates its arguments with `args_model`; a tool from an MCP server
     has a JSON schema instead and sets `check` (arguments -> an `invalid_input` envelope,
-    or None when they match), with `args_model` None.
+    or None when they match), with `args_model` None. Either kind carries the timeout of
+    one attempt and the attempts the workflow counts (`backoff`).
     """
 
     name: str
@@ -44,6 +46,8 @@ class ToolRule:
     cost_units: int = 0
     max_calls: int | None = None
     check: Callable[[Any], Envelope | None] | None = None
+    timeout_seconds: float = 30.0
+    backoff: Backoff = TOOL_BACKOFF
 
 
 class Event(BaseModel):

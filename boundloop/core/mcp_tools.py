@@ -28,6 +28,7 @@ from boundloop.core import envelope as env
 from boundloop.core.canonical import preview
 from boundloop.core.limits import MAX_COUNT, PositiveInt, Seconds
 from boundloop.core.loop import ToolRule
+from boundloop.core.retries import TOOL_INITIAL_SECONDS, tool_backoff
 
 #: OpenAI's rule for function names; every model-facing tool name must match it.
 TOOL_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
@@ -217,12 +218,15 @@ class MCPToolDeclaration(BaseModel):
 
 def tool_rule(declaration: MCPToolDeclaration) -> ToolRule:
     """The loop's rule for an MCP tool: arguments checked against its JSON schema (in the
-    workflow, before anything runs), its approval, side-effect, cost and call flags."""
+    workflow, before anything runs), its approval, side-effect, cost and call flags, its
+    timeout and attempts (with the backoff of any tool)."""
     return ToolRule(name=declaration.name, args_model=None,
                     side_effects=declaration.side_effects,
                     needs_approval=declaration.needs_approval,
                     cost_units=declaration.cost_units, max_calls=declaration.max_calls,
-                    check=partial(check_arguments, declaration))
+                    check=partial(check_arguments, declaration),
+                    timeout_seconds=declaration.timeout_seconds,
+                    backoff=tool_backoff(declaration.max_attempts, TOOL_INITIAL_SECONDS))
 
 
 def call_target(declaration: MCPToolDeclaration) -> MCPToolDeclaration:

@@ -29,6 +29,8 @@ class Backoff(BaseModel):
 
 #: A model request: 4 attempts, 1 s, 2 s, 4 s apart (a provider's Retry-After wins).
 MODEL_BACKOFF = Backoff(max_attempts=4, initial_seconds=1.0)
+#: The first wait of a tool that declares no retry policy of its own (MCP tools too).
+TOOL_INITIAL_SECONDS = 0.5
 
 
 def tool_backoff(max_attempts: int, initial_seconds: float, coefficient: float = 2.0,
@@ -38,6 +40,10 @@ def tool_backoff(max_attempts: int, initial_seconds: float, coefficient: float =
     return Backoff(max_attempts=max_attempts, initial_seconds=initial_seconds,
                    coefficient=coefficient,
                    maximum_seconds=maximum_seconds or 100 * initial_seconds)
+
+
+#: A tool's attempts unless it declares a retry policy: three, 0.5 s and 1 s apart.
+TOOL_BACKOFF = tool_backoff(3, TOOL_INITIAL_SECONDS)
 
 
 def next_delay(backoff: Backoff, failures: int, requested: float | None,

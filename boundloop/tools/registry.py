@@ -51,6 +51,7 @@ from pydantic import BaseModel, ConfigDict, PydanticUserError, create_model
 from temporalio.common import RetryPolicy
 
 from boundloop.core.loop import ToolRule
+from boundloop.core.retries import TOOL_INITIAL_SECONDS, tool_backoff
 from boundloop.errors import ToolDefinitionError
 
 __all__ = ["ToolContext", "ToolSpec", "Toolset", "strict_json_schema"]
@@ -61,7 +62,8 @@ F = TypeVar("F", bound=Callable[..., Any])
 #: OpenAI's rule for function names.
 NAME_PATTERN = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
 #: A tool's retry policy unless it declares one: three attempts, 0.5 s apart at first.
-DEFAULT_RETRY = RetryPolicy(initial_interval=timedelta(seconds=0.5), maximum_attempts=3)
+DEFAULT_RETRY = RetryPolicy(initial_interval=timedelta(seconds=TOOL_INITIAL_SECONDS),
+                            maximum_attempts=3)
 
 
 def _no_heartbeat(*details: Any) -> None:
@@ -132,7 +134,14 @@ class ToolSpec:
     def rule(self) -> ToolRule:
         return ToolRule(name=self.name, args_model=self.args_model,
                         side_effects=self.side_effects, needs_approval=self.needs_approval,
-                        cost_units=self.cost_units, max_calls=self.max_calls)
+                        cost_units=self.cost_units, max_calls=self.max_calls,
+                        timeout_seconds=self.timeout.total_seconds(),
+                        backoff=tool_backoff(
+                            self.retry.maximum_attempts,
+                            self.retry.initial_interval.total_seconds(),
+                            self.retry.backoff_coefficient,
+                            self.retry.maximum_interval.total_seconds()
+                            if self.retry.maximum_interval else None))
 
     @property
     def strict(self) -> bool:
