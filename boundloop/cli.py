@@ -819,6 +819,9 @@ def print_session(st: SessionStatus) -> None:
     if st.current_turn:
         console.print(f"running: {safe(st.current_turn)} (`boundloop watch "
                       f"{safe(st.session_id)}` follows it)")
+    if st.waiting:
+        console.print(f"waiting for a turn: {st.waiting} message(s) (busy: "
+                      f"{st.limits.busy})")
     if st.last is not None:
         console.print(f"last turn: {safe(st.last.workflow_id)} · {st.last.reason.value} · "
                       f"steps {st.last.steps} · tokens {st.last.total_tokens}")
@@ -836,6 +839,9 @@ def start(
     token_budget: Annotated[int | None, typer.Option(
         help="Known total tokens of all turns; each turn's token threshold is at most "
              "what is left")] = None,
+    busy: Annotated[str | None, typer.Option(
+        help="A message sent while a turn runs: refuse (default) | queue (it starts the "
+             "next turn) | interrupt (the turn stops at its next safe point)")] = None,
     model: Annotated[str | None, typer.Option(help="Model name")] = None,
     api: Annotated[str | None, typer.Option(help="responses | chat")] = None,
     tools: Annotated[str | None, typer.Option(help="Allowed tools, comma-separated")] = None,
@@ -854,7 +860,7 @@ def start(
                         instructions=instructions, limits_json=limits, policy_json=policy,
                         limit_flags=limit_flags or {})
     chosen = {"idle_seconds": idle_seconds, "max_turns": max_turns,
-              "token_budget": token_budget}
+              "token_budget": token_budget, "busy": busy}
     try:
         session_limits = SessionLimits.model_validate(
             {k: v for k, v in chosen.items() if v is not None})
@@ -893,7 +899,9 @@ def say(session_id: Annotated[str, typer.Argument(help="Session id")],
         client = await connect(settings)
         session = _session(client, session_id)
         await _described(session)
-        result = await session.say(message)
+        # What the session did with the message (started, queued, interrupting): on
+        # stderr, so `--json` output stays one object.
+        result = await session.say(message, taken=lambda what: err.print(safe(what)))
         return _print_turn(result, settings, as_json)
 
     raise typer.Exit(_run(go()))

@@ -24,6 +24,7 @@ from temporalio.client import (
     WorkflowFailureError,
     WorkflowHandle,
     WorkflowUpdateFailedError,
+    WorkflowUpdateHandle,
     WorkflowUpdateStage,
 )
 from temporalio.common import RawValue, WorkflowIDReusePolicy
@@ -314,34 +315,50 @@ class Session:
         """The session's workflow id (its turns are `{id}/turn-{n}`)."""
         return self.handle.id
 
-    async def say(self, message: str) -> RunResult:
-        """Run one turn with the user's `message` and return its RunResult. Raises
-        SessionRefused when a turn is running, RunEnded when the session has ended,
-        RunNotFound."""
-        from boundloop.workflows.session import BoundloopSessionWorkflow
-
+    async def say(self, message: str, *, taken: Callable[[str], None] | None = None
+                  ) -> RunResult:
+        """Run one turn with the user's `message` and return its RunResult. `taken` is
+        called once the session has taken the message, with what happened (`send`'s
+        words: started, queued, or interrupting the running turn). Raises
+        SessionRefused when the session refuses it (a turn runs and the session's
+        `busy` is `refuse`), RunEnded when the session has ended, RunNotFound."""
+        handle = await self._take(message)
+        if taken is not None:
+            taken(await self._what_happened())
         try:
-            result = await self.handle.execute_update(
-                BoundloopSessionWorkflow.say, SayRequest(message=message))
+            return await handle.result()
         except (WorkflowUpdateFailedError, RPCError) as exc:
             raise await self._refused(exc) from None
-        return result
 
     async def send(self, message: str) -> str:
-        """Start a turn with the user's `message` and return once the session has taken
-        it (not when the turn ends): what happened, in a few words. Raises SessionRefused
-        (or RunEnded, RunNotFound) as `say` does. Follow the turn with `show()` /
+        """Give the session the user's `message` and return once it has taken it (not
+        when its turn ends), with what happened: `turn N started`, `queued …` or
+        `interrupting …`. Raises as `say` does. Follow the turn with `show()` /
         `turn(n)`."""
+        await self._take(message)
+        return await self._what_happened()
+
+    async def _take(self, message: str) -> WorkflowUpdateHandle[RunResult]:
         from boundloop.workflows.session import BoundloopSessionWorkflow
 
         try:
-            await self.handle.start_update(
+            return await self.handle.start_update(
                 BoundloopSessionWorkflow.say, SayRequest(message=message),
                 wait_for_stage=WorkflowUpdateStage.ACCEPTED)
         except (WorkflowUpdateFailedError, RPCError) as exc:
             raise await self._refused(exc) from None
-        status = await self.show()
-        return f"turn {status.turns} started"
+
+    async def _what_happened(self) -> str:
+        """Read right after the session took a message (its handler has run up to its
+        first wait): it either started a turn or waits behind one."""
+        st = await self.show()
+        if not st.waiting:
+            return f"turn {st.turns} started"
+        if st.limits.busy == "interrupt":
+            return (f"interrupting turn {st.turns}: it stops at its next safe point, and "
+                    "the next turn answers both messages")
+        return (f"queued: it starts a turn when turn {st.turns} ends "
+                f"({st.waiting} waiting)")
 
     async def show(self) -> SessionStatus:
         """Counters, the running or last turn, tokens left, when an idle session ends

@@ -304,6 +304,8 @@ class SessionStatus(BaseModel):
     #: When an idle session ends (ISO 8601 UTC); None while a turn runs or once ended.
     idle_until: str | None
     model: str
+    #: Messages waiting for a turn (busy `queue` / `interrupt`).
+    waiting: int = 0
 
 
 # --- the live stream of a run (docs/streaming.md) --------------------------------------

@@ -20,7 +20,7 @@ from typing import Any
 from temporalio.client import WorkflowHandle
 
 from boundloop import client as ops
-from boundloop.contracts import Decision, RunResult
+from boundloop.contracts import CancelRequest, Decision, RunResult
 from tests.scripts import answer, call, reasoning, resp
 from tests.test_crash import (
     TICKET,
@@ -74,6 +74,17 @@ async def cancel_while_waiting(c: Cluster, handle: WorkflowHandle[Any, RunResult
     await ops.cancel(handle, "wrong customer")
 
 
+async def interrupt_during_request(c: Cluster, handle: WorkflowHandle[Any, RunResult]
+                                   ) -> None:
+    """A session's newer message (busy `interrupt`) while the model request is out: the
+    run stops once the model has answered, before its call runs."""
+    async def asked() -> bool:
+        return len(c.model.requests) >= 1
+
+    await ops.wait_until(asked, timeout=60)
+    await handle.signal("interrupt", CancelRequest(reason="interrupted by a new message"))
+
+
 #: A provider failure the workflow retries itself (a durable timer, then a new attempt).
 BUSY = {"status": 503, "headers": {"Retry-After": "0"},
         "body": {"error": {"message": "overloaded", "type": "server_error"}}}
@@ -121,6 +132,10 @@ RUNS: dict[str, tuple[list[dict[str, Any]], Act]] = {
         resp(call("create_ticket", TICKET, "x1"), rid="xr1"),
         answer("never sent", rid="xr2"),
     ], cancel_while_waiting),
+    "interrupted": ([
+        {**resp(call("lookup_stock", {"sku": "A-001"}, "i1"), rid="ir1"), "delay_seconds": 2.0},
+        answer("never sent", rid="ir2"),
+    ], interrupt_during_request),
 }
 
 

@@ -10,6 +10,7 @@ from boundloop.core.conversation import ConversationMeta
 from boundloop.core.limits import Limits
 from boundloop.core.reasons import StopReason
 from boundloop.core.session import (
+    MAX_WAITING,
     NOT_RUN,
     Continuation,
     SessionLimits,
@@ -56,6 +57,18 @@ def test_a_message_is_refused_while_a_turn_runs_and_after_the_end() -> None:
     assert "token_budget" in (refusal(state(turns=1, total_tokens=500), limits, None) or "")
     assert "requested" in (refusal(state(ended="requested"), limits, None) or "")
     assert end_reason(state(turns=1, total_tokens=499), limits) is None
+
+
+def test_queue_and_interrupt_take_a_message_while_a_turn_runs_up_to_the_turns_left() -> None:
+    for busy in ("queue", "interrupt"):
+        limits = SessionLimits(max_turns=3, busy=busy)  # type: ignore[arg-type]
+        assert refusal(state(turns=1), limits, "s/turn-1") is None
+        assert refusal(state(turns=1), limits, "s/turn-1", waiting=1) is None
+        # Turn 1 runs and two messages wait: they take turns 2 and 3, the last ones.
+        assert "max_turns" in (refusal(state(turns=1), limits, "s/turn-1", waiting=2) or "")
+    crowded = SessionLimits(busy="queue")
+    assert "already wait" in (refusal(state(turns=1), crowded, "s/turn-1",
+                                      waiting=MAX_WAITING) or "")
 
 
 def test_a_finished_turn_adds_its_counts_and_becomes_what_the_next_continues() -> None:

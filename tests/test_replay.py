@@ -76,6 +76,9 @@ def final_result(history: WorkflowHistory) -> dict[str, Any]:
                               E.EVENT_TYPE_TIMER_FIRED: 1, E.EVENT_TYPE_MARKER_RECORDED: 1}),
     ("cancelled", "cancelled", {E.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED: 1,
                                 E.EVENT_TYPE_WORKFLOW_EXECUTION_CANCEL_REQUESTED: 1}),
+    ("interrupted", "cancelled", {E.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED: 1,
+                                  E.EVENT_TYPE_WORKFLOW_EXECUTION_CANCEL_REQUESTED: 0,
+                                  E.EVENT_TYPE_ACTIVITY_TASK_COMPLETED: 1}),
 ])
 def test_history_is_the_run_it_is_named_after(name: str, reason: str,
                                               shape: dict[int, int]) -> None:

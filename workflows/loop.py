@@ -174,6 +174,7 @@ class BoundLoopWorkflow:
         self._refs: dict[str, str] = {}  # call_id -> idempotency key of its tool output
         self._started = workflow.now()
         self._cancel_reason: str | None = None
+        self._interrupted: str | None = None  # the `interrupt` signal's reason
         self._model_in_flight = False  # a cancel now leaves the step unfinished
         # The own task queue of the worker whose cache holds the conversation (named by
         # the last model turn); None: the shared queue.
@@ -239,6 +240,10 @@ class BoundLoopWorkflow:
     async def _loop(self) -> StopReason | None:
         state = self._state
         while True:
+            if self._interrupted is not None:
+                # A safe point: every call of the last response has its result (none
+                # runs now), and the next request is not sent.
+                return core.cancelled(state, self._interrupted, step_unfinished=False)
             if state.steps and workflow.info().is_continue_as_new_suggested():
                 return None
             plan = core.begin_step(state, self._processing_seconds())
@@ -261,6 +266,8 @@ class BoundLoopWorkflow:
                 return stop
             if self._processing_seconds() >= state.limits.deadline_seconds:
                 return state.stop(StopReason.DEADLINE, turn.text)
+            if self._interrupted is not None:  # before any call of this response runs
+                return core.cancelled(state, self._interrupted, step_unfinished=False)
             plans = core.plan_calls(state, turn, plan, self._rules, workflow.info().workflow_id)
             if isinstance(plans, StopReason):
                 return plans
@@ -607,6 +614,12 @@ class BoundLoopWorkflow:
         self._publish()
 
     @workflow.signal
+    def interrupt(self, request: CancelRequest) -> None:
+        """Stop at the next safe point (between steps, never between a tool's side effect
+        and its result), as `cancelled` with this reason: a session's newer message."""
+        self._interrupted = request.reason or "interrupted"
+
+    @workflow.signal
     def cancel_reason(self, request: CancelRequest) -> None:
         """Sent by `boundloop cancel` just before it asks Temporal to cancel the run: the
         reason goes into the event log and the RunResult of the cancelled run."""
@@ -738,7 +751,8 @@ class BoundLoopWorkflow:
             usage_estimated=s.usage.estimated, cost_usd=self._cost(), cost_units=s.cost_units,
             events=list(s.events), workflow_id=info.workflow_id, run_id=info.run_id,
             answer_looks_like_tool_call=s.answer_looks_like_tool_call,
-            cancel_reason=self._cancel_reason if s.reason == StopReason.CANCELLED else None,
+            cancel_reason=(self._cancel_reason or self._interrupted
+                           if s.reason == StopReason.CANCELLED else None),
             continuation=self._continuation() if self._inp.turn is not None else None)
         excess = payload_bytes(result) - MAX_PAYLOAD_VALUE_BYTES
         if excess <= 0:

@@ -44,11 +44,20 @@ class BoundloopSessionWorkflow:
         self._state = inp.state or core.SessionState(idle_since=workflow.now().isoformat())
         self._running: str | None = None  # the running turn's workflow id
         self._end_asked = False
+        #: Messages waiting for a turn (busy `queue` / `interrupt`), by arrival number.
+        self._waiting: list[int] = []
+        self._arrived = 0
+        self._interrupting: str | None = None  # the turn asked to stop for them
 
     @workflow.run
     async def run(self, inp: SessionInput) -> SessionStatus:
         state, limits = self._state, inp.limits
         while True:
+            if self._running is None and self._waiting:
+                # A waiting message starts its turn in this workflow task.
+                await workflow.wait_condition(lambda: self._running is not None
+                                              or not self._waiting)
+                continue
             if self._running is None:
                 ended = "requested" if self._end_asked else core.end_reason(state, limits)
                 left = (limits.idle_seconds
@@ -82,6 +91,8 @@ class BoundloopSessionWorkflow:
         # Checked again here: two messages in one workflow task both pass the validator.
         self._refuse_if_busy()
         state = self._state
+        if self._running is not None or self._waiting:
+            await self._wait_for_turn()
         state.turns += 1
         turn_id = core.turn_id(workflow.info().workflow_id, state.turns)
         self._running = turn_id
@@ -146,12 +157,39 @@ class BoundloopSessionWorkflow:
             last=s.last, steps=s.steps, tool_executions=s.tool_executions,
             input_tokens=s.input_tokens, output_tokens=s.output_tokens,
             total_tokens=s.total_tokens, tokens_left=core.tokens_left(s, limits),
-            cost_usd=s.cost_usd, idle_until=idle_until, model=self._inp.settings.model)
+            cost_usd=s.cost_usd, idle_until=idle_until, model=self._inp.settings.model,
+            waiting=len(self._waiting))
 
     # --- helpers ----------------------------------------------------------------------
 
+    async def _wait_for_turn(self) -> None:
+        """Wait, in arrival order, until no turn runs; with `interrupt`, first ask the
+        running turn to stop at its next safe point (once per turn)."""
+        self._arrived += 1
+        me = self._arrived
+        self._waiting.append(me)
+        try:
+            if (self._inp.limits.busy == "interrupt" and self._running is not None
+                    and self._interrupting != self._running):
+                self._interrupting = self._running
+                turn = workflow.get_external_workflow_handle(self._running)
+                # A turn that ended meanwhile takes no signal: this message just waits.
+                with contextlib.suppress(Exception):
+                    await turn.signal("interrupt", CancelRequest(reason=core.INTERRUPTED))
+            await workflow.wait_condition(
+                lambda: self._running is None and self._waiting[0] == me)
+        finally:
+            self._waiting.remove(me)
+        # The session may have ended (or run out of turns) while this message waited.
+        problem = core.refusal(self._state, self._inp.limits, None)
+        if self._end_asked or self._state.ended:
+            problem = problem or "the session ended while the message waited"
+        if problem is not None:
+            raise ApplicationError(problem, type=errors.SESSION_REFUSED, non_retryable=True)
+
     def _refuse_if_busy(self) -> None:
-        problem = core.refusal(self._state, self._inp.limits, self._running)
+        problem = core.refusal(self._state, self._inp.limits, self._running,
+                               len(self._waiting))
         if self._end_asked and problem is None:
             problem = "the session is ending; start a new one"
         if problem is not None:

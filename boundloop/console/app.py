@@ -556,9 +556,13 @@ async def session_page(request: Request, console: Console, who: auth.SignedIn) -
            f'<input type="hidden" name="session" value="{h.e(session_id)}">'
            '<input name="message" size="80" placeholder="your message" required> '
            '<button name="say">Say</button></form>')
-    body = (f'<p>{h.e(st["status"])} · {st["turns"]} turn(s) · {st["total_tokens"]} tokens'
+    body = (f'<p id="session-state">{h.e(st["status"])} · {st["turns"]} turn(s) · '
+            f'{st["total_tokens"]} tokens · a message during a turn: '
+            f'{h.e(st["limits"]["busy"])}'
+            + (f' · {st["waiting"]} waiting' if st["waiting"] else "")
             + (f' · ended: {h.e(st["ended"])}' if st["ended"] else "") + '</p>'
             + f'<div id="chat">{"".join(chat)}</div>{say}')
+
     sig = "|".join(f'{t["workflow_id"]}:{str(t.get("closed", False)).lower()}:'
                    f'{len(t.get("pending", []))}' for t in s["turns"]) + f'|{st["status"]}'
     return _page(who, f"Session {session_id}", body, request, script=SESSION_SCRIPT,

@@ -29,6 +29,14 @@ from boundloop.core.turn import FunctionCall
 SessionEnd = Literal["requested", "idle", "max_turns", "token_budget"]
 #: The envelope code of a call whose turn stopped before it ran.
 NOT_RUN = "NOT_RUN"
+#: What a message sent while a turn runs does: refused (the sender tries again later),
+#: queued (it starts the next turn when this one ends), or interrupt (the running turn
+#: stops at its next safe point and the next turn answers both messages).
+Busy = Literal["refuse", "queue", "interrupt"]
+#: Messages that may wait for a turn at once (queue and interrupt): beyond, refused.
+MAX_WAITING = 10
+#: The cancel reason of a turn stopped by a newer message (`interrupt`).
+INTERRUPTED = "interrupted by a new message"
 
 
 class SessionLimits(BaseModel):
@@ -40,6 +48,8 @@ class SessionLimits(BaseModel):
       the session then ends (`token_budget`). None: no session-wide budget.
     - idle_seconds: the session ends when no turn ran for this long (a durable timer;
       a turn waiting for an approval is not idle).
+    - busy: what a message sent while a turn runs does: `refuse` (the default),
+      `queue` or `interrupt` (see `Busy`).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -47,6 +57,7 @@ class SessionLimits(BaseModel):
     max_turns: PositiveInt = 100
     token_budget: PositiveInt | None = None
     idle_seconds: Seconds = 3600.0
+    busy: Busy = "refuse"
 
 
 class Continuation(BaseModel):
@@ -126,14 +137,20 @@ def end_reason(state: SessionState, limits: SessionLimits) -> SessionEnd | None:
     return None
 
 
-def refusal(state: SessionState, limits: SessionLimits, running: str | None) -> str | None:
-    """Why a new message cannot start a turn now (None: it can). Messages are refused,
-    not queued, while a turn runs: the sender gets the turn's answer from its own `say`,
-    and a queued message would be answered in a conversation it never saw."""
-    if running is not None:
+def refusal(state: SessionState, limits: SessionLimits, running: str | None,
+            waiting: int = 0) -> str | None:
+    """Why a new message cannot be taken now (None: it can). With `busy: refuse` a
+    message is refused while a turn runs; with `queue` or `interrupt` it waits its turn
+    (at most MAX_WAITING at once). Each sender gets its own turn's answer from `say`."""
+    if running is not None and limits.busy == "refuse":
         return (f"turn {running} is still running; send the next message when it has "
-                "ended (`boundloop watch` follows it)")
+                "ended (`boundloop watch` follows it), or start the session with "
+                "busy `queue` or `interrupt`")
+    if waiting >= MAX_WAITING:
+        return f"{waiting} messages already wait for a turn; send this one later"
     ended = end_reason(state, limits)
+    if ended is None and waiting and state.turns + waiting >= limits.max_turns:
+        ended = "max_turns"  # the turns left are taken by the messages already waiting
     if ended is not None:
         return f"the session has ended (reason: {ended}); start a new one"
     return None
