@@ -21,6 +21,7 @@ from temporalio.client import WorkflowHandle
 
 from boundloop import client as ops
 from boundloop.contracts import CancelRequest, Decision, RunResult
+from boundloop.testing import wait_until
 from tests.scripts import answer, call, reasoning, resp
 from tests.test_crash import (
     TICKET,
@@ -81,7 +82,7 @@ async def interrupt_during_request(c: Cluster, handle: WorkflowHandle[Any, RunRe
     async def asked() -> bool:
         return len(c.model.requests) >= 1
 
-    await ops.wait_until(asked, timeout=60)
+    await wait_until(asked, timeout=60)
     await handle.signal("interrupt", CancelRequest(reason="interrupted by a new message"))
 
 

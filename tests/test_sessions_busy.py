@@ -15,9 +15,9 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer
 
 import boundloop
-from boundloop.client import wait_until
 from boundloop.core.reasons import StopReason
 from boundloop.core.session import INTERRUPTED, NOT_RUN, SessionLimits
+from boundloop.testing import wait_until
 from tests.scripts import call, resp
 from tests.support.crash_tools import tools as replay_tools
 from tests.test_sessions import WAIT, answer, create, outputs_of, session_env
@@ -89,13 +89,15 @@ async def test_interrupt_stops_the_turn_at_a_safe_point_and_the_next_turn_gets_b
             return len(env.server.requests) == 1
 
         await wait_until(asked, timeout=WAIT)
-        note = await asyncio.wait_for(session.send("actually, B-002 too"), WAIT)
-        assert note.startswith("interrupting turn 1: it stops at its next safe point")
+        said: list[str] = []
+        second = asyncio.create_task(asyncio.wait_for(
+            session.say("actually, B-002 too", taken=said.append), WAIT))
         one = await first
+        assert said[0].startswith("interrupting turn 1: it stops at its next safe point")
         # Stopped after the model answered, before its call ran: nothing executed.
         assert (one.reason, one.cancel_reason, one.tool_executions) == (
             StopReason.CANCELLED, INTERRUPTED, 0)
-        two = await asyncio.wait_for(session.turn(2).result(), WAIT)
+        two = await second
         assert (two.reason, two.text) == (StopReason.COMPLETED, "both answered")
         second_input = env.inputs()[1]
         assert texts(second_input) == ["stock of A-001?", "actually, B-002 too"]

@@ -137,9 +137,12 @@ class BoundloopSessionWorkflow:
             # Asked of the turn's workflow as `boundloop cancel` asks it: the RunResult
             # then comes back through `say` as for any other stop.
             turn = workflow.get_external_workflow_handle(self._running)
-            await turn.signal(BoundLoopWorkflow.cancel_reason,
-                              CancelRequest(reason="session ended"))
-            await turn.cancel()
+            # A turn that closed meanwhile (its result not yet handled here) takes neither:
+            # the session then just ends after it.
+            with contextlib.suppress(Exception):
+                await turn.signal(BoundLoopWorkflow.cancel_reason,
+                                  CancelRequest(reason="session ended"))
+                await turn.cancel()
         await workflow.wait_condition(lambda: self._state.ended is not None)
         return self.status()
 
@@ -175,7 +178,8 @@ class BoundloopSessionWorkflow:
                 turn = workflow.get_external_workflow_handle(self._running)
                 # A turn that ended meanwhile takes no signal: this message just waits.
                 with contextlib.suppress(Exception):
-                    await turn.signal("interrupt", CancelRequest(reason=core.INTERRUPTED))
+                    await turn.signal(BoundLoopWorkflow.interrupt,
+                                      CancelRequest(reason=core.INTERRUPTED))
             await workflow.wait_condition(
                 lambda: self._running is None and self._waiting[0] == me)
         finally:
