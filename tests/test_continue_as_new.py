@@ -3,6 +3,7 @@ the operator, and the conversation is rebuilt across runs from history alone."""
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -13,8 +14,16 @@ import pytest_asyncio
 from temporalio.client import Client
 
 from boundloop.activities.conversation import ConversationCache
-from boundloop.client import result_of
-from boundloop.contracts import WORKFLOW_NAME, RunInput, RunResult
+from boundloop.client import result_of, stream_items
+from boundloop.contracts import (
+    WORKFLOW_NAME,
+    RunInput,
+    RunResult,
+    StreamEvent,
+    StreamItem,
+    StreamResult,
+    TextDelta,
+)
 from boundloop.core.limits import Limits, RunSettings
 from boundloop.scripted.server import ScriptedModelServer
 from tests.conftest import continue_as_new_server
@@ -81,3 +90,35 @@ async def test_conversation_rebuilt_across_runs_from_history_only(
     assert (warm.hits, cold.hits, cold.misses) == (STEPS - 1, 0, STEPS - 1)
     assert uncached.reason == "completed"
     assert inputs == cached_inputs
+
+
+async def test_the_stream_is_handed_over_to_the_next_run(
+        low_threshold: Client, tmp_path: Path) -> None:
+    """A reader that follows the run from its start reads one stream across every run of
+    the chain: each event once, in order, offsets without a gap, then the result."""
+    server = ScriptedModelServer(script())
+    queue = f"can-{uuid.uuid4().hex[:8]}"
+    limits = Limits(max_steps=STEPS + 1, max_tool_executions=STEPS)
+    inp = RunInput(question="many steps", tools=["lookup_stock"],
+                   settings=RunSettings(model="m", limits=limits))
+    items: list[StreamItem] = []
+    try:
+        async with make_worker(low_threshold, queue, server.start(), tmp_path):
+            handle = await low_threshold.start_workflow(
+                WORKFLOW_NAME, inp, id=f"can-{queue}", task_queue=queue,
+                result_type=RunResult)
+
+            async def read() -> None:
+                async for item in stream_items(handle):
+                    items.append(item)
+            await asyncio.wait_for(read(), 120)
+            result = await result_of(handle)
+            runs = [wf.run_id async for wf in low_threshold.list_workflows(
+                f"WorkflowId = '{handle.id}'")]
+    finally:
+        server.stop()
+    assert len(runs) > 1, "the low threshold should have caused continue-as-new"
+    assert [i.offset for i in items] == list(range(len(items)))
+    assert [i.event for i in items if isinstance(i, StreamEvent)] == result.events
+    assert "".join(i.text for i in items if isinstance(i, TextDelta)) == "done"
+    assert isinstance(items[-1], StreamResult) and items[-1].result == result
