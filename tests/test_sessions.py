@@ -21,6 +21,7 @@ from temporalio.worker import Replayer
 import boundloop
 import boundloop.testing
 from boundloop.client import result_of
+from boundloop.contracts import StreamItem, StreamResult, TextDelta
 from boundloop.core.limits import Limits
 from boundloop.core.reasons import StopReason
 from boundloop.core.session import SessionLimits
@@ -319,3 +320,26 @@ async def test_a_session_history_replays_without_nondeterminism(
         history = await handle.fetch_history()
         result = await replayer.replay_workflow(history)
         assert result.replay_failure is None
+
+
+async def test_a_session_stream_follows_each_turn(temporal: Client, tmp_path: Path) -> None:
+    """`session.stream()` reads each turn's stream in turn order, until the session ends:
+    every turn's text as written and its RunResult."""
+    async with session_env(temporal, tmp_path, [answer("first answer"),
+                                                answer("second answer")]) as env:
+        session = await env.start()
+        seen: list[tuple[int, StreamItem]] = []
+
+        async def read() -> None:
+            async for pair in session.stream():
+                seen.append(pair)
+        reader = asyncio.create_task(read())
+        results = [await say(session, "one"), await say(session, "two")]
+        await asyncio.wait_for(session.end(), WAIT)
+        await asyncio.wait_for(reader, WAIT)
+
+    for number, result in enumerate(results, start=1):
+        items = [item for turn, item in seen if turn == number]
+        assert "".join(i.text for i in items if isinstance(i, TextDelta)) == result.text
+        assert isinstance(items[-1], StreamResult) and items[-1].result == result
+    assert [turn for turn, _ in seen] == sorted(turn for turn, _ in seen)
