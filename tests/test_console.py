@@ -32,10 +32,13 @@ import pytest_asyncio
 from temporalio.client import Client, WorkflowHandle
 from temporalio.service import RPCError
 
+import boundloop
 from boundloop.client import query_status, result_of, start_run
 from boundloop.console.auth import hash_credential
 from boundloop.contracts import RunInput, RunResult
 from boundloop.core.limits import Policy, RunSettings
+from boundloop.core.reasons import StopReason
+from boundloop.core.session import SessionLimits
 from boundloop.devserver import port_open
 from boundloop.scripted.server import ScriptedModelServer
 from boundloop.signing import new_key
@@ -66,6 +69,8 @@ class Deployed:
     runs: list[WorkflowHandle[Any, Any]]
     data_dir: Path
     shots: Path
+    model: ScriptedModelServer
+    queue: str
 
 
 class NoRedirect(urllib.request.HTTPRedirectHandler):
@@ -136,7 +141,7 @@ async def deployed(temporal: Client, tmp_path_factory: pytest.TempPathFactory
             shots = Path(os.environ.get("BOUNDLOOP_UI_SCREENSHOTS") or base / "shots")
             shots.mkdir(parents=True, exist_ok=True)
             yield Deployed(url=f"http://127.0.0.1:{port}", client=temporal, runs=runs,
-                           data_dir=data_dir, shots=shots)
+                           data_dir=data_dir, shots=shots, model=model, queue=queue)
             for h in runs:  # a run the test left waiting
                 with contextlib.suppress(RPCError):
                         await h.terminate("console test finished")
@@ -166,6 +171,8 @@ async def test_requests_without_session_or_csrf_change_nothing(deployed: Deploye
     status, headers, _ = http(f"{url}/approvals")
     assert status == 303 and headers["location"].startswith("/login")
     assert http(f"{url}/decide", decision)[0] == 401
+    assert http(f"{url}/api/stream/runs/{run.id}")[0] == 401
+    assert http(f"{url}/api/runs/{run.id}")[0] == 401
     # A forged cookie is no session.
     assert http(f"{url}/decide", decision, cookie="boundloop_console=e30.AAAA")[0] == 401
     # A wrong credential signs nobody in.
@@ -223,6 +230,12 @@ async def test_approver_decides_three_calls_in_the_browser(deployed: Deployed) -
             await expect(page.locator("#state")).to_have_text("completed")
             await expect(page.locator("#answer")).to_have_text("Done.")
             await expect(page.locator("#timeline")).to_contain_text("tool_success")
+            # Drawn from the run's live stream: each line with its offset, in order, and
+            # the answer from the model's streamed text.
+            offsets = await page.locator("#timeline li").evaluate_all(
+                "lis => lis.map(li => Number(li.dataset.offset))")
+            assert offsets == sorted(offsets) and len(set(offsets)) == len(offsets) >= 10
+            await expect(page.locator("#answer")).to_have_attribute("data-source", "stream")
             await page.screenshot(path=shots / "console-run.png", full_page=True)
 
             # Run 2: rejected from the inbox with a reason.
@@ -267,3 +280,55 @@ async def test_approver_decides_three_calls_in_the_browser(deployed: Deployed) -
 
     made = {t["title"]: t["priority"] for t in list_tickets(deployed.data_dir)}
     assert made == {"Restock B-001": "normal", "Restock B-003": "high"}
+
+
+async def sign_in_browser(page: Any, url: str) -> None:
+    await page.goto(f"{url}/login")
+    await page.fill("input[name=approver]", "alice")
+    await page.fill("input[name=credential]", PASSWORD)
+    await page.click("button[name=signin]")
+    await expect(page.locator("#approver")).to_have_text("alice")
+
+
+async def test_a_session_in_the_chat_view_queues_a_message_and_approves_inside_it(
+        deployed: Deployed) -> None:
+    # After the runs above: the scripted model answers this session's requests next.
+    for turn in (resp(call("create_ticket", ticket(7), "s1"), rid="resp_s1"),
+                 answer("Filed B-007.", rid="resp_s2"), answer("Yes, it is filed.",
+                                                              rid="resp_s3")):
+        deployed.model.append(turn)
+    session = await boundloop.start_session(
+        deployed.client, tools=DEMO_TOOLS, model="scripted-model", task_queue=deployed.queue,
+        session_limits=SessionLimits(busy="queue"))
+    async with playwright_api.async_playwright() as p:
+        browser = await p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            page = await (await browser.new_context(viewport={"width": 1300, "height": 900})
+                          ).new_page()
+            page.set_default_timeout(WAIT_MS)
+            await sign_in_browser(page, deployed.url)
+            await page.click("header >> text=Sessions")
+            await page.click(f"text={session.id}")
+            await page.fill("input[name=message]", "Open a restock ticket for B-007")
+            await page.click("button[name=say]")
+            await expect(page.locator("#note")).to_have_text("turn 1 started")
+            card = page.locator('.approval[data-call="s1"]')
+            await expect(card.locator(".arguments")).to_contain_text("B-007")
+            # A second message while turn 1 waits for approval: queued, and shown so.
+            await page.fill("input[name=message]", "Is it filed?")
+            await page.click("button[name=say]")
+            await expect(page.locator("#note")).to_have_text(
+                "queued: it starts a turn when turn 1 ends (1 waiting)")
+            await expect(page.locator("#session-state")).to_contain_text("1 waiting")
+            await page.locator('.approval[data-call="s1"] button[name=approve]').click()
+            await expect(page.locator("#note")).to_contain_text("s1: approved")
+            chat = page.locator("#chat")
+            await expect(chat).to_contain_text("Filed B-007.")
+            await expect(chat).to_contain_text("Yes, it is filed.")
+            await page.screenshot(path=deployed.shots / "console-session.png", full_page=True)
+        finally:
+            await browser.close()
+    shown = await session.show()
+    assert (shown.turns, shown.waiting, shown.last and shown.last.reason) == (
+        2, 0, StopReason.COMPLETED)
+    await session.end()

@@ -11,17 +11,23 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, quote, urlencode
 
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
-from starlette.middleware.base import BaseHTTPMiddleware, RequestResponseEndpoint
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
+from starlette.responses import (
+    HTMLResponse,
+    JSONResponse,
+    RedirectResponse,
+    Response,
+    StreamingResponse,
+)
 from starlette.routing import Route
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowUpdateFailedError
 from temporalio.service import RPCError
 
@@ -313,13 +319,22 @@ def approval_card(workflow_id: str, a: Approval, csrf: str, back: str) -> str:
 RUN_SCRIPT = """
 <script>
 const runId = document.body.dataset.run;
+const key = encodeURIComponent(runId);
 function esc(s){const d=document.createElement('div');d.textContent=s==null?'':String(s);
   return d.innerHTML;}
 function meter(used, cap, text){ if(!cap) return esc(text);
   const w=Math.max(0,Math.min(100,100*used/cap));
   return '<span class="meter"><span style="width:'+w.toFixed(0)+'%"></span></span> '+esc(text);}
+function line(ev, offset){ return '<li'+(offset==null?'':' data-offset="'+offset+'"')+'>step '+
+  ev.step+' · <b>'+esc(ev.event)+'</b>'+(ev.tool?' · '+esc(ev.tool):'')+
+  (ev.call_id?' · '+esc(ev.call_id):'')+(ev.detail?' · '+esc(ev.detail):'')+'</li>';}
+let streamed = false, closed = false, timer = null;
+const texts = {};  // step -> the answer text streamed so far (since its last reset)
+function showText(){ const steps = Object.keys(texts).map(Number).filter(k=>texts[k]);
+  if (!steps.length) return; const a = document.getElementById('answer');
+  a.textContent = texts[Math.max(...steps)]; a.dataset.source = 'stream'; }
 async function refresh(){
-  let r; try { r = await fetch('/api/runs/'+encodeURIComponent(runId)); } catch(e) { return; }
+  let r; try { r = await fetch('/api/runs/'+key); } catch(e) { return; }
   if (r.status === 401) { location.href='/login'; return; }
   const s = await r.json();
   const badge = document.getElementById('state');
@@ -335,16 +350,34 @@ async function refresh(){
     s.total_tokens+(L.token_threshold?' / '+L.token_threshold:''));
   document.getElementById('cost').innerHTML=s.cost_usd==null?'no price known':
     meter(s.cost_usd,L.usd_budget,'$'+s.cost_usd.toFixed(6)+(L.usd_budget?' / $'+L.usd_budget:''));
-  document.getElementById('timeline').innerHTML=s.events.map(ev=>'<li>step '+ev.step+' · <b>'+
-    esc(ev.event)+'</b>'+(ev.tool?' · '+esc(ev.tool):'')+(ev.call_id?' · '+esc(ev.call_id):'')+
-    (ev.detail?' · '+esc(ev.detail):'')+'</li>').join('');
-  const answer=document.getElementById('answer');
-  answer.textContent = s.text==null ? (s.closed?'(no answer)':'…') : s.text;
+  if (!streamed) document.getElementById('timeline').innerHTML=s.events.map(ev=>line(ev)).join('');
+  if (s.text != null) { const a=document.getElementById('answer');
+    a.textContent = s.text; a.dataset.source = a.dataset.source || 'result'; }
+  else if (!streamed) document.getElementById('answer').textContent = s.closed?'(no answer)':'…';
   const waiting = s.pending.map(a=>a.call_id).join(',');
   if (waiting !== document.body.dataset.pending) { location.reload(); return; }
-  if (!s.closed) setTimeout(refresh, 700);
+  closed = s.closed;
 }
+function soon(){ clearTimeout(timer); timer = setTimeout(refresh, 150); }
+// The live stream (docs/streaming.md) over Server-Sent Events: the browser reconnects by
+// itself with the last offset it saw, so nothing is missed or shown twice.
+const source = new EventSource('/api/stream/runs/'+key);
+source.addEventListener('item', m => {
+  const it = JSON.parse(m.data);
+  if (!streamed) { streamed = true; document.getElementById('timeline').innerHTML=''; }
+  if (it.kind === 'event') {
+    document.getElementById('timeline').insertAdjacentHTML('beforeend', line(it.event, it.offset));
+    soon();
+  } else if (it.kind === 'text') { texts[it.step] = (texts[it.step]||'') + it.text; showText(); }
+  else if (it.kind === 'reset') { texts[it.step] = ''; showText(); }
+  else if (it.kind === 'result') { const a=document.getElementById('answer');
+    a.textContent = it.result.text; soon(); }
+});
+source.addEventListener('end', () => { source.close(); soon(); });
 refresh();
+// Counters also come from the status query now and then, in case the stream is not
+// served (a worker without it): the page still follows the run.
+setInterval(() => { if (!closed) refresh(); }, 3000);
 </script>
 """
 
@@ -380,6 +413,25 @@ async def run_page(request: Request, console: Console, who: auth.SignedIn) -> Re
     return _page(who, f"Run {workflow_id}", body, request, script=RUN_SCRIPT,
                  body_attrs={"run": workflow_id,
                              "pending": ",".join(a.call_id for a in pending)})
+
+
+async def live(client: Client, workflow_id: str, from_offset: int) -> AsyncIterator[str]:
+    """The run's stream (`Run.stream`) as Server-Sent Events: `id` is the item's offset
+    (a browser reconnecting sends it back as Last-Event-ID), `data` the item as JSON;
+    an `end` event after the last item."""
+    async for item in ops.get_run(client, workflow_id).stream(from_offset=from_offset):
+        data = item.model_dump_json(exclude={"result": {"continuation"}}
+                                    if item.kind == "result" else None)
+        yield f"id: {item.offset}\nevent: item\ndata: {data}\n\n"
+    yield "event: end\ndata: {}\n\n"
+
+
+async def run_stream(request: Request, console: Console, who: auth.SignedIn) -> Response:
+    last = request.headers.get("last-event-id") or request.query_params.get("after")
+    start = int(last) + 1 if last and last.isdigit() else 0
+    return StreamingResponse(live(console.client, request.path_params["workflow_id"], start),
+                             media_type="text/event-stream",
+                             headers={"Cache-Control": "no-store"})
 
 
 async def run_api(request: Request, console: Console, who: auth.SignedIn) -> Response:
@@ -525,6 +577,21 @@ async function refresh(){
   setTimeout(refresh, 700);
 }
 if (document.body.dataset.live === '1') refresh();
+const live = document.getElementById('live-answer');
+if (live) {
+  const texts = {};
+  const source = new EventSource('/api/stream/runs/'+encodeURIComponent(live.dataset.turn));
+  source.addEventListener('item', m => {
+    const it = JSON.parse(m.data);
+    if (it.kind === 'text') texts[it.step] = (texts[it.step]||'') + it.text;
+    else if (it.kind === 'reset') texts[it.step] = '';
+    else if (it.kind === 'result') { texts[0] = it.result.text; }
+    const steps = Object.keys(texts).map(Number).filter(k => texts[k]);
+    if (it.kind === 'result') live.textContent = it.result.text;
+    else if (steps.length) live.textContent = texts[Math.max(...steps)];
+  });
+  source.addEventListener('end', () => source.close());
+}
 </script>
 """
 
@@ -547,8 +614,10 @@ async def session_page(request: Request, console: Console, who: auth.SignedIn) -
             chat.append(f'<div class="msg-bot">{h.e(t.get("text") or "")}</div>'
                         f'<p>{h.state_badge(t.get("status", ""), t.get("reason"))} '
                         f'{h.run_link(t["workflow_id"])}</p>')
-        else:
-            chat.append(f'<p>{h.state_badge(t.get("status", "running"))} '
+        else:  # the running turn: its answer streams in (SESSION_SCRIPT)
+            chat.append(f'<div class="msg-bot" id="live-answer" '
+                        f'data-turn="{h.e(t["workflow_id"])}">…</div>'
+                        f'<p>{h.state_badge(t.get("status", "running"))} '
                         f'{h.run_link(t["workflow_id"])}</p>')
     st = s["session"]
     say = ("" if st["status"] == "ended" else
@@ -607,6 +676,8 @@ def app(console: Console) -> Starlette:
         Route("/", g(runs_page), methods=["GET"]),
         Route("/runs/{workflow_id:path}", g(run_page), methods=["GET"]),
         Route("/api/runs/{workflow_id:path}", g(run_api, json_api=True), methods=["GET"]),
+        Route("/api/stream/runs/{workflow_id:path}", g(run_stream, json_api=True),
+              methods=["GET"]),
         Route("/approvals", g(approvals_page), methods=["GET"]),
         Route("/approvals/edit", g(edit_review), methods=["POST"]),
         Route("/decide", g(decide), methods=["POST"]),
@@ -619,14 +690,26 @@ def app(console: Console) -> Starlette:
     return Starlette(routes=routes, middleware=[Middleware(FramesRefused)])
 
 
-class FramesRefused(BaseHTTPMiddleware):
+class FramesRefused:
     """No page of the console inside another site's frame (a decision button under a
-    decoy is clickjacking), and no referrer to elsewhere (URLs hold run ids)."""
+    decoy is clickjacking), and no referrer to elsewhere (URLs hold run ids). Plain
+    ASGI, so the live stream is not buffered."""
 
-    async def dispatch(self, request: Request, call_next: RequestResponseEndpoint
-                       ) -> Response:
-        response = await call_next(request)
-        response.headers["X-Frame-Options"] = "DENY"
-        response.headers["Content-Security-Policy"] = "frame-ancestors 'none'"
-        response.headers["Referrer-Policy"] = "same-origin"
-        return response
+    HEADERS = ((b"x-frame-options", b"DENY"),
+               (b"content-security-policy", b"frame-ancestors 'none'"),
+               (b"referrer-policy", b"same-origin"))
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message["headers"] = [*message.get("headers", []), *self.HEADERS]
+            await send(message)
+
+        await self.app(scope, receive, with_headers)
