@@ -1,5 +1,5 @@
 """The console's CLI commands (`boundloop console`, `boundloop console-approver`), kept
-apart from boundloop/cli.py: the CLI registers them, the work is here."""
+apart from boundloop/cli/: the CLI registers them, the work is here."""
 
 from __future__ import annotations
 

@@ -1,0 +1,5 @@
+"""`python -m boundloop.cli`."""
+
+from boundloop.cli import main
+
+main()

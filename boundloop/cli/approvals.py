@@ -1,0 +1,126 @@
+"""Decisions: `approve`, `reject`, and approvers' signing keys (`keys new`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Coroutine
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from pydantic import ValidationError
+from temporalio.client import (
+    WorkflowUpdateRPCTimeoutOrCancelledError,
+)
+
+from boundloop import client as ops
+from boundloop.cli.common import (
+    UPDATE_TIMEOUT,
+    _run,
+    app,
+    connect,
+    fail,
+    json_object,
+    load_settings,
+    validation_lines,
+)
+from boundloop.exit_codes import ExitCode
+from boundloop.terminal import console, safe
+
+
+def load_signer(approver: str, key: Path | None) -> Any:
+    """The approver's private key from `--key` (None: an unsigned decision)."""
+    if key is None:
+        return None
+    from boundloop.signing import KeyFileError, Signer
+
+    if approver == "operator":
+        raise fail("--key needs --as NAME: the approver the key was made for")
+    try:
+        return Signer.from_file(approver, key)
+    except KeyFileError as exc:
+        raise fail(str(exc)) from None
+
+
+def _decide(run_id: str, call_id: str, verb: str,
+            decide: Callable[[ops.Run], Coroutine[Any, Any, None]], signer: Any = None) -> None:
+    """Send one decision with `decide(run)` (Run.approve or Run.reject) and print it."""
+    settings = load_settings()
+
+    async def go() -> None:
+        deciding = decide(ops.get_run(await connect(settings), run_id))
+        try:
+            await asyncio.wait_for(deciding, timeout=UPDATE_TIMEOUT)
+        except ValidationError as exc:  # the decision itself (a reason too long, ...)
+            raise fail("invalid decision:\n" + validation_lines(exc)) from None
+        except (TimeoutError, WorkflowUpdateRPCTimeoutOrCancelledError):
+            # The server keeps an update it could not deliver until a worker takes the run
+            # (not across a server restart): it may still apply, so never "nothing changed".
+            raise fail(f"no worker answered within {UPDATE_TIMEOUT:.0f} s (is `boundloop "
+                       "worker` running?); the decision may still take effect when a worker "
+                       f"picks up the run: check `boundloop status {run_id}` before deciding "
+                       "again", ExitCode.FAILED) from None
+        console.print(f"{safe(call_id)}: {verb}"
+                      + (f" (signed by {safe(signer.name)})" if signer is not None else ""))
+
+    _run(go())
+
+
+KeyOption = Annotated[Path | None, typer.Option(
+    "--key", help="Sign the decision with this private key (NAME.key from `keys new`)")]
+
+
+@app.command()
+def approve(run_id: str, call_id: str,
+            approver: Annotated[str, typer.Option("--as", help="Approver name")] = "operator",
+            args: Annotated[str | None, typer.Option("--args", help="Edited arguments (JSON)")]
+            = None, key: KeyOption = None) -> None:
+    """Approve a pending call (optionally with edited arguments)."""
+    edited = json_object("--args", args) if args is not None else None
+    signer = load_signer(approver, key)
+    _decide(run_id, call_id, "approved", lambda run: run.approve(
+        call_id, approver=approver, args=edited, signer=signer), signer)
+
+
+@app.command()
+def reject(run_id: str, call_id: str,
+           reason: Annotated[str, typer.Option("--reason", help="Why (shown to the model)")],
+           approver: Annotated[str, typer.Option("--as", help="Approver name")] = "operator",
+           key: KeyOption = None) -> None:
+    """Reject a pending call; the model is told not to retry it."""
+    signer = load_signer(approver, key)
+    _decide(run_id, call_id, "rejected", lambda run: run.reject(
+        call_id, reason=reason, approver=approver, signer=signer), signer)
+
+
+keys_app = typer.Typer(no_args_is_help=True, help="Approvers' signing keys.")
+
+
+app.add_typer(keys_app, name="keys")
+
+
+@keys_app.command("new")
+def keys_new(name: Annotated[str, typer.Argument(help="The approver's name (as in --as)")],
+             directory: Annotated[Path, typer.Option(
+                 "--dir", help="Where NAME.key and NAME.pub are written")] = Path("."),
+             ) -> None:
+    """Make an approver's Ed25519 key pair: NAME.key (private, mode 0600) and NAME.pub."""
+    from boundloop.signing import KeyFileError, new_key
+
+    try:
+        made = new_key(name, directory)
+    except KeyFileError as exc:
+        raise fail(str(exc)) from None
+    except OSError as exc:
+        raise fail(f"cannot write the key files in {directory}: {exc.strerror}") from None
+    key = made.public_line.split()[1]
+    console.print(f"wrote {safe(made.private_path)}: {safe(name)}'s private key (mode 0600); "
+                  "it never leaves the approver", highlight=False)
+    console.print(f"wrote {safe(made.public_path)}: the public key", highlight=False)
+    print(made.public_line)
+    console.print(f"give the public key to the worker (add the line above to its "
+                  f"BOUNDLOOP_APPROVER_KEYS file) or to a run (--policy "
+                  f"'{{\"approver_keys\": {{\"{safe(name)}\": \"{key}\"}}}}'); then "
+                  f"decide with --as {safe(name)} --key {safe(made.private_path)}",
+                  highlight=False, soft_wrap=True)

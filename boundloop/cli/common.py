@@ -1,0 +1,199 @@
+"""What every command shares: the Typer app, settings, the connection, errors printed with
+their exit code, and input checks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Coroutine
+from pathlib import Path
+from typing import Any, TypeVar
+
+import typer
+from pydantic import ValidationError
+from rich.console import Console
+from temporalio.client import (
+    Client,
+)
+from temporalio.service import RPCError, RPCStatusCode
+
+from boundloop import client as ops
+from boundloop.codec import CodecKeyError
+from boundloop.connection import TLS_DROPPED, ConnectionSettingsError, tls_dropped, tls_problem
+from boundloop.contracts import (
+    RunResult,
+    SessionStatus,
+)
+from boundloop.errors import (
+    DecisionRefused,
+    RunEnded,
+    RunIdTaken,
+    RunNotFound,
+    SessionRefused,
+)
+from boundloop.exit_codes import ExitCode
+from boundloop.settings import Settings, one_line
+from boundloop.terminal import console, safe
+
+app = typer.Typer(add_completion=False, no_args_is_help=True,
+                  help="boundloop: a durable, bounded LLM tool-calling loop on Temporal.")
+
+
+err = Console(stderr=True, soft_wrap=True)
+
+
+T = TypeVar("T")
+
+
+#: What the client API raises, as the CLI reports it (the message is the error's own).
+REFUSALS: dict[type[Exception], ExitCode] = {
+    RunNotFound: ExitCode.INVALID, RunIdTaken: ExitCode.INVALID,
+    RunEnded: ExitCode.FAILED, DecisionRefused: ExitCode.FAILED,
+    SessionRefused: ExitCode.FAILED,
+}
+
+
+#: How long the CLI waits for a worker to answer a query or accept an update.
+QUERY_TIMEOUT = 10.0
+
+
+UPDATE_TIMEOUT = 30.0
+
+
+def _run(coro: Coroutine[Any, Any, T]) -> T:
+    try:
+        return asyncio.run(coro)
+    except CodecKeyError as exc:  # a payload this process cannot decrypt
+        raise fail(str(exc)) from None
+    except tuple(REFUSALS) as exc:
+        raise fail(str(exc), REFUSALS[type(exc)]) from None
+    except RPCError as exc:  # a call after connecting: the server went away or refused
+        if exc.status == RPCStatusCode.UNAVAILABLE:
+            raise fail(f"lost the connection to Temporal: {exc.message}",
+                       ExitCode.UNREACHABLE) from None
+        raise fail(f"Temporal refused the request: {exc.message}", ExitCode.FAILED) from None
+
+
+def fail(message: str, code: int = ExitCode.INVALID) -> typer.Exit:
+    err.print(f"[bold red]error:[/] {safe(message)}")
+    return typer.Exit(code)
+
+
+def load_settings() -> Settings:
+    try:
+        return Settings()
+    except ValidationError as exc:
+        raise fail(f"invalid settings: {one_line(exc)}") from None
+
+
+async def connect(settings: Settings) -> Client:
+    from boundloop.connection import connect as settings_connect
+    from boundloop.connection import unreachable_reason
+
+    try:
+        return await settings_connect(settings)
+    except ConnectionSettingsError as exc:
+        raise fail(str(exc)) from None
+    except RuntimeError as exc:
+        problem = tls_problem(exc) or (TLS_DROPPED if tls_dropped(exc, settings) else None)
+        if problem is not None:
+            raise fail(f"cannot connect to Temporal at {settings.temporal_address}: "
+                       f"{problem}", ExitCode.UNREACHABLE) from None
+        raise fail(f"cannot reach Temporal at {settings.temporal_address} "
+                   f"({unreachable_reason(exc)}): start it with `boundloop server` or set "
+                   "TEMPORAL_ADDRESS", ExitCode.UNREACHABLE) from None
+
+
+async def run_result(handle: Any) -> RunResult:
+    """The RunResult however the run ended, or exit 3 when Temporal ended it without one
+    (terminated, timed out)."""
+    try:
+        return await ops.Run(handle).result()
+    except RunEnded as exc:
+        raise fail(str(exc), ExitCode.STOPPED) from None
+
+
+def validation_lines(exc: ValidationError) -> str:
+    return "\n".join(f"  {'.'.join(str(p) for p in e['loc']) or '(value)'}: {e['msg']}"
+                     for e in exc.errors())
+
+
+def json_object(flag: str, text: str | None) -> dict[str, Any]:
+    if not text:
+        return {}
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise fail(f"{flag} is not valid JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise fail(f"{flag} must be a JSON object ({{...}}), not {type(value).__name__}")
+    return value
+
+
+def load_registry() -> Any:
+    from boundloop.tools import catalog
+
+    target = load_settings().tools
+    try:
+        return catalog.load(target)
+    except (ImportError, AttributeError, TypeError, ValueError) as exc:
+        raise fail(f"cannot load the toolset BOUNDLOOP_TOOLS={target!r}: "
+                   f"{type(exc).__name__}: {exc}") from None
+
+
+def load_model_script(path: Path) -> Any:
+    """The script, validated before anything starts (docs/scripted-server.md)."""
+    from boundloop.scripted.script import load_script
+
+    try:
+        return load_script(path)
+    except FileNotFoundError:
+        raise fail(f"model script {path} does not exist") from None
+    except IsADirectoryError:
+        raise fail(f"model script {path} is a directory, not a JSON file") from None
+    except UnicodeDecodeError:
+        raise fail(f"model script {path} is not UTF-8 text") from None
+    except json.JSONDecodeError as exc:
+        raise fail(f"model script {path} is not valid JSON: {exc}") from None
+    except ValidationError as exc:
+        raise fail(f"model script {path} does not follow the script format "
+                   f"(docs/scripted-server.md):\n{validation_lines(exc)}") from None
+    except OSError as exc:
+        raise fail(f"cannot read model script {path}: {exc.strerror}") from None
+
+
+async def describe(handle: Any) -> Any:
+    return await ops.describe(handle)  # RunNotFound: `_run` prints it
+
+
+def check_approver_keys(settings: Settings) -> None:
+    """A worker this command runs itself refuses a bad BOUNDLOOP_APPROVER_KEYS file in
+    one line, as `boundloop worker` does."""
+    from boundloop.signing import KeyFileError
+    from boundloop.worker.main import approver_keys
+
+    try:
+        approver_keys(settings)
+    except KeyFileError as exc:
+        raise fail(f"BOUNDLOOP_APPROVER_KEYS: {exc}") from None
+
+
+def print_session(st: SessionStatus) -> None:
+    state = st.status + (f" ({st.ended})" if st.ended else "")
+    budget = f" of {st.limits.token_budget}" if st.limits.token_budget else ""
+    console.print(f"{safe(st.session_id)}: [bold]{state}[/] · turns {st.turns} of "
+                  f"{st.limits.max_turns} · steps {st.steps} · tool executions "
+                  f"{st.tool_executions} · tokens {st.total_tokens}{budget}"
+                  + (f" · cost ${st.cost_usd:.6f}" if st.cost_usd is not None else ""))
+    if st.current_turn:
+        console.print(f"running: {safe(st.current_turn)} (`boundloop watch "
+                      f"{safe(st.session_id)}` follows it)")
+    if st.waiting:
+        console.print(f"waiting for a turn: {st.waiting} message(s) (busy: "
+                      f"{st.limits.busy})")
+    if st.last is not None:
+        console.print(f"last turn: {safe(st.last.workflow_id)} · {st.last.reason.value} · "
+                      f"steps {st.last.steps} · tokens {st.last.total_tokens}")
+    if st.idle_until:
+        console.print(f"ends if idle until {st.idle_until}")

@@ -1,0 +1,350 @@
+"""Runs: `run`, `status`, `watch`, `list`, `pending`, `cancel`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import signal
+import sys
+import uuid
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from pydantic import ValidationError
+from rich.table import Table
+from temporalio.client import (
+    Client,
+    WorkflowExecutionStatus,
+)
+from temporalio.service import RPCError, RPCStatusCode
+
+from boundloop import client as ops
+from boundloop import search_attributes as sa
+from boundloop.agent import Agent
+from boundloop.cli.agents import build_agent, limit_flags
+from boundloop.cli.common import (
+    QUERY_TIMEOUT,
+    _run,
+    app,
+    check_approver_keys,
+    connect,
+    describe,
+    err,
+    fail,
+    load_model_script,
+    load_settings,
+    print_session,
+    run_result,
+    validation_lines,
+)
+from boundloop.contracts import (
+    SESSION_WORKFLOW,
+    CancelRequest,
+    RunResult,
+    RunStatus,
+)
+from boundloop.core.reasons import StopReason
+from boundloop.exit_codes import ExitCode
+from boundloop.settings import Settings
+from boundloop.terminal import console, exit_code, print_event, print_result, safe
+
+
+def print_pending_table(rows: list[tuple[str, RunStatus]]) -> None:
+    table = Table()
+    for header in ("run", "call id", "tool", "waiting since", "arguments (in full)"):
+        table.add_column(header, overflow="fold")  # wrapped, never cut with an ellipsis
+    for wf_id, status in rows:
+        for a in status.pending:
+            table.add_row(safe(wf_id), safe(a.call_id), safe(a.tool), a.requested_at,
+                          safe(ops.argument_text(a)))
+    console.print(table)
+
+
+@app.command()
+@limit_flags
+def run(
+    question: Annotated[str, typer.Argument(help="The user message")],
+    wait: Annotated[bool, typer.Option("--wait", help="Wait for the RunResult")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object")] = False,
+    model: Annotated[str | None, typer.Option(help="Model name")] = None,
+    api: Annotated[str | None, typer.Option(help="responses | chat")] = None,
+    tools: Annotated[str | None, typer.Option(help="Allowed tools, comma-separated")] = None,
+    instructions: Annotated[str | None, typer.Option(help="Instructions")] = None,
+    model_script: Annotated[Path | None, typer.Option(
+        help="Use the scripted model server with this script (runs its own worker)")] = None,
+    workflow_id: Annotated[str | None, typer.Option("--id", help="Workflow id")] = None,
+    limits: Annotated[str | None, typer.Option("--limits", help="Limits as JSON")] = None,
+    policy: Annotated[str | None, typer.Option("--policy", help="Policy as JSON")] = None,
+    budget: Annotated[str | None, typer.Option(
+        "--budget", help="Spend from this shared budget key (boundloop budget set)")] = None,
+    limit_flags: dict[str, Any] | None = None,
+) -> None:
+    """Start a run. With --model-script the run uses a scripted model and its own worker."""
+    settings = load_settings()
+    script = load_model_script(model_script) if model_script is not None else None
+    if script is not None:
+        check_approver_keys(settings)
+    if script is not None and api is None and script.api is not None:
+        api = script.api  # the script says which API it speaks
+    if not question.strip():
+        raise fail("the question is empty")
+    agent = build_agent(settings, model=model, api=api, tools=tools,
+                        instructions=instructions, limits_json=limits, policy_json=policy,
+                        limit_flags=limit_flags or {}, budget=budget)
+    code = _run(_run_async(settings, agent, question, wait or script is not None, as_json,
+                           script, model_script, workflow_id))
+    raise typer.Exit(code)
+
+
+async def _start(client: Client, agent: Agent[Any], question: str,
+                 workflow_id: str | None) -> Any:
+    try:
+        return (await agent.start(client, question, workflow_id=workflow_id)).handle
+    except RPCError as exc:
+        if exc.status == RPCStatusCode.UNAVAILABLE:
+            raise
+        raise fail(f"the server refused the run: {exc.message}") from None
+
+
+async def _run_async(settings: Settings, agent: Agent[Any], question: str, wait: bool,
+                     as_json: bool,
+                     script: Any, model_script: Path | None, workflow_id: str | None) -> int:
+    client = await connect(settings)
+    if script is None:
+        handle = await _start(client, agent, question, workflow_id)
+        if not as_json:
+            console.print(f"started {handle.id}: {ops.ui_link(settings, handle.id)}")
+        if not wait:
+            if as_json:
+                console.print_json(json.dumps({"workflow_id": handle.id}))
+            return ExitCode.OK
+        return await _follow(handle, settings, as_json)
+    from boundloop.scripted.server import ScriptedModelServer
+    from boundloop.worker.main import build_worker
+
+    # The embedded worker's failed attempts would print SDK tracebacks on stderr.
+    logging.getLogger("temporalio").setLevel(logging.ERROR)
+    scripted = ScriptedModelServer(script)
+    local = settings.model_copy(update={
+        "openai_base_url": scripted.start(), "task_queue": f"script-{uuid.uuid4().hex[:8]}"})
+    handle = None
+    # A closed terminal (SIGHUP) or `kill`/`timeout` (SIGTERM) must end the run like Ctrl-C.
+    main_task = asyncio.current_task()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        if main_task is not None:
+            loop.add_signal_handler(signum, main_task.cancel)
+    try:
+        async with build_worker(client, local):
+            handle = await _start(client, agent.replace(task_queue=local.task_queue),
+                                  question, workflow_id)
+            if not as_json:
+                console.print(f"started {handle.id} against the scripted model "
+                              f"({safe(model_script)})")
+            return await _follow(handle, settings, as_json)
+    except BaseException:
+        # The run's only worker and model die with this process: end the run rather
+        # than leave it waiting on a task queue no worker will ever poll.
+        if handle is not None:
+            with contextlib.suppress(Exception):
+                await handle.terminate(reason="boundloop run --model-script stopped before "
+                                       "the run ended (its embedded worker is gone)")
+                err.print(f"terminated {handle.id}: the embedded worker stopped")
+        raise
+    finally:
+        scripted.stop()
+
+
+def _no_worker(task_queue: str) -> None:
+    err.print(f"[yellow]no worker is answering for this run (task queue {safe(task_queue)}): "
+              "start `boundloop worker`[/]")
+
+
+async def _follow(handle: Any, settings: Settings, as_json: bool) -> int:
+    if not as_json and sys.stdout.isatty():
+        from boundloop.live import watch as live_watch
+
+        await live_watch(handle)
+    else:
+        async for _status, events in ops.follow(handle, on_silence=_no_worker):
+            if not as_json:
+                for ev in events:
+                    print_event(ev)
+    result = await run_result(handle)
+    if as_json:
+        print(result.model_dump_json())
+    else:
+        print_result(result, settings)
+    return exit_code(result)
+
+
+@app.command()
+def status(run_id: Annotated[str, typer.Argument(help="Workflow id")],
+           as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
+    """Show a run: counters, pending approvals, events; the RunResult once it ended."""
+    settings = load_settings()
+
+    async def go() -> int:
+        client = await connect(settings)
+        handle = client.get_workflow_handle(run_id, result_type=RunResult)
+        desc = await describe(handle)
+        if desc.status in (WorkflowExecutionStatus.COMPLETED, WorkflowExecutionStatus.FAILED):
+            result = await run_result(handle)
+            if as_json:
+                print(result.model_dump_json())
+            else:
+                for ev in result.events:
+                    print_event(ev)
+                print_result(result, settings)
+            return exit_code(result)
+        try:
+            st = await asyncio.wait_for(ops.query_status(handle), timeout=QUERY_TIMEOUT)
+        except (RPCError, TimeoutError):
+            # Queries need a worker; describe() and search attributes do not.
+            attrs = desc.typed_search_attributes
+            raise fail(f"{run_id}: {desc.status.name.lower() if desc.status else '?'} "
+                       f"(BoundloopStatus {attrs.get(sa.STATUS) or '-'}, steps "
+                       f"{attrs.get(sa.STEPS) or 0}); no worker answered the status query "
+                       f"— is `boundloop worker` running for task queue {desc.task_queue}?",
+                       ExitCode.FAILED) from None
+        if as_json:
+            print(st.model_dump_json())
+        else:
+            console.print(f"{safe(run_id)}: [bold]{st.status}[/] · steps {st.steps} · tool "
+                          f"executions {st.tool_executions} · tokens {st.total_tokens}")
+            for ev in st.events:
+                print_event(ev)
+            if st.pending:
+                print_pending_table([(run_id, st)])
+        # Open: 0. Closed by Temporal (terminated, timed out) without a RunResult: 3.
+        return (ExitCode.OK if desc.status == WorkflowExecutionStatus.RUNNING
+                else ExitCode.STOPPED)
+
+    raise typer.Exit(_run(go()))
+
+
+@app.command()
+def watch(run_id: Annotated[str, typer.Argument(help="Workflow id")]) -> None:
+    """Follow a run live (steps, tool executions, tokens, cost, approvals) until it ends;
+    for a session, each of its turns as it runs, until the session ends."""
+    settings = load_settings()
+
+    async def go() -> int:
+        from boundloop.live import watch as live_watch
+
+        client = await connect(settings)
+        handle = client.get_workflow_handle(run_id, result_type=RunResult)
+        desc = await describe(handle)
+        if desc.workflow_type == SESSION_WORKFLOW:  # follows each turn as it runs
+            return await _watch_session(client, ops.get_session(client, run_id), settings)
+        await live_watch(handle)
+        result = await run_result(handle)
+        print_result(result, settings)
+        return exit_code(result)
+
+    raise typer.Exit(_run(go()))
+
+
+@app.command("list")
+def list_runs(
+    status_filter: Annotated[str | None, typer.Option(
+        "--status", help="running | waiting_approval | completed | stopped")] = None,
+    reason: Annotated[str | None, typer.Option(help="Stop reason, e.g. max_steps")] = None,
+    limit: Annotated[int, typer.Option(help="At most this many runs", min=1)] = 20,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """List runs by search attribute, newest first."""
+    settings = load_settings()
+    statuses = {"running", "waiting_approval", "completed", "stopped"}
+    if status_filter is not None and status_filter not in statuses:
+        raise fail(f"--status must be one of {sorted(statuses)}")
+    if reason is not None and reason not in {r.value for r in StopReason}:
+        raise fail(f"--reason must be one of {[r.value for r in StopReason]}")
+
+    async def go() -> None:
+        rows = await ops.list_runs(await connect(settings), status_filter, reason, limit)
+        if as_json:
+            print(json.dumps(rows, ensure_ascii=False))
+            return
+        table = Table("run", "status", "reason", "steps", "tools", "pending", "started")
+        for r in rows:
+            table.add_row(r["workflow_id"], r["status"], r["reason"] or "", str(r["steps"]),
+                          str(r["tool_executions"]), str(r["pending_approvals"]),
+                          r["start_time"])
+        console.print(table)
+
+    _run(go())
+
+
+@app.command()
+def pending(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
+    """List calls waiting for approval across runs."""
+    settings = load_settings()
+
+    async def go() -> None:
+        unanswered: list[str] = []
+        rows = await ops.pending_runs(await connect(settings), unanswered)
+        for wf_id in unanswered:
+            err.print(f"[yellow]note:[/] {safe(wf_id)} waits for approval but no worker "
+                      "answered its status query: is `boundloop worker` running?")
+        if as_json:
+            print(json.dumps([{"workflow_id": wf, "call_id": a.call_id, "tool": a.tool,
+                               "arguments": a.arguments, "requested_at": a.requested_at}
+                              for wf, st in rows for a in st.pending], ensure_ascii=False))
+        elif not rows:
+            console.print("no calls are waiting for approval")
+        else:
+            print_pending_table(rows)
+
+    _run(go())
+
+
+@app.command()
+def cancel(run_id: Annotated[str, typer.Argument(help="Workflow id")],
+           reason: Annotated[str | None, typer.Option(
+               "--reason", help="Why (kept in the run's event log and result)")] = None,
+           ) -> None:
+    """Cancel a run in any state: it stops with `cancelled`; a running tool or model
+    request is told to stop (docs/durability.md, "Cancels")."""
+    try:
+        request = CancelRequest(reason=reason)
+    except ValidationError as exc:
+        raise fail(f"--reason: {validation_lines(exc)}") from None
+    settings = load_settings()
+
+    async def go() -> None:
+        client = await connect(settings)
+        await ops.get_run(client, run_id).cancel(request.reason)
+        console.print(f"{safe(run_id)}: cancel requested; the run stops with `cancelled` "
+                      f"(follow it with `boundloop watch {safe(run_id)}`)")
+
+    _run(go())
+
+
+async def _watch_session(client: Client, session: ops.Session, settings: Settings) -> int:
+    """`boundloop watch SESSION`: follow each turn live as it runs, print its result,
+    until the session ends."""
+    from boundloop.live import watch as live_watch
+
+    followed: set[str] = set()
+    code: int = ExitCode.OK
+    while True:
+        desc = await session.handle.describe()
+        st = await asyncio.wait_for(session.show(), timeout=QUERY_TIMEOUT)
+        turn = st.current_turn
+        if turn is not None and turn not in followed:
+            followed.add(turn)
+            handle = client.get_workflow_handle(turn, result_type=RunResult)
+            await live_watch(handle)
+            result = await run_result(handle)
+            print_result(result, settings)
+            code = exit_code(result)
+            continue
+        if desc.status != WorkflowExecutionStatus.RUNNING:
+            print_session(st)
+            return code
+        await asyncio.sleep(0.3)

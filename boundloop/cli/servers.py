@@ -1,0 +1,161 @@
+"""Processes: `server`, `worker`, `demo`, `codec-key`, `codec-server`, `console`.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from boundloop.cli.common import (
+    _run,
+    app,
+    check_approver_keys,
+    err,
+    fail,
+    load_model_script,
+    load_registry,
+    load_settings,
+)
+from boundloop.codec import CodecKeyError
+from boundloop.connection import ConnectionSettingsError
+from boundloop.exit_codes import ExitCode
+from boundloop.settings import worker_settings_problem
+from boundloop.terminal import console
+
+
+@app.command()
+def server(
+    data_dir: Annotated[Path | None, typer.Option(help="Where temporal.db lives")] = None,
+    port: int = 7233, ui_port: int = 8233,
+    ui_codec_endpoint: Annotated[str | None, typer.Option(
+        help="The Web UI decodes payloads through this codec server "
+             "(`boundloop codec-server`), e.g. http://127.0.0.1:8081")] = None,
+) -> None:
+    """Start the Temporal dev server (SQLite file, Web UI, search attributes, fast settings)."""
+    from boundloop.devserver import DevServer
+
+    settings = load_settings()
+    srv = DevServer(data_dir or settings.data_dir, port=port, ui_port=ui_port,
+                    ui_codec_endpoint=ui_codec_endpoint)
+    try:
+        srv.start()
+    except RuntimeError as exc:
+        raise fail(str(exc), ExitCode.FAILED) from None
+    console.print(f"Temporal dev server on {srv.address}, Web UI http://127.0.0.1:{ui_port} "
+                  f"(database {srv.data_dir / 'temporal.db'}). Ctrl-C stops it.")
+    signal.signal(signal.SIGTERM, lambda *_: srv.stop())
+    try:
+        while srv.process is not None and srv.process.poll() is None:
+            time.sleep(0.5)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        srv.stop()
+
+
+@app.command()
+def worker(
+    model_script: Annotated[Path | None, typer.Option(
+        help="Serve the model from this script (docs/scripted-server.md)")] = None,
+) -> None:
+    """Run a worker: the workflow, the model activity and the tool activity."""
+    from boundloop.worker.main import main as worker_main
+
+    settings = load_settings()
+    load_registry()
+    if model_script is not None:
+        from boundloop.scripted.server import ScriptedModelServer
+
+        scripted = ScriptedModelServer(load_model_script(model_script))
+        settings = settings.model_copy(update={"openai_base_url": scripted.start()})
+        console.print(f"scripted model server at {settings.openai_base_url}")
+    elif not settings.model_configured:
+        err.print("[yellow]warning:[/] neither OPENAI_API_KEY nor OPENAI_BASE_URL is set: "
+                  "model requests will fail (use --model-script FILE for a scripted model)")
+    worker_main(settings)
+
+
+@app.command()
+def demo(interactive: Annotated[bool, typer.Option(
+        "--interactive", help="Wait for a person to approve the ticket")] = False) -> None:
+    """The main job, end to end on the embedded dev server."""
+    from boundloop.demo import run_demo
+
+    settings = load_settings()
+    problem = worker_settings_problem(settings)  # the demo runs a worker of its own
+    if problem is not None:
+        raise fail(problem)
+    check_approver_keys(settings)
+    code = _run(run_demo(settings, interactive=interactive))
+    raise typer.Exit(code)
+
+
+codec_key_app = typer.Typer(no_args_is_help=True, help="Payload encryption keys.")
+
+
+app.add_typer(codec_key_app, name="codec-key")
+
+
+@codec_key_app.command("new")
+def codec_key_new(key_id: Annotated[str, typer.Argument(
+        help="An id for the key (letters, digits, . _ -), e.g. 2026-12")]) -> None:
+    """Print a new `id:base64key` line (AES-256). Append it to the BOUNDLOOP_CODEC_KEYS
+    file: the last line encrypts new payloads, every line still decrypts."""
+    from boundloop.codec import new_key_line
+
+    try:
+        line = new_key_line(key_id)
+    except CodecKeyError as exc:
+        raise fail(str(exc)) from None
+    sys.stdout.write(line + "\n")
+
+
+@app.command("codec-server")
+def codec_server(
+    host: Annotated[str, typer.Option(help="Address to listen on")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port to listen on")] = 8081,
+    tls_cert: Annotated[Path | None, typer.Option(help="Serve HTTPS with this "
+                                                  "certificate (PEM)")] = None,
+    tls_key: Annotated[Path | None, typer.Option(help="Its private key (PEM)")] = None,
+) -> None:
+    """Serve Temporal's codec endpoints (/encode, /decode) with the BOUNDLOOP_CODEC_KEYS
+    keys, for the Web UI (its "Codec Server" setting, or `boundloop server
+    --ui-codec-endpoint`) and `temporal workflow show --codec-endpoint`."""
+    from boundloop import codec_server as cs
+    from boundloop.connection import codec as settings_codec
+
+    settings = load_settings()
+    try:
+        codec = settings_codec(settings)
+    except ConnectionSettingsError as exc:
+        raise fail(str(exc)) from None
+    if codec is None:
+        raise fail("no codec keys: set BOUNDLOOP_CODEC_KEYS to the key file the workers use "
+                   "(or BOUNDLOOP_CODEC_KEY)")
+    if (tls_cert is None) != (tls_key is None):
+        raise fail("--tls-cert and --tls-key go together")
+    origins = cs.origins_of(settings.codec_cors_origins, settings.ui_url)
+    token = settings.codec_token.get_secret_value() if settings.codec_token else None
+    scheme = "https" if tls_cert else "http"
+    console.print(f"codec server on {scheme}://{host}:{port} (keys {', '.join(codec.key_ids)};"
+                  f" encrypting with {codec.current}; CORS {', '.join(origins)}; "
+                  f"{'bearer token required' if token else 'no token'}). Ctrl-C stops it.")
+    cs.serve(codec, host=host, port=port, origins=origins, token=token,
+             certfile=str(tls_cert) if tls_cert else None,
+             keyfile=str(tls_key) if tls_key else None)
+
+
+def _console_commands() -> None:
+    """`boundloop console` and `boundloop console-approver` (boundloop/console/command.py)."""
+    from boundloop.console import command
+
+    app.command("console")(command.serve)
+    app.command("console-approver")(command.approver)
+
+
+_console_commands()

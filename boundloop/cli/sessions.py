@@ -1,0 +1,181 @@
+"""Sessions: `session start|show|end`, `say`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Annotated, Any
+
+import typer
+from pydantic import ValidationError
+from temporalio.client import (
+    Client,
+)
+from temporalio.service import RPCError
+
+from boundloop import client as ops
+from boundloop.cli.agents import build_agent, limit_flags
+from boundloop.cli.common import (
+    QUERY_TIMEOUT,
+    _run,
+    app,
+    connect,
+    describe,
+    err,
+    fail,
+    load_settings,
+    print_session,
+    validation_lines,
+)
+from boundloop.contracts import (
+    SESSION_WORKFLOW,
+    RunResult,
+)
+from boundloop.core.session import SessionLimits
+from boundloop.exit_codes import ExitCode
+from boundloop.settings import Settings
+from boundloop.terminal import console, exit_code, print_event, print_result, safe
+
+session_app = typer.Typer(no_args_is_help=True, help="Multi-turn sessions: one "
+                          "conversation across turns (send messages with `boundloop say`).")
+
+
+app.add_typer(session_app, name="session")
+
+
+@session_app.command("start")
+@limit_flags
+def start(
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object")] = False,
+    idle_seconds: Annotated[float | None, typer.Option(
+        help="End the session after this long without a turn (default 3600)")] = None,
+    max_turns: Annotated[int | None, typer.Option(help="Turns allowed (default 100)")] = None,
+    token_budget: Annotated[int | None, typer.Option(
+        help="Known total tokens of all turns; each turn's token threshold is at most "
+             "what is left")] = None,
+    busy: Annotated[str | None, typer.Option(
+        help="A message sent while a turn runs: refuse (default) | queue (it starts the "
+             "next turn) | interrupt (the turn stops at its next safe point)")] = None,
+    model: Annotated[str | None, typer.Option(help="Model name")] = None,
+    api: Annotated[str | None, typer.Option(help="responses | chat")] = None,
+    tools: Annotated[str | None, typer.Option(help="Allowed tools, comma-separated")] = None,
+    instructions: Annotated[str | None, typer.Option(help="Instructions")] = None,
+    session_id: Annotated[str | None, typer.Option("--id", help="Session id")] = None,
+    limits: Annotated[str | None, typer.Option("--limits", help="Turn limits as JSON")] = None,
+    policy: Annotated[str | None, typer.Option("--policy", help="Policy as JSON")] = None,
+    limit_flags: dict[str, Any] | None = None,
+) -> None:
+    """Start a session. Each turn is one bounded run with these limits; the session's
+    own limits bound the turns, their tokens and the idle time."""
+    settings = load_settings()
+    # The turns' settings are a run's settings, checked the same way (the message comes
+    # with each `say`).
+    agent = build_agent(settings, model=model, api=api, tools=tools,
+                        instructions=instructions, limits_json=limits, policy_json=policy,
+                        limit_flags=limit_flags or {})
+    chosen = {"idle_seconds": idle_seconds, "max_turns": max_turns,
+              "token_budget": token_budget, "busy": busy}
+    try:
+        session_limits = SessionLimits.model_validate(
+            {k: v for k, v in chosen.items() if v is not None})
+    except ValidationError as exc:
+        raise fail("invalid session limits:\n" + validation_lines(exc)) from None
+
+    async def go() -> None:
+        client = await connect(settings)
+        session = await agent.session(client, limits=session_limits, session_id=session_id)
+        if as_json:
+            print(json.dumps({"session_id": session.id}))
+        else:
+            console.print(f"started session {session.id}: send messages with `boundloop "
+                          f"say {session.id} \"…\"`")
+            console.print(f"Web UI: {ops.ui_link(settings, session.id)}")
+
+    _run(go())
+
+
+def _session(client: Client, session_id: str) -> ops.Session:
+    return ops.get_session(client, session_id)
+
+
+@app.command()
+def say(session_id: Annotated[str, typer.Argument(help="Session id")],
+        message: Annotated[str, typer.Argument(help="The user's next message")],
+        as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object")]
+        = False) -> None:
+    """Run one turn of a session and print its result (as `run --wait`; exit 0 when the
+    turn completed, 3 when it stopped). Refused while a turn runs, or once ended."""
+    if not message.strip():
+        raise fail("the message is empty")
+    settings = load_settings()
+
+    async def go() -> int:
+        client = await connect(settings)
+        session = _session(client, session_id)
+        await _described(session)
+        # What the session did with the message (started, queued, interrupting): on
+        # stderr, so `--json` output stays one object.
+        result = await session.say(message, taken=lambda what: err.print(safe(what)))
+        return _print_turn(result, settings, as_json)
+
+    raise typer.Exit(_run(go()))
+
+
+def _print_turn(result: RunResult, settings: Settings, as_json: bool) -> int:
+    if as_json:
+        print(result.model_dump_json(exclude={"continuation"}))
+    else:
+        for ev in result.events:
+            print_event(ev)
+        print_result(result, settings)
+    return exit_code(result)
+
+
+async def _described(session: ops.Session) -> Any:
+    desc = await describe(session.handle)
+    if desc.workflow_type != SESSION_WORKFLOW:
+        raise fail(f"{session.id} is not a session (it is a {desc.workflow_type} workflow)")
+    return desc
+
+
+@session_app.command("show")
+def show(session_id: Annotated[str, typer.Argument(help="Session id")],
+         as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
+    """A session's turns, tokens, running or last turn, and when it ends if idle."""
+    settings = load_settings()
+
+    async def go() -> None:
+        client = await connect(settings)
+        session = _session(client, session_id)
+        await _described(session)
+        try:
+            st = await asyncio.wait_for(session.show(), timeout=QUERY_TIMEOUT)
+        except (RPCError, TimeoutError):
+            raise fail(f"{session_id}: no worker answered the status query — is `boundloop "
+                       "worker` running?", ExitCode.FAILED) from None
+        if as_json:
+            print(st.model_dump_json())
+        else:
+            print_session(st)
+
+    _run(go())
+
+
+@session_app.command("end")
+def end(session_id: Annotated[str, typer.Argument(help="Session id")],
+        as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
+    """End a session; a running turn is cancelled first (it ends `cancelled`)."""
+    settings = load_settings()
+
+    async def go() -> None:
+        client = await connect(settings)
+        session = _session(client, session_id)
+        await _described(session)
+        st = await session.end()
+        if as_json:
+            print(st.model_dump_json())
+        else:
+            print_session(st)
+
+    _run(go())
