@@ -34,6 +34,7 @@ from temporalio.service import RPCError
 
 import boundloop
 from boundloop.client import query_status, result_of, start_run
+from boundloop.codec import EncryptionCodec, load_keys, new_key_line
 from boundloop.console.auth import hash_credential
 from boundloop.contracts import RunInput, RunResult
 from boundloop.core.limits import Policy, RunSettings
@@ -71,6 +72,7 @@ class Deployed:
     shots: Path
     model: ScriptedModelServer
     queue: str
+    plain: Client  # without the codec key
 
 
 class NoRedirect(urllib.request.HTTPRedirectHandler):
@@ -78,9 +80,15 @@ class NoRedirect(urllib.request.HTTPRedirectHandler):
         return None
 
 
-def http(url: str, data: dict[str, str] | None = None, cookie: str | None = None
-         ) -> tuple[int, dict[str, str], str]:
-    """One plain HTTP request (redirects not followed): status, headers, body."""
+async def http(url: str, data: dict[str, str] | None = None, cookie: str | None = None
+               ) -> tuple[int, dict[str, str], str]:
+    """One plain HTTP request (redirects not followed): status, headers, body. In a
+    thread: the test's event loop also runs the worker that answers the console."""
+    return await asyncio.to_thread(_http, url, data, cookie)
+
+
+def _http(url: str, data: dict[str, str] | None, cookie: str | None
+          ) -> tuple[int, dict[str, str], str]:
     body = urllib.parse.urlencode(data).encode() if data is not None else None
     req = urllib.request.Request(url, data=body, method="POST" if data is not None else "GET")
     if cookie:
@@ -112,8 +120,12 @@ async def deployed(temporal: Client, tmp_path_factory: pytest.TempPathFactory
     data_dir = base / "data"
     port = free_port()
     address = temporal.service_client.config.target_host
+    # Every payload encrypted: the worker, the runs and the console share the codec key.
+    key_line = new_key_line("console")
+    codec = EncryptionCodec(load_keys(keys_file=None, keys_text=key_line) or {})
+    client = await boundloop.connect(address, codec=codec)
     env = {**os.environ, "TEMPORAL_ADDRESS": address, "BOUNDLOOP_CONSOLE_APPROVERS":
-           str(approvers), "BOUNDLOOP_CONSOLE_KEYS": str(keys)}
+           str(approvers), "BOUNDLOOP_CONSOLE_KEYS": str(keys), "BOUNDLOOP_CODEC_KEY": key_line}
     console = subprocess.Popen(
         [sys.executable, "-m", "boundloop.cli", "console", "--port", str(port)], env=env,
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
@@ -121,10 +133,10 @@ async def deployed(temporal: Client, tmp_path_factory: pytest.TempPathFactory
     settings = RunSettings(model="scripted-model", policy=Policy(
         approver_keys={"alice": alice.public_line.split()[1]}))
     try:
-        async with make_worker(temporal, queue, model.start(), data_dir):
+        async with make_worker(client, queue, model.start(), data_dir):
             runs = []
             for n in (1, 2, 3):  # one at a time: the scripted model answers in order
-                handle = await start_run(temporal, RunInput(
+                handle = await start_run(client, RunInput(
                     question=f"Open a restock ticket for B-00{n}", settings=settings,
                     tools=DEMO_TOOLS), task_queue=queue)
 
@@ -140,8 +152,9 @@ async def deployed(temporal: Client, tmp_path_factory: pytest.TempPathFactory
             await wait_until(up, timeout=60)
             shots = Path(os.environ.get("BOUNDLOOP_UI_SCREENSHOTS") or base / "shots")
             shots.mkdir(parents=True, exist_ok=True)
-            yield Deployed(url=f"http://127.0.0.1:{port}", client=temporal, runs=runs,
-                           data_dir=data_dir, shots=shots, model=model, queue=queue)
+            yield Deployed(url=f"http://127.0.0.1:{port}", client=client, runs=runs,
+                           data_dir=data_dir, shots=shots, model=model, queue=queue,
+                           plain=temporal)
             for h in runs:  # a run the test left waiting
                 with contextlib.suppress(RPCError):
                         await h.terminate("console test finished")
@@ -154,12 +167,13 @@ async def deployed(temporal: Client, tmp_path_factory: pytest.TempPathFactory
         assert secret not in output, output
 
 
-def sign_in(url: str, approver: str, credential: str) -> tuple[str, str]:
+async def sign_in(url: str, approver: str, credential: str) -> tuple[str, str]:
     """A session cookie and its CSRF token, by plain HTTP."""
-    status, headers, _ = http(f"{url}/login", {"approver": approver, "credential": credential})
+    status, headers, _ = await http(f"{url}/login",
+                                    {"approver": approver, "credential": credential})
     assert status == 303 and "set-cookie" in {k.lower() for k in headers}
     cookie = next(v for k, v in headers.items() if k.lower() == "set-cookie").split(";")[0]
-    _, _, page = http(f"{url}/approvals", cookie=cookie)
+    _, _, page = await http(f"{url}/approvals", cookie=cookie)
     token = page.split('name="csrf" value="', 1)[1].split('"', 1)[0]
     return cookie, token
 
@@ -168,23 +182,28 @@ async def test_requests_without_session_or_csrf_change_nothing(deployed: Deploye
     url, run = deployed.url, deployed.runs[0]
     decision = {"run": run.id, "call_id": "t1", "action": "approve"}
     # No session: pages send to sign-in, a decision is refused.
-    status, headers, _ = http(f"{url}/approvals")
+    status, headers, _ = await http(f"{url}/approvals")
     assert status == 303 and headers["location"].startswith("/login")
-    assert http(f"{url}/decide", decision)[0] == 401
-    assert http(f"{url}/api/stream/runs/{run.id}")[0] == 401
-    assert http(f"{url}/api/runs/{run.id}")[0] == 401
+    assert (await http(f"{url}/decide", decision))[0] == 401
+    assert (await http(f"{url}/api/stream/runs/{run.id}"))[0] == 401
+    assert (await http(f"{url}/api/runs/{run.id}"))[0] == 401
     # A forged cookie is no session.
-    assert http(f"{url}/decide", decision, cookie="boundloop_console=e30.AAAA")[0] == 401
+    assert (await http(f"{url}/decide", decision, cookie="boundloop_console=e30.AAAA"))[0] == 401
     # A wrong credential signs nobody in.
-    status, headers, _ = http(f"{url}/login", {"approver": "alice", "credential": "guess"})
+    status, headers, _ = await http(f"{url}/login", {"approver": "alice", "credential": "guess"})
     assert status == 303 and "error=" in headers["location"]
     assert not any(k.lower() == "set-cookie" for k in headers)
     # Signed in, but without the CSRF token (or with another one): refused.
-    cookie, token = sign_in(url, "bob", "bobs-token-0123456789")
-    assert http(f"{url}/decide", decision, cookie=cookie)[0] == 403
-    assert http(f"{url}/decide", {**decision, "csrf": token + "x"}, cookie=cookie)[0] == 403
+    cookie, token = await sign_in(url, "bob", "bobs-token-0123456789")
+    assert (await http(f"{url}/decide", decision, cookie=cookie))[0] == 403
+    assert (await http(f"{url}/decide", {**decision, "csrf": token + "x"}, cookie=cookie))[0] == 403
     pending = (await query_status(run)).pending
     assert [a.call_id for a in pending] == ["t1"]
+    # The run's payloads are encrypted in history: the console read them with its key.
+    async for event in deployed.plain.get_workflow_handle(run.id).fetch_history_events():
+        payload = event.workflow_execution_started_event_attributes.input.payloads[0]
+        assert payload.metadata["encoding"] == b"binary/encrypted"
+        break
     assert not any(ev.event.startswith("approval_a") for ev in (await query_status(run)).events)
 
 
