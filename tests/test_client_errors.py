@@ -1,0 +1,51 @@
+"""The client API answers with boundloop's errors, for runs and sessions alike: a library
+user gets `RunNotFound`, `RunEnded`, `RunIdTaken`, `DecisionRefused` (the CLI only prints
+them), never Temporal's RPCError."""
+
+from __future__ import annotations
+
+import pytest
+from temporalio.client import Client
+
+import boundloop
+from boundloop.testing import AgentEnvironment, responses
+
+tools = boundloop.Toolset[None]()
+
+
+@tools.tool(side_effects=True, needs_approval=True)
+def ship(sku: str) -> dict[str, str]:
+    """Ship a SKU."""
+    return {"shipped": sku}
+
+
+agent = boundloop.Agent(tools, model="m")
+
+
+async def test_an_unknown_id_is_run_not_found(temporal: Client) -> None:
+    run = boundloop.get_run(temporal, "no-such-run")
+    for attempt in (run.status(), run.approve("c1"), run.cancel(), run.result(),
+                    boundloop.get_session(temporal, "no-such-session").say("hi")):
+        with pytest.raises(boundloop.RunNotFound, match="no run 'no-such-"):
+            await attempt
+
+
+async def test_an_ended_run_refuses_decisions_and_cancels_and_ids_are_never_reused(
+        temporal: Client) -> None:
+    script = [responses.call("ship", {"sku": "A"}, "call_a"),
+              responses.answer("shipped", number=2)]
+    async with AgentEnvironment(agent, deps=None, script=script, client=temporal) as env:
+        run = await env.start("ship A", workflow_id=f"errors-{env.agent.task_queue}")
+        await env.pending(run, "call_a")
+        with pytest.raises(boundloop.DecisionRefused, match="nope"):
+            await run.approve("nope")
+        await run.approve("call_a")
+        result = await env.result(run)
+        with pytest.raises(boundloop.RunIdTaken, match="already used"):
+            await env.start("again", workflow_id=run.id)
+        with pytest.raises(boundloop.RunEnded, match="has ended: it takes no more decisions"):
+            await run.approve("call_a")
+        with pytest.raises(boundloop.RunEnded, match="has ended: it takes no more cancels"):
+            await run.cancel()
+        assert (await run.status()).status == "completed"  # an ended run still answers
+    assert result.reason == "completed"
