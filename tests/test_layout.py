@@ -48,3 +48,16 @@ def test_the_distribution_installs_only_the_boundloop_namespace(tmp_path: Path) 
     for package in ("workflows", "activities", "worker"):
         assert f"boundloop/{package}/__init__.py" in names
     assert "boundloop/workflows/loop.py" in names
+
+
+def test_the_cli_is_a_package_of_command_groups() -> None:
+    # A `boundloop/cli.py` beside the package would be shadowed by it, silently.
+    assert not (ROOT / "boundloop" / "cli.py").exists()
+    assert all(p.stat().st_size < 16_000 for p in (ROOT / "boundloop" / "cli").glob("*.py"))
+
+
+def test_no_product_module_holds_the_test_helpers() -> None:
+    # Polling and free ports are the testing kit's (boundloop.testing), not the client's.
+    for module in ("client.py", "devserver.py"):
+        text = (ROOT / "boundloop" / module).read_text(encoding="utf-8")
+        assert "def wait_until" not in text and "def free_port" not in text, module
