@@ -11,6 +11,8 @@ becomes a typed fault, not a crash.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import time
 from datetime import timedelta
@@ -162,6 +164,16 @@ class ModelActivities:
             if info.attempt > 1:  # the attempt before this one died (its worker was lost)
                 topic.publish(Reset(step=req.step, attempt=f"{info.activity_id}."
                                     f"{info.attempt - 1}"), force_flush=True)
+
+            stop = asyncio.Event()
+
+            async def tick() -> None:  # a provider that pauses still has its text sent
+                while not stop.is_set():
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(stop.wait(), STREAM_BATCH.total_seconds())
+                    await batch.send(due_only=True)
+
+            ticker = asyncio.create_task(tick())
             try:
                 async for chunk in raw.aiter_bytes():
                     for data in parser.feed(chunk):
@@ -180,6 +192,9 @@ class ModelActivities:
             except httpx.TransportError:
                 await batch.send()  # cut: a cut body is a protocol fault, as unstreamed
             finally:
+                stop.set()  # not cancelled: a batch it is sending goes out whole
+                with contextlib.suppress(Exception):
+                    await ticker
                 await raw.aclose()
         return fold.result()
 
@@ -196,6 +211,7 @@ class _TextBatch:
         self._bytes = 0  # in the batch
         self._sent = 0  # in all batches
         self._since = time.monotonic()
+        self._lock = asyncio.Lock()  # one batch at a time, its pieces in order
 
     def add(self, text: str) -> None:
         if text:
@@ -205,6 +221,10 @@ class _TextBatch:
     async def send(self, *, due_only: bool = False) -> None:
         """Publish the batch (with `due_only`, only once it is STREAM_BATCH old or full),
         and wait until the run has it."""
+        async with self._lock:
+            await self._send(due_only)
+
+    async def _send(self, due_only: bool) -> None:
         if not self._text or (due_only and self._bytes < STREAM_BATCH_BYTES
                               and time.monotonic() - self._since
                               < STREAM_BATCH.total_seconds()):

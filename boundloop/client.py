@@ -507,12 +507,24 @@ async def stream_items(handle: WorkflowHandle[Any, Any],
     client: Client = handle._client  # the handle's own client: its converter and codec
     reader = WorkflowStreamClient.create(client, handle.id)
     converter = client.data_converter.payload_converter
-    async for wire in reader.subscribe([STREAM_TOPIC], from_offset, result_type=RawValue):
-        item = _STREAM_ITEM.validate_python(converter.from_payload(wire.data.payload))
-        item = item.model_copy(update={"offset": wire.offset})
-        yield item
-        if isinstance(item, StreamResult):
+    offset, retries = from_offset, 0
+    while True:
+        try:
+            async for wire in reader.subscribe([STREAM_TOPIC], offset, result_type=RawValue):
+                item = _STREAM_ITEM.validate_python(converter.from_payload(wire.data.payload))
+                item = item.model_copy(update={"offset": wire.offset})
+                offset, retries = wire.offset + 1, 0
+                yield item
+                if isinstance(item, StreamResult):
+                    return
             return
+        except RPCError as exc:
+            # A read the server refused for a moment (a run closing as it is read):
+            # resume after the last item, as any reconnecting reader does.
+            retries += 1
+            if exc.status == RPCStatusCode.NOT_FOUND or retries > 3:
+                raise
+            await asyncio.sleep(0.2 * retries)
 
 
 async def query_status(handle: WorkflowHandle[Any, Any]) -> RunStatus:
