@@ -351,3 +351,20 @@ async def test_a_session_in_the_chat_view_queues_a_message_and_approves_inside_i
     assert (shown.turns, shown.waiting, shown.last and shown.last.reason) == (
         2, 0, StopReason.COMPLETED)
     await session.end()
+
+
+async def test_the_runs_list_filters_by_state_tool_and_approver(deployed: Deployed) -> None:
+    """After the decisions above: alice decided all three runs, none called lookup_stock."""
+    ids = {h.id for h in deployed.runs}
+    cookie, _ = await sign_in(deployed.url, "bob", "bobs-token-0123456789")
+
+    async def listed(query: str) -> set[str]:
+        _, _, page = await http(f"{deployed.url}/?{query}", cookie=cookie)
+        return {i for i in ids if f'data-run="{i}"' in page}
+
+    assert await listed("state=completed&approver=alice") == ids
+    assert await listed("tool=create_ticket") == ids
+    assert await listed("approver=bob") == set()
+    assert await listed("tool=lookup_stock") == set()
+    assert await listed("state=stopped") == set()
+    assert await listed("reason=max_steps") == set()
