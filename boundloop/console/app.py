@@ -50,6 +50,8 @@ DECISION_TIMEOUT = 30.0
 #: The largest form body read (edited arguments included).
 MAX_FORM_BYTES = 256 * 1024
 STATES = ["running", "waiting_approval", "stopped", "completed"]
+#: Turns a session's chat view shows (the latest; older ones by their run pages).
+SESSION_TURNS_SHOWN = 20
 
 
 @dataclass
@@ -555,7 +557,8 @@ async def session_snapshot(console: Console, session_id: str) -> dict[str, Any]:
     session = ops.get_session(console.client, session_id)
     st: SessionStatus = await asyncio.wait_for(session.show(), timeout=QUERY_TIMEOUT)
     turns = []
-    for n in range(1, st.turns + 1):
+    # The latest turns only: each is read from its own run (a long session stays quick).
+    for n in range(max(1, st.turns - SESSION_TURNS_SHOWN + 1), st.turns + 1):
         turn = session.turn(n)
         snap: dict[str, Any] = {"turn": n, "workflow_id": turn.id}
         with contextlib.suppress(Exception):
