@@ -31,7 +31,8 @@ pytest: $(STAMP)
 test: lint typecheck pytest
 
 bench: $(STAMP)
-	$(BIN)/python -m bench.run
+	$(BIN)/python -m bench.run --json bench/results.new.json
+	mv bench/results.new.json bench/results.json
 	$(BIN)/python -m bench.budget
 	$(BIN)/python -m bench.streaming
 

@@ -1,9 +1,13 @@
 """Heartbeats for both activities (docs/durability.md, "Crashes and retries", "Cancels").
 
-A running attempt heartbeats every second. The workflow schedules each activity with a
-heartbeat timeout, so an attempt whose worker died is detected within it and retried by
-Temporal without counting as a failure; and a cancel (the run was cancelled) reaches the
-attempt with the next heartbeat's answer: the SDK cancels the activity's task.
+A running attempt heartbeats every second, the first time one second after it started:
+an attempt that ends sooner (an instant model, a short tool: most of them) sends none,
+and each heartbeat is a request the Temporal server persists. The workflow schedules
+each activity with a heartbeat timeout, so an attempt whose worker died is detected
+within it and retried by Temporal without counting as a failure; and a cancel (the run
+was cancelled) reaches the attempt with the next heartbeat's answer: the SDK cancels the
+activity's task. A heartbeat at the start would tell the server nothing the activity's
+start did not: that the worker was alive then.
 """
 
 from __future__ import annotations
@@ -15,18 +19,20 @@ from typing import Any
 
 from temporalio import activity
 
-#: Seconds between heartbeats (the worker sends them at most this often too).
+#: Seconds before the first heartbeat and between heartbeats (the worker sends them at
+#: most this often too); well inside the workflow's 5 s heartbeat timeout.
 HEARTBEAT_EVERY = 1.0
 
 
 @asynccontextmanager
 async def heartbeating(details: Callable[[], tuple[Any, ...]] = tuple) -> AsyncIterator[None]:
-    """Heartbeat with `details()` every HEARTBEAT_EVERY seconds while the block runs."""
+    """Heartbeat with `details()` every HEARTBEAT_EVERY seconds while the block runs,
+    the first after HEARTBEAT_EVERY."""
 
     async def beat() -> None:
         while True:
-            activity.heartbeat(*details())
             await asyncio.sleep(HEARTBEAT_EVERY)
+            activity.heartbeat(*details())
 
     task = asyncio.create_task(beat())
     try:

@@ -29,7 +29,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from bench import phases
+from bench import compare, phases
 from bench.harness import REPO, Model, WorkerProcess, connect, now
 from bench.report import machine_facts, render_markdown, render_table
 from bench.sessions import session_growth
@@ -213,6 +213,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-write", action="store_true", help="print only")
     parser.add_argument("--json", type=Path,
                         help="also save the measured numbers here (to --render them later)")
+    parser.add_argument("--previous", type=Path, default=compare.PREVIOUS,
+                        help="results to compare each figure with (default "
+                             "bench/results.json, what `make bench` saves)")
     parser.add_argument("--render", type=Path, metavar="JSON",
                         help="measure nothing: write the report from numbers saved by --json")
     parser.add_argument("--only", help="comma-separated phases of " + ", ".join(PHASES)
@@ -235,6 +238,8 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         command = "python -m bench.run" + (" --quick" if args.quick else "")
         facts = machine_facts(command)
+        for line in compare.report(args.previous, results):
+            print(line)
         if args.json is not None:
             args.json.write_text(json.dumps({"results": results, "facts": facts},
                                             default=str), encoding="utf-8")
