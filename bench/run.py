@@ -47,6 +47,8 @@ QUICK = {"steps": 5, "reps": 2, "sizes": [5, 10], "runs": 10, "run_steps": 5,
          "lever_steps": 5, "lever_rounds": 2}
 
 
+#: The line of docs/benchmarks.md after which `make bench` rewrites nothing.
+KEPT = "<!-- kept by make bench -->"
 #: Dev server flags that turn eager activity execution off (the dev server's default: on).
 NO_EAGER = ["--dynamic-config-value", "system.enableActivityEagerExecution=false"]
 PHASES = ("overhead", "throughput", "history", "scale", "levers", "parked")
@@ -246,7 +248,10 @@ def main(argv: list[str] | None = None) -> int:
     print(render_table(results, facts))
     if not args.no_write:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(render_markdown(results, facts), encoding="utf-8")
+        # The hand-written part after KEPT (what was measured and why) stays.
+        old = args.out.read_text(encoding="utf-8") if args.out.exists() else ""
+        kept = old[old.index(KEPT):] if KEPT in old else ""
+        args.out.write_text(render_markdown(results, facts) + kept, encoding="utf-8")
         _say(f"wrote {args.out}")
     return 0
 
