@@ -22,6 +22,8 @@ class Settings(BaseSettings):
     - BOUNDLOOP_DATA_DIR: the dev server database and the demo tools' SQLite store.
     - OPENAI_API_KEY / OPENAI_BASE_URL: the model endpoint (any OpenAI-compatible server).
     - BOUNDLOOP_MODEL / BOUNDLOOP_API: default model name and API flavour for new runs.
+    - BOUNDLOOP_STREAM: `false` starts new runs unstreamed (a provider whose streams
+      misbehave; docs/streaming.md).
     - BOUNDLOOP_UI_URL: the Web UI base, for links.
     - BOUNDLOOP_TOOLS: `package.module:attribute`, the Toolset `boundloop worker` serves
       (default: the demo tools).
@@ -64,6 +66,7 @@ class Settings(BaseSettings):
     openai_base_url: str | None = Field(None, alias="OPENAI_BASE_URL")
     model: str = Field("gpt-5-mini", alias="BOUNDLOOP_MODEL")
     api: Literal["responses", "chat"] = Field("responses", alias="BOUNDLOOP_API")
+    stream: bool = Field(True, alias="BOUNDLOOP_STREAM")
     ui_url: str = Field("http://127.0.0.1:8233", alias="BOUNDLOOP_UI_URL")
     tools: str | None = Field(None, alias="BOUNDLOOP_TOOLS")
     log_format: Literal["text", "json"] = Field("text", alias="BOUNDLOOP_LOG_FORMAT")

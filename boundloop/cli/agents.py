@@ -71,7 +71,8 @@ def build_agent(settings: Settings, *, model: str | None, api: str | None,
                      policy=Policy.model_validate(policy_raw), budget=budget,
                      task_queue=task_queue or settings.task_queue,
                      mcp_tools=load_mcp_tools(settings),
-                     allowed=[t.strip() for t in tools.split(",")] if tools else None)
+                     allowed=[t.strip() for t in tools.split(",")] if tools else None,
+                     stream=settings.stream)
     except ValidationError as exc:
         raise fail("invalid run settings:\n" + validation_lines(exc)) from None
     except ValueError as exc:
