@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck pytest bench setup clean
+.PHONY: demo test lint typecheck docs pytest bench setup clean
 
 setup: $(STAMP)
 
@@ -28,7 +28,11 @@ typecheck: $(STAMP)
 pytest: $(STAMP)
 	$(BIN)/pytest -q
 
-test: lint typecheck pytest
+# The documentation site, strictly: a broken link or a docstring reference fails it.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
+
+test: lint typecheck docs pytest
 
 bench: $(STAMP)
 	$(BIN)/python -m bench.run --json bench/results.new.json

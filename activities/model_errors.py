@@ -15,7 +15,7 @@ from datetime import UTC, datetime, timedelta
 from email.utils import parsedate_to_datetime
 
 import openai
-from temporalio.exceptions import ApplicationError
+from temporalio.exceptions import ApplicationError, ApplicationErrorCategory
 
 from boundloop.core import model_failures as mf
 from boundloop.core.model_failures import ModelFailure
@@ -85,9 +85,14 @@ def _connection_kind(exc: BaseException) -> str:
 
 def to_application_error(exc: Exception, timeout_seconds: float = 60.0) -> ApplicationError:
     """The ApplicationError the model activity raises for `exc`: its message is the
-    failure's detail, its first detail the `ModelFailure` (for the workflow's event log)."""
+    failure's detail, its first detail the `ModelFailure` (for the workflow's event log).
+
+    A provider's answer or a transport failure is an expected failure: Temporal's benign
+    category, so the worker logs it in the one line of "model request failed", without
+    the SDK's traceback (that is for failures in our own code)."""
     failure = classify(exc, timeout_seconds)
     details = [failure.model_dump()]
+    benign = ApplicationErrorCategory.BENIGN
     if isinstance(exc, openai.APIStatusError):
         status = exc.status_code
         retryable = status in RETRYABLE_STATUS or status >= 500
@@ -95,8 +100,10 @@ def to_application_error(exc: Exception, timeout_seconds: float = 60.0) -> Appli
             failure.detail, *details,
             type=MODEL_REQUEST_RETRYABLE if retryable else MODEL_REQUEST_REJECTED,
             non_retryable=not retryable,
-            next_retry_delay=retry_after(dict(exc.response.headers)) if retryable else None)
+            next_retry_delay=retry_after(dict(exc.response.headers)) if retryable else None,
+            category=benign)
     if isinstance(exc, openai.APIConnectionError):  # timeouts included
-        return ApplicationError(failure.detail, *details, type=MODEL_REQUEST_RETRYABLE)
+        return ApplicationError(failure.detail, *details, type=MODEL_REQUEST_RETRYABLE,
+                                category=benign)
     return ApplicationError(failure.detail, *details, type=MODEL_REQUEST_REJECTED,
                             non_retryable=True)

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from typing import Any
 
 from temporalio import activity
-from temporalio.exceptions import ApplicationError
+from temporalio.exceptions import ApplicationError, ApplicationErrorCategory
 
 from boundloop.activities.conversation import ConversationCache
 from boundloop.activities.heartbeat import heartbeating
@@ -88,7 +88,10 @@ class ToolActivities:
             activity.heartbeat(*details(), *extra)
 
         def failure(message: str, type_: str) -> ApplicationError:
-            return ApplicationError(message, *details(), type=type_)
+            # A transient failure or a timeout is expected (retried, logged in one line
+            # here): Temporal's benign category keeps the SDK from logging a traceback.
+            return ApplicationError(message, *details(), type=type_,
+                                    category=ApplicationErrorCategory.BENIGN)
 
         async with heartbeating(details):
             try:
@@ -114,8 +117,8 @@ class ToolActivities:
                 trace = traceback_text(exc, messages=self._log_error_messages)
                 activity.logger.error(f"tool raised unexpectedly\n{trace}", extra={
                     **log, "error": type(exc).__name__, "traceback": trace})
-                raise failure(f"{req.tool} raised {type(exc).__name__}",
-                              UNEXPECTED_TOOL_ERROR) from None
+                raise ApplicationError(f"{req.tool} raised {type(exc).__name__}",
+                                       *details(), type=UNEXPECTED_TOOL_ERROR) from None
             else:
                 envelope = success(data, terminal=spec.terminal)
                 try:
@@ -165,7 +168,8 @@ class ToolActivities:
             except TransientToolError:
                 activity.logger.warning("tool transient failure", extra=log)
                 raise ApplicationError(f"{req.tool}: transient failure", started,
-                                       type=TRANSIENT_TOOL_ERROR) from None
+                                       type=TRANSIENT_TOOL_ERROR,
+                                       category=ApplicationErrorCategory.BENIGN) from None
             except LookupError:  # the run's server is not configured on this worker
                 activity.logger.error("MCP server not configured on this worker", extra={
                     **log, "server": tool.server})

@@ -65,6 +65,8 @@ from boundloop.errors import (
     ToolFailure,
     TransientToolError,
 )
+from boundloop.logs import configure as configure_logging
+from boundloop.process import run_client
 from boundloop.tools.registry import ToolContext, Toolset, ToolSpec
 
 if TYPE_CHECKING:
@@ -133,11 +135,13 @@ __all__ = [
     "Toolset",
     "TransientToolError",
     "Worker",
+    "configure_logging",
     "connect",
     "get_run",
     "get_session",
     "list_mcp_tools",
     "load_mcp_config",
+    "run_client",
     "set_budget",
     "show_budget",
     "start",

@@ -118,29 +118,29 @@ class Agent(Generic[Deps]):
                         settings=self.settings, tools=list(self.tool_names),
                         mcp_tools=[d for d in self.mcp_tools if d.name in allowed])
 
-    async def start(self, client: Client, question: str, *,
-                    workflow_id: str | None = None) -> Run:
-        """Start a run with `question`. Each run needs a new `workflow_id` (default: a
-        fresh `boundloop-…` id): ids scope idempotency keys, so a used one is refused
-        (`RunIdTaken`)."""
+    async def start(self, client: Client, question: str, *, id: str | None = None) -> Run:
+        """Start a run with `question`. `id` is its workflow id (`boundloop run --id`):
+        each run needs a new one (default: a fresh `boundloop-…` id), since ids scope
+        idempotency keys, so a used one is refused (`RunIdTaken`), and so is the id of a
+        session's turn (`SESSION/turn-N`)."""
         from boundloop.client import Run, start_run
 
-        handle = await start_run(client, self.run_input(question), workflow_id=workflow_id,
+        handle = await start_run(client, self.run_input(question), workflow_id=id,
                                  task_queue=self.task_queue)
         return Run(handle)
 
     async def session(self, client: Client, *, limits: SessionLimits | None = None,
-                      session_id: str | None = None) -> Session:
+                      id: str | None = None) -> Session:
         """Start a session: one conversation whose turns each run this agent, within
         `limits` (turns, a token budget across turns, the idle time after which it
-        ends). Send messages with `Session.say`. A session's id is never reused
-        (`RunIdTaken`)."""
+        ends). Send messages with `Session.say`. `id` is its workflow id (`boundloop session
+        start --id`); a session's id is never reused (`RunIdTaken`)."""
         from boundloop.client import Session, id_taken, search_attributes_registered
 
         inp = SessionInput(instructions=self.instructions, settings=self.settings,
                            tools=list(self.tool_names), limits=limits or SessionLimits(),
                            search_attributes=await search_attributes_registered(client))
-        wf_id = session_id or f"boundloop-session-{uuid.uuid4().hex[:12]}"
+        wf_id = id or f"boundloop-session-{uuid.uuid4().hex[:12]}"
         try:
             handle = await client.start_workflow(
                 SESSION_WORKFLOW, inp, id=wf_id, task_queue=self.task_queue,

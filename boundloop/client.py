@@ -37,6 +37,7 @@ from boundloop import errors
 from boundloop import search_attributes as sa
 from boundloop.agent import DEFAULT_TASK_QUEUE, Agent
 from boundloop.contracts import (
+    SESSION_WORKFLOW,
     STREAM_TOPIC,
     WORKFLOW_NAME,
     CancelRequest,
@@ -96,20 +97,23 @@ async def start(client: Client, question: str, *,
                 tools: Toolset[Any] | Sequence[str | Callable[..., Any]],
                 model: str = "gpt-5-mini", api: Literal["responses", "chat"] = "responses",
                 limits: Limits | None = None, policy: Policy | None = None,
-                instructions: str | None = None, workflow_id: str | None = None,
+                instructions: str | None = None, id: str | None = None,
                 task_queue: str = DEFAULT_TASK_QUEUE, budget: str | None = None,
                 mcp_tools: Sequence[MCPToolDeclaration] = ()) -> Run:
     """Start one run without keeping an agent: `Agent(tools, model=..., ...).start(client,
-    question, workflow_id=...)` (see `boundloop.Agent` for each argument)."""
+    question, id=...)` (see `boundloop.Agent` for each argument)."""
     agent: Agent[Any] = Agent(tools, model=model, api=api, limits=limits or Limits(),
                               policy=policy or Policy(), instructions=instructions,
                               task_queue=task_queue, budget=budget, mcp_tools=mcp_tools)
-    return await agent.start(client, question, workflow_id=workflow_id)
+    return await agent.start(client, question, id=id)
 
 
-def get_run(client: Client, workflow_id: str) -> Run:
-    """The run with this workflow id (started earlier, by anyone)."""
-    return Run(client.get_workflow_handle(workflow_id, result_type=RunResult))
+async def get_run(client: Client, id: str) -> Run:
+    """The run with workflow id `id` (started earlier, by anyone), awaited like `start`:
+    the server is asked whether it exists. Raises RunNotFound."""
+    run = Run(client.get_workflow_handle(id, result_type=RunResult))
+    await run.describe()
+    return run
 
 
 class Run:
@@ -286,19 +290,26 @@ async def start_session(client: Client, *,
                         api: Literal["responses", "chat"] = "responses",
                         limits: Limits | None = None, policy: Policy | None = None,
                         session_limits: SessionLimits | None = None,
-                        instructions: str | None = None, session_id: str | None = None,
+                        instructions: str | None = None, id: str | None = None,
                         task_queue: str = DEFAULT_TASK_QUEUE) -> Session:
     """Start a session without keeping an agent: `Agent(tools, ...).session(client,
-    limits=session_limits, session_id=...)`."""
+    limits=session_limits, id=...)`."""
     agent: Agent[Any] = Agent(tools, model=model, api=api, limits=limits or Limits(),
                               policy=policy or Policy(), instructions=instructions,
                               task_queue=task_queue)
-    return await agent.session(client, limits=session_limits, session_id=session_id)
+    return await agent.session(client, limits=session_limits, id=id)
 
 
-def get_session(client: Client, session_id: str) -> Session:
-    """The session with this workflow id."""
-    return Session(client, client.get_workflow_handle(session_id, result_type=SessionStatus))
+async def get_session(client: Client, id: str) -> Session:
+    """The session with workflow id `id`, awaited like `start_session`: the server is
+    asked whether it exists. Raises RunNotFound (also for a run that is not a
+    session)."""
+    session = Session(client, client.get_workflow_handle(id, result_type=SessionStatus))
+    desc = await describe(session.handle)
+    if desc.workflow_type != SESSION_WORKFLOW:
+        raise errors.RunNotFound(f"{id!r} is not a session (it is a {desc.workflow_type} "
+                                 "workflow)")
+    return session
 
 
 class Session:
@@ -459,8 +470,13 @@ def ui_link(settings: Settings, workflow_id: str, run_id: str | None = None) -> 
 
 async def start_run(client: Client, inp: RunInput, *, workflow_id: str | None = None,
                     task_queue: str = DEFAULT_TASK_QUEUE) -> WorkflowHandle[Any, RunResult]:
-    inp = inp.model_copy(update={"search_attributes": await search_attributes_registered(client)})
     wf_id = workflow_id or f"boundloop-{uuid.uuid4().hex[:12]}"
+    if session_core.is_turn_id(wf_id):
+        # Taken now, the session's next `say` would find its turn's id used.
+        raise errors.RunIdTaken(f"workflow id {wf_id!r} is a session's turn id "
+                                "(SESSION/turn-N): the session starts its turns under "
+                                "those; choose another id")
+    inp = inp.model_copy(update={"search_attributes": await search_attributes_registered(client)})
     limits = compact_json(inp.settings.limits.model_dump(mode="json"))
     details = (f"model `{inp.settings.model}` ({inp.settings.api})\n\n"
                f"tools: {', '.join(inp.tools)}\n\nlimits: `{limits}`")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import traceback
-from typing import Any
+from typing import Any, Literal
 
 FIELDS = ("step", "tool", "fingerprint", "call_id", "status", "reason", "attempt", "error",
           "failure", "detail", "api", "items", "problem", "task_queue", "traceback")
@@ -66,12 +66,17 @@ class TextFormatter(logging.Formatter):
     """`time level logger message key=value …`"""
 
     def format(self, record: logging.LogRecord) -> str:
-        base = f"{self.formatTime(record)} {record.levelname} {record.name} {message(record)}"
+        # The fields go on the first line, so the line to look for (fingerprint=…, a
+        # workflow id) is the one that says what happened; a traceback follows it.
+        text = message(record)
+        head, _, rest = text.partition("\n")
         fields = fields_of(record)
         trace = fields.pop("traceback", None)
+        if trace and trace not in text:
+            rest = f"{rest}\n{trace}" if rest else trace
         extra = " ".join(f"{k}={v}" for k, v in fields.items())
-        line = f"{base} {extra}".rstrip()
-        return f"{line}\n{trace}" if trace else line
+        line = f"{self.formatTime(record)} {record.levelname} {record.name} {head} {extra}"
+        return f"{line.rstrip()}\n{rest}" if rest else line.rstrip()
 
 
 class JsonFormatter(logging.Formatter):
@@ -82,7 +87,30 @@ class JsonFormatter(logging.Formatter):
                           ensure_ascii=False, default=str)
 
 
-def configure(fmt: str = "text", level: int = logging.INFO) -> None:
+def tool_error_messages_from_env() -> bool:
+    """BOUNDLOOP_LOG_TOOL_ERRORS (`1`/`true`/`yes`/`on`, default off): whether a worker logs
+    an unexpected tool exception's message with its traceback. Raises ValueError."""
+    from boundloop.settings import log_settings
+
+    return log_settings().log_tool_error_messages
+
+
+def configure(fmt: Literal["text", "json"] | None = None,
+              level: int | str = logging.INFO) -> None:
+    """Log as `boundloop worker` does, in a worker (or any process) of your own: one line
+    per record, `text` (`time level logger message key=value …`) or `json`, with the
+    run's fields (workflow_id, step, tool, fingerprint, …) and never an argument, tool
+    output, prompt or key. `fmt` defaults to BOUNDLOOP_LOG_FORMAT, else `text`. Replaces
+    the root logger's handlers; call it once, before starting the worker.
+
+        boundloop.configure_logging()
+        async with boundloop.Worker(client, agent, deps=..., model=...):
+            ...
+    """
+    if fmt is None:
+        from boundloop.settings import log_settings
+
+        fmt = log_settings().log_format
     handler = logging.StreamHandler()
     handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
     root = logging.getLogger()

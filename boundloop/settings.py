@@ -147,3 +147,23 @@ def process_environment() -> Mapping[str, str]:
     configs (docs/mcp.md): read each time a server is started or connected, so a
     rotated secret is picked up by the next session. Values are never logged."""
     return os.environ
+
+
+class LogSettings(BaseSettings):
+    """The logging variables alone (a worker of one's own reads only these):
+    BOUNDLOOP_LOG_FORMAT and BOUNDLOOP_LOG_TOOL_ERRORS, as in `Settings`."""
+
+    log_format: Literal["text", "json"] = Field("text", alias="BOUNDLOOP_LOG_FORMAT")
+    log_tool_error_messages: bool = Field(False, alias="BOUNDLOOP_LOG_TOOL_ERRORS")
+
+    model_config = SettingsConfigDict(env_prefix="", extra="ignore", populate_by_name=True,
+                                      env_ignore_empty=True)
+
+
+def log_settings() -> LogSettings:
+    """The logging settings of the environment now. Raises ValueError (one line) for a
+    value that is neither of its kind."""
+    try:
+        return LogSettings()
+    except ValidationError as exc:
+        raise ValueError(f"invalid logging settings: {one_line(exc)}") from None

@@ -48,6 +48,16 @@ def print_event(ev: Any) -> None:
     console.print("  " + " · ".join(parts), highlight=False)
 
 
+def print_tool_failure(events: list[Any]) -> None:
+    """Where the failed tool's traceback is: the worker's log line with its fingerprint."""
+    for ev in reversed(events):
+        if ev.event == "tool_failed" and ev.fingerprint:
+            console.print(f"hint: the worker logged the traceback of {safe(ev.tool)} in the "
+                          f"line with fingerprint={safe(ev.fingerprint)} (a worker of your "
+                          "own logs it with boundloop.configure_logging())", highlight=False)
+            return
+
+
 def print_model_failure(events: list[Any]) -> None:
     """The last failed model request's kind, what happened and the hint that fixes it."""
     for ev in reversed(events):
@@ -65,6 +75,8 @@ def print_result(result: RunResult, settings: Settings) -> None:
                   f"{NEXT_CHECK[result.reason]}")
     if result.reason == StopReason.MODEL_ERROR:
         print_model_failure(result.events)
+    if result.reason == StopReason.TOOL_ERROR:
+        print_tool_failure(result.events)
     console.print(f"steps {result.steps} · tool executions {result.tool_executions} · "
                   f"tokens {result.total_tokens} (in {result.input_tokens}, out "
                   f"{result.output_tokens}{', estimated' if result.usage_estimated else ''}"

@@ -228,9 +228,9 @@ class AgentEnvironment(Generic[Deps]):
                         exc: BaseException | None, tb: TracebackType | None) -> None:
         await self._stack.aclose()
 
-    async def start(self, question: str, *, workflow_id: str | None = None) -> Run:
-        """Start a run of the agent with `question`."""
-        return await self.agent.start(self.client, question, workflow_id=workflow_id)
+    async def start(self, question: str, *, id: str | None = None) -> Run:
+        """Start a run of the agent with `question` (`id`: its workflow id)."""
+        return await self.agent.start(self.client, question, id=id)
 
     async def pending(self, run: Run, call_id: str | None = None,
                       timeout: float = WAIT_SECONDS) -> Approval:

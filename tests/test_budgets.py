@@ -260,7 +260,8 @@ async def test_worker_killed_while_runs_reserve_loses_nothing(tmp_path: Path) ->
                 await wait_view(c.client, key, lambda v: bool(v.holders), "a reservation")
                 c.kill(worker)
                 worker = c.start_worker()
-        results = [await asyncio.wait_for(boundloop.get_run(c.client, h.id).result(), WAIT)
+        results = [await asyncio.wait_for(
+                       (await boundloop.get_run(c.client, h.id)).result(), WAIT)
                    for h in handles]
         view = await wait_view(c.client, key, lambda v: not v.holders, "every release")
     assert {r.reason for r in results} <= {"completed", "budget_limit"}

@@ -23,9 +23,13 @@ agent = boundloop.Agent(tools, model="m")
 
 
 async def test_an_unknown_id_is_run_not_found(temporal: Client) -> None:
-    run = boundloop.get_run(temporal, "no-such-run")
-    for attempt in (run.status(), run.approve("c1"), run.cancel(), run.result(),
-                    boundloop.get_session(temporal, "no-such-session").say("hi")):
+    for finding in (boundloop.get_run(temporal, "no-such-run"),
+                    boundloop.get_session(temporal, "no-such-session")):
+        with pytest.raises(boundloop.RunNotFound, match="no run 'no-such-"):
+            await finding  # awaited like `start`: the server is asked at once
+    # A Run kept from a handle whose workflow is gone: every call says so.
+    run = boundloop.Run(temporal.get_workflow_handle("no-such-run"))
+    for attempt in (run.status(), run.approve("c1"), run.cancel(), run.result()):
         with pytest.raises(boundloop.RunNotFound, match="no run 'no-such-"):
             await attempt
 
@@ -35,14 +39,14 @@ async def test_an_ended_run_refuses_decisions_and_cancels_and_ids_are_never_reus
     script = [responses.call("ship", {"sku": "A"}, "call_a"),
               responses.answer("shipped", number=2)]
     async with AgentEnvironment(agent, deps=None, script=script, client=temporal) as env:
-        run = await env.start("ship A", workflow_id=f"errors-{env.agent.task_queue}")
+        run = await env.start("ship A", id=f"errors-{env.agent.task_queue}")
         await env.pending(run, "call_a")
         with pytest.raises(boundloop.DecisionRefused, match="nope"):
             await run.approve("nope")
         await run.approve("call_a")
         result = await env.result(run)
         with pytest.raises(boundloop.RunIdTaken, match="already used"):
-            await env.start("again", workflow_id=run.id)
+            await env.start("again", id=run.id)
         with pytest.raises(boundloop.RunEnded, match="has ended: it takes no more decisions"):
             await run.approve("call_a")
         with pytest.raises(boundloop.RunEnded, match="has ended: it takes no more cancels"):

@@ -60,12 +60,12 @@ def services() -> dict[str, dict[str, Any]]:
 
 
 def readme_settings(read_by: tuple[str, ...] = ("worker", "both")) -> list[str]:
-    """The variables of README.md's configuration table that `read_by` read."""
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    """The variables of docs/guide.md configuration table that `read_by` read."""
+    text = (ROOT / "docs" / "guide.md").read_text(encoding="utf-8")
     section = text.split("### Configuration", 1)[1].split("\n### ", 1)[0]
     rows = re.findall(r"^\| `([A-Z][A-Z0-9_]*)` \| (worker|client|both) \|", section,
                       flags=re.MULTILINE)
-    assert rows, "README.md lost its configuration table"
+    assert rows, "docs/guide.md lost its configuration table"
     return [name for name, reader in rows if reader in read_by]
 
 
@@ -192,7 +192,7 @@ def test_worker_settings_pass_through_only_when_set() -> None:
     passed = [name for name in settings if name not in FIXED and name not in STACK_DEFAULTS]
     unset = compose_config()["services"]["worker"]["environment"]
     for name in passed:
-        assert name in unset, f"{name} (README.md's configuration table) is not passed"
+        assert name in unset, f"{name} (docs/guide.md configuration table) is not passed"
         # None: docker-compose passes the bare name, so the container has no such
         # variable; never the empty string a `${NAME-}` would give.
         assert unset[name] is None, (name, unset[name])

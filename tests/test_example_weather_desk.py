@@ -78,7 +78,7 @@ async def test_weather_desk_example_runs_end_to_end(temporal: Client, tmp_path: 
 
 
 def test_readme_build_your_own_agent_is_the_example_verbatim() -> None:
-    readme = (EXAMPLE.parent.parent / "README.md").read_text(encoding="utf-8")
+    readme = (EXAMPLE.parent.parent / "docs" / "guide.md").read_text(encoding="utf-8")
     section = readme[readme.index("## Build your own agent"):]
     section = section[:section.index("\n## ", 1)]
     for name in ("desk.py", "desk_worker.py", "desk_client.py"):

@@ -1,4 +1,4 @@
-"""Every environment variable the README lists is read by the one settings object, and
+"""Every environment variable the guide lists is read by the one settings object, and
 nothing else in boundloop reads the environment."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_every_variable_the_readme_lists_is_a_setting() -> None:
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    readme = (ROOT / "docs" / "guide.md").read_text(encoding="utf-8")
     table = readme[readme.index("### Configuration"):]
     table = table[:table.index("\n\n", table.index("| variable"))]
     listed = set(re.findall(r"^\| `([A-Z_]+)` \|", table, flags=re.M))

@@ -143,7 +143,7 @@ async def test_a_signature_replayed_onto_another_call_or_run_is_refused(
         # The same signature again: c1 is decided, nothing changes.
         assert "already approved by alice" in await refused(handle, captured["c1"])
         await status_when(handle, lambda s: s.tool_executions == 1, "c1 to run")
-        await get_run(temporal, handle.id).reject("c2", reason="one is enough",
+        await (await get_run(temporal, handle.id)).reject("c2", reason="one is enough",
                                                         signer=alice)
 
     two = resp(call("create_ticket", TICKET, "c1"), call("create_ticket", TICKET, "c2"))
@@ -158,7 +158,7 @@ async def test_a_signature_replayed_onto_another_call_or_run_is_refused(
         await handle.signal("approve", captured["c1"])
         await signals_handled(handle, 1)
         await unchanged(handle, status)
-        run = get_run(temporal, handle.id)
+        run = await get_run(temporal, handle.id)
         await run.approve("c1", signer=alice)
         await run.reject("c2", reason="duplicate", signer=alice)
 
@@ -184,7 +184,7 @@ async def test_a_signature_over_other_edited_arguments_is_refused(
         await handle.signal("approve", other)
         await signals_handled(handle, 1)
         await unchanged(handle, status)
-        await get_run(temporal, handle.id).approve("t1", args=EDITED, signer=alice)
+        await (await get_run(temporal, handle.id)).approve("t1", args=EDITED, signer=alice)
 
     out = await run_script([resp(call("create_ticket", TICKET, "t1")), answer("done")],
                            policy=alice_only(keys), during=during)
@@ -250,7 +250,7 @@ async def test_without_keys_decisions_work_as_before(
             handle, Decision(call_id="c1", approve=True, approver="mallory"))
         assert await decide(handle, Decision(call_id="c1", approve=True,
                                              approver="alice")) == "approved"
-        await get_run(temporal, handle.id).reject("c2", reason="dup",
+        await (await get_run(temporal, handle.id)).reject("c2", reason="dup",
                                                         signer=keys["alice"])
 
     two = resp(call("create_ticket", TICKET, "c1"), call("create_ticket", EDITED, "c2"))
@@ -263,7 +263,7 @@ async def test_the_client_refuses_to_sign_a_call_that_is_not_waiting(
         run_script: RunScript, temporal: Client, keys: dict[str, Signer]) -> None:
     async def during(handle: WorkflowHandle[Any, Any]) -> None:
         await pending(handle)
-        run = get_run(temporal, handle.id)
+        run = await get_run(temporal, handle.id)
         with pytest.raises(DecisionRefused, match="'nope' is not waiting for approval"):
             await run.approve("nope", signer=keys["alice"])
         with pytest.raises(ValueError, match="differs from the signer's name"):
@@ -304,7 +304,7 @@ async def test_a_worker_with_a_keys_file_accepts_only_signed_decisions(
                 handle, signed(status, handle.id, keys["mallory"], "t1", as_name="alice"))
             await unchanged(handle, status)
             model.append(answer("done"))
-            await get_run(temporal, handle.id).approve("t1", signer=keys["alice"])
+            await (await get_run(temporal, handle.id)).approve("t1", signer=keys["alice"])
             result = await asyncio.wait_for(handle.result(), WAIT)
     finally:
         model.stop()

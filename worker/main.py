@@ -36,6 +36,7 @@ from boundloop.mcp import (
     MCPServerError,
     load_mcp_config,
 )
+from boundloop.mcp.pool import check_commands
 from boundloop.settings import (
     Settings,
     client_settings_given,
@@ -68,6 +69,24 @@ def build_worker(client: Client, settings: Settings) -> Worker[Any]:
                   sticky_timeout=timedelta(seconds=settings.sticky_timeout_seconds),
                   log_tool_error_messages=settings.log_tool_error_messages,
                   approver_keys=approver_keys(settings), mcp_servers=mcp_servers(settings))
+
+
+def toolset_problem(settings: Settings) -> str | None:
+    """Why `boundloop worker` cannot serve the BOUNDLOOP_TOOLS toolset, or None: it cannot
+    be loaded, or its tools take other deps than the demo's that this worker hands them."""
+    from boundloop.tools.demo import DemoDeps
+
+    try:
+        toolset = catalog.load(settings.tools)
+    except (ImportError, AttributeError, TypeError, ValueError) as exc:
+        return (f"cannot load the toolset BOUNDLOOP_TOOLS={settings.tools!r}: "
+                f"{type(exc).__name__}: {exc}")
+    problem = toolset.deps_problem(DemoDeps(data_dir=settings.data_dir))
+    if problem is None:
+        return None
+    return (f"BOUNDLOOP_TOOLS={settings.tools!r}: {problem} (`boundloop worker` serves "
+            "the demo's): serve this toolset from a worker of your own, "
+            "boundloop.Worker(client, agent, deps=...)")
 
 
 def approver_keys(settings: Settings) -> dict[str, str] | None:
@@ -146,10 +165,16 @@ def main(settings: Settings | None = None) -> None:
         sys.stderr.write(f"error: BOUNDLOOP_APPROVER_KEYS: {exc}\n")
         raise SystemExit(ExitCode.INVALID) from None
     try:
-        mcp_servers(settings)  # a bad file is refused before anything starts
-    except MCPConfigError as exc:
+        # A bad file, or a server program that does not exist, is refused before
+        # anything starts.
+        check_commands(mcp_servers(settings))
+    except (MCPConfigError, MCPServerError) as exc:
         sys.stderr.write(f"error: BOUNDLOOP_MCP_CONFIG: {exc}\n")
         raise SystemExit(ExitCode.INVALID) from None
+    problem = toolset_problem(settings)
+    if problem is not None:
+        sys.stderr.write(f"error: {problem}\n")
+        raise SystemExit(ExitCode.INVALID)
     try:
         with contextlib.suppress(KeyboardInterrupt):
             asyncio.run(run_worker(settings))

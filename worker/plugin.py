@@ -39,12 +39,14 @@ from boundloop.activities.tools import ToolActivities
 from boundloop.agent import DEFAULT_TASK_QUEUE, Agent
 from boundloop.core import signatures
 from boundloop.errors import BoundloopError
+from boundloop.logs import tool_error_messages_from_env
 from boundloop.mcp import (
     MCPPool,
     MCPServerConfig,
     MCPServerError,
     MCPToolDeclaration,
 )
+from boundloop.mcp.pool import check_commands
 from boundloop.signing import KeyFileError
 from boundloop.tools import catalog
 from boundloop.tools.registry import Toolset
@@ -89,12 +91,14 @@ class Plugin(SimplePlugin, Generic[Deps]):
 
     - agent: the `boundloop.Agent` whose tools this worker serves (or the toolset
       itself); the workflow reads their rules from it.
-    - deps: handed to every tool as `ctx.deps`.
     - model: the OpenAI (or compatible) client the model activity uses; its retries are
       turned off (Temporal's retry policy is the only retry layer). Not needed for a
       Replayer.
+    - deps: handed to every tool as `ctx.deps`; a toolset made as `Toolset[SomeDeps]()`
+      refuses (TypeError, here) deps that are not a SomeDeps.
     - log_tool_error_messages: log an unexpected tool exception's message with its
-      traceback (default off: messages may hold raw arguments or data).
+      traceback (default: the BOUNDLOOP_LOG_TOOL_ERRORS environment variable, else off:
+      messages may hold raw arguments or data).
     - conversation_cache: conversations (and tool outputs x8) kept in memory for the
       next model request; a miss rebuilds it from the run's history (0: always).
     - approver_keys: approver name -> Ed25519 public key (`ed25519:BASE64`): when given,
@@ -115,14 +119,22 @@ class Plugin(SimplePlugin, Generic[Deps]):
 
     def __init__(self, agent: Agent[Deps] | Toolset[Deps], *, deps: Deps,
                  model: openai.AsyncOpenAI | None = None,
-                 log_tool_error_messages: bool = False,
+                 log_tool_error_messages: bool | None = None,
                  conversation_cache: int = 512,
                  own_task_queue: bool = True,
                  approver_keys: Mapping[str, str] | None = None,
                  mcp_servers: Sequence[MCPServerConfig] = ()) -> None:
         toolset = agent.toolset if isinstance(agent, Agent) else agent
+        # A Replayer (no model, no deps) runs no tool; any other worker's deps are checked
+        # here, not met as an AttributeError in each run's first tool call.
+        problem = None if model is None and deps is None else toolset.deps_problem(deps)
+        if problem is not None:
+            raise TypeError(problem)
+        if log_tool_error_messages is None:
+            log_tool_error_messages = tool_error_messages_from_env()
         self.toolset = toolset
         self.served = catalog.Served(toolset, _checked_keys(approver_keys))
+        check_commands(mcp_servers)  # a missing program, named, before anything starts
         self.mcp = MCPPool(mcp_servers) if mcp_servers else None
         self._mcp_listed = asyncio.Event()
         self._mcp_failure: Exception | None = None
@@ -256,7 +268,7 @@ class Worker(temporalio.worker.Worker, Generic[Deps]):
                  max_cached_workflows: int = 100,
                  sticky_timeout: timedelta = timedelta(seconds=10),
                  max_concurrent_activities: int = ACTIVITY_SLOTS,
-                 log_tool_error_messages: bool = False,
+                 log_tool_error_messages: bool | None = None,
                  conversation_cache: int = 512,
                  approver_keys: Mapping[str, str] | None = None,
                  mcp_servers: Sequence[MCPServerConfig] = (),

@@ -64,6 +64,8 @@ def build_agent(settings: Settings, *, model: str | None, api: str | None,
         raise fail("--tools is empty; name at least one tool, e.g. --tools lookup_stock")
     if model is not None and not model.strip():
         raise fail("--model is empty")
+    if task_queue is not None and not task_queue.strip():
+        raise fail("--task-queue is empty")
     toolset = load_registry()
     try:
         return Agent(toolset, model=model or settings.model, api=api or settings.api,  # type: ignore[arg-type]

@@ -49,7 +49,7 @@ def _decide(run_id: str, call_id: str, verb: str,
     settings = load_settings()
 
     async def go() -> None:
-        deciding = decide(ops.get_run(await connect(settings), run_id))
+        deciding = decide(await ops.get_run(await connect(settings), run_id))
         try:
             await asyncio.wait_for(deciding, timeout=UPDATE_TIMEOUT)
         except ValidationError as exc:  # the decision itself (a reason too long, ...)

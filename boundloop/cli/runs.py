@@ -77,6 +77,9 @@ def run(
     model_script: Annotated[Path | None, typer.Option(
         help="Use the scripted model server with this script (runs its own worker)")] = None,
     workflow_id: Annotated[str | None, typer.Option("--id", help="Workflow id")] = None,
+    task_queue: Annotated[str | None, typer.Option(
+        "--task-queue", help="The task queue its worker polls (default: "
+        "BOUNDLOOP_TASK_QUEUE, else boundloop)")] = None,
     limits: Annotated[str | None, typer.Option("--limits", help="Limits as JSON")] = None,
     policy: Annotated[str | None, typer.Option("--policy", help="Policy as JSON")] = None,
     budget: Annotated[str | None, typer.Option(
@@ -94,7 +97,7 @@ def run(
         raise fail("the question is empty")
     agent = build_agent(settings, model=model, api=api, tools=tools,
                         instructions=instructions, limits_json=limits, policy_json=policy,
-                        limit_flags=limit_flags or {}, budget=budget)
+                        limit_flags=limit_flags or {}, budget=budget, task_queue=task_queue)
     code = _run(_run_async(settings, agent, question, wait or script is not None, as_json,
                            script, model_script, workflow_id))
     raise typer.Exit(code)
@@ -103,7 +106,7 @@ def run(
 async def _start(client: Client, agent: Agent[Any], question: str,
                  workflow_id: str | None) -> Any:
     try:
-        return (await agent.start(client, question, workflow_id=workflow_id)).handle
+        return (await agent.start(client, question, id=workflow_id)).handle
     except RPCError as exc:
         if exc.status == RPCStatusCode.UNAVAILABLE:
             raise
@@ -240,7 +243,8 @@ def watch(run_id: Annotated[str, typer.Argument(help="Workflow id")]) -> None:
         handle = client.get_workflow_handle(run_id, result_type=RunResult)
         desc = await describe(handle)
         if desc.workflow_type == SESSION_WORKFLOW:  # follows each turn as it runs
-            return await _watch_session(client, ops.get_session(client, run_id), settings)
+            return await _watch_session(client, await ops.get_session(client, run_id),
+                                         settings)
         await live_watch(handle)
         result = await run_result(handle)
         print_result(result, settings)
@@ -318,7 +322,7 @@ def cancel(run_id: Annotated[str, typer.Argument(help="Workflow id")],
 
     async def go() -> None:
         client = await connect(settings)
-        await ops.get_run(client, run_id).cancel(request.reason)
+        await (await ops.get_run(client, run_id)).cancel(request.reason)
         console.print(f"{safe(run_id)}: cancel requested; the run stops with `cancelled` "
                       f"(follow it with `boundloop watch {safe(run_id)}`)")
 

@@ -9,9 +9,6 @@ from typing import Annotated, Any
 
 import typer
 from pydantic import ValidationError
-from temporalio.client import (
-    Client,
-)
 from temporalio.service import RPCError
 
 from boundloop import client as ops
@@ -21,7 +18,6 @@ from boundloop.cli.common import (
     _run,
     app,
     connect,
-    describe,
     err,
     fail,
     load_settings,
@@ -29,10 +25,10 @@ from boundloop.cli.common import (
     validation_lines,
 )
 from boundloop.contracts import (
-    SESSION_WORKFLOW,
     RunResult,
 )
 from boundloop.core.session import SessionLimits
+from boundloop.errors import RunEnded
 from boundloop.exit_codes import ExitCode
 from boundloop.settings import Settings
 from boundloop.terminal import console, exit_code, print_event, print_result, safe
@@ -62,6 +58,9 @@ def start(
     tools: Annotated[str | None, typer.Option(help="Allowed tools, comma-separated")] = None,
     instructions: Annotated[str | None, typer.Option(help="Instructions")] = None,
     session_id: Annotated[str | None, typer.Option("--id", help="Session id")] = None,
+    task_queue: Annotated[str | None, typer.Option(
+        "--task-queue", help="The task queue its worker polls (default: "
+        "BOUNDLOOP_TASK_QUEUE, else boundloop)")] = None,
     limits: Annotated[str | None, typer.Option("--limits", help="Turn limits as JSON")] = None,
     policy: Annotated[str | None, typer.Option("--policy", help="Policy as JSON")] = None,
     limit_flags: dict[str, Any] | None = None,
@@ -73,7 +72,7 @@ def start(
     # with each `say`).
     agent = build_agent(settings, model=model, api=api, tools=tools,
                         instructions=instructions, limits_json=limits, policy_json=policy,
-                        limit_flags=limit_flags or {})
+                        limit_flags=limit_flags or {}, task_queue=task_queue)
     chosen = {"idle_seconds": idle_seconds, "max_turns": max_turns,
               "token_budget": token_budget, "busy": busy}
     try:
@@ -84,7 +83,7 @@ def start(
 
     async def go() -> None:
         client = await connect(settings)
-        session = await agent.session(client, limits=session_limits, session_id=session_id)
+        session = await agent.session(client, limits=session_limits, id=session_id)
         if as_json:
             print(json.dumps({"session_id": session.id}))
         else:
@@ -93,10 +92,6 @@ def start(
             console.print(f"Web UI: {ops.ui_link(settings, session.id)}")
 
     _run(go())
-
-
-def _session(client: Client, session_id: str) -> ops.Session:
-    return ops.get_session(client, session_id)
 
 
 @app.command()
@@ -112,8 +107,7 @@ def say(session_id: Annotated[str, typer.Argument(help="Session id")],
 
     async def go() -> int:
         client = await connect(settings)
-        session = _session(client, session_id)
-        await _described(session)
+        session = await ops.get_session(client, session_id)
         # What the session did with the message (started, queued, interrupting): on
         # stderr, so `--json` output stays one object.
         result = await session.say(message, taken=lambda what: err.print(safe(what)))
@@ -132,13 +126,6 @@ def _print_turn(result: RunResult, settings: Settings, as_json: bool) -> int:
     return exit_code(result)
 
 
-async def _described(session: ops.Session) -> Any:
-    desc = await describe(session.handle)
-    if desc.workflow_type != SESSION_WORKFLOW:
-        raise fail(f"{session.id} is not a session (it is a {desc.workflow_type} workflow)")
-    return desc
-
-
 @session_app.command("show")
 def show(session_id: Annotated[str, typer.Argument(help="Session id")],
          as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
@@ -147,8 +134,7 @@ def show(session_id: Annotated[str, typer.Argument(help="Session id")],
 
     async def go() -> None:
         client = await connect(settings)
-        session = _session(client, session_id)
-        await _described(session)
+        session = await ops.get_session(client, session_id)
         try:
             st = await asyncio.wait_for(session.show(), timeout=QUERY_TIMEOUT)
         except (RPCError, TimeoutError):
@@ -170,9 +156,13 @@ def end(session_id: Annotated[str, typer.Argument(help="Session id")],
 
     async def go() -> None:
         client = await connect(settings)
-        session = _session(client, session_id)
-        await _described(session)
-        st = await session.end()
+        session = await ops.get_session(client, session_id)
+        try:
+            st = await session.end()
+        except RunEnded:
+            # Ending is idempotent: the session is ended, as asked; its final status.
+            st = await session.show()
+            err.print(f"note: session {safe(session_id)} had already ended")
         if as_json:
             print(st.model_dump_json())
         else:

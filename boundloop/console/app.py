@@ -421,7 +421,8 @@ async def live(client: Client, workflow_id: str, from_offset: int) -> AsyncItera
     """The run's stream (`Run.stream`) as Server-Sent Events: `id` is the item's offset
     (a browser reconnecting sends it back as Last-Event-ID), `data` the item as JSON;
     an `end` event after the last item."""
-    async for item in ops.get_run(client, workflow_id).stream(from_offset=from_offset):
+    run = await ops.get_run(client, workflow_id)
+    async for item in run.stream(from_offset=from_offset):
         data = item.model_dump_json(exclude={"result": {"continuation"}}
                                     if item.kind == "result" else None)
         yield f"id: {item.offset}\nevent: item\ndata: {data}\n\n"
@@ -469,9 +470,11 @@ async def edit_review(request: Request, console: Console, who: auth.SignedIn) ->
                                  f"(line {exc.lineno})")
     if not isinstance(edited, dict):
         return _back(back, error="the edited arguments must be a JSON object")
-    run = ops.get_run(console.client, workflow_id)
     try:
+        run = await ops.get_run(console.client, workflow_id)
         pending = await asyncio.wait_for(run.pending(), timeout=QUERY_TIMEOUT)
+    except RunNotFound as exc:
+        return _back(back, error=f"refused: {exc}")
     except (RPCError, TimeoutError):
         return _back(back, error=f"run {workflow_id}: no worker answered")
     waiting = next((a for a in pending if a.call_id == call_id), None)
@@ -496,7 +499,10 @@ async def decide(request: Request, console: Console, who: auth.SignedIn) -> Resp
     workflow_id, call_id = form.get("run", ""), form.get("call_id", "")
     back = local(form.get("back"), "/approvals")
     action = form.get("action")
-    run = ops.get_run(console.client, workflow_id)
+    try:
+        run = await ops.get_run(console.client, workflow_id)
+    except RunNotFound as exc:
+        return _back(back, error=f"refused: {exc}")
     signer = console.signers.get(who.approver)
     args: dict[str, Any] | None = None
     if form.get("arguments"):
@@ -554,7 +560,7 @@ async def sessions_page(request: Request, console: Console, who: auth.SignedIn) 
 async def session_snapshot(console: Console, session_id: str) -> dict[str, Any]:
     """A session's turns as a chat: each turn's message and answer, the running turn's
     waiting calls."""
-    session = ops.get_session(console.client, session_id)
+    session = await ops.get_session(console.client, session_id)
     st: SessionStatus = await asyncio.wait_for(session.show(), timeout=QUERY_TIMEOUT)
     turns = []
     # The latest turns only: each is read from its own run (a long session stays quick).
@@ -603,7 +609,7 @@ async def session_page(request: Request, console: Console, who: auth.SignedIn) -
     session_id = request.path_params["session_id"]
     try:
         s = await session_snapshot(console, session_id)
-    except (RPCError, TimeoutError):
+    except (RPCError, TimeoutError, RunNotFound):
         return _page(who, "Session", f"<p class=\"error\">session {h.e(session_id)} not found "
                      "or no worker answered</p>", request)
     back = f"/sessions/{quote(session_id, safe='')}"
@@ -645,7 +651,7 @@ async def session_page(request: Request, console: Console, who: auth.SignedIn) -
 async def session_api(request: Request, console: Console, who: auth.SignedIn) -> Response:
     try:
         return JSONResponse(await session_snapshot(console, request.path_params["session_id"]))
-    except (RPCError, TimeoutError):
+    except (RPCError, TimeoutError, RunNotFound):
         return JSONResponse({"error": "not found or no worker answered"}, 404)
 
 
@@ -655,8 +661,8 @@ async def say(request: Request, console: Console, who: auth.SignedIn) -> Respons
     back = f"/sessions/{quote(session_id, safe='')}"
     if not message:
         return _back(back, error="the message is empty")
-    session = ops.get_session(console.client, session_id)
     try:
+        session = await ops.get_session(console.client, session_id)
         outcome = await asyncio.wait_for(session.send(message), timeout=DECISION_TIMEOUT)
     except (SessionRefused, RunEnded, RunNotFound) as exc:
         return _back(back, error=f"refused: {exc}")

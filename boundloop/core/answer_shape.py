@@ -17,13 +17,26 @@ _BLOCKS = re.compile(r"```[A-Za-z0-9_+-]*[ \t]*\n?(.*?)```|<tool_call>(.*?)</too
                      re.DOTALL)
 _NAME_KEYS = ("name", "tool", "tool_name", "function", "recipient_name")
 _ARGUMENT_KEYS = ("arguments", "parameters", "args", "input")
+#: The opening of a call object, `{"name": "create_ticket", …` (or `[{…`): what is left
+#: to read when the rest is not JSON, as a small model's cut or garbled call often is.
+_OPENING = re.compile(r'\[?\s*\{\s*"(?:' + "|".join(_NAME_KEYS)
+                      + r')"\s*:\s*"([A-Za-z0-9_.:-]{1,128})"')
 
 
 def looks_like_tool_call(text: str, tools: list[str]) -> bool:
     """True when `text` is, or holds in a code fence, a JSON object (or a list of them)
-    that names a tool with arguments, or names one of `tools`."""
+    that names a tool with arguments, or names one of `tools`; or begins as such an
+    object naming one of `tools` even though the rest is not valid JSON."""
     candidates = [text] + [a or b for a, b in _BLOCKS.findall(text)]
-    return any(_names_a_call(_json_or_none(c), set(tools)) for c in candidates)
+    known = set(tools)
+    return any(_names_a_call(_json_or_none(c), known) or _opens_a_call(c, known)
+               for c in candidates)
+
+
+def _opens_a_call(text: str, tools: set[str]) -> bool:
+    """Text that is not JSON but begins as a call object naming one of `tools`."""
+    opening = _OPENING.match(text.strip())
+    return opening is not None and opening.group(1) in tools
 
 
 def _json_or_none(text: str) -> Any:

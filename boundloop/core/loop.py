@@ -177,6 +177,8 @@ def budget_refused(state: LoopState, message: str) -> StopReason:
     """The shared budget refused the step's reservation: the request was never sent, so
     it is not a step; the ledger's reason is the run's text and event detail."""
     state.steps -= 1
+    if state.events and state.events[-1].event == "model_requested":
+        state.events.pop()  # begin_step logged the request that was never sent
     state.log("budget_refused", detail=message)
     return state.stop(StopReason.BUDGET_LIMIT, message)
 

@@ -52,7 +52,8 @@ NEXT_CHECK: dict[StopReason, str] = {
                              "result passed Temporal's payload limit (payload_too_large:*)",
     StopReason.PROTOCOL_ERROR: "malformed model output: unknown item, bad or duplicate call id",
     StopReason.FORBIDDEN_TOOL: "the model called a tool outside the allowed set",
-    StopReason.TOOL_ERROR: "a tool raised unexpectedly; see worker logs by fingerprint",
+    StopReason.TOOL_ERROR: "a tool raised unexpectedly; its traceback is in the worker log, "
+                          "in the line with the call's fingerprint",
     StopReason.APPROVAL_TIMEOUT: "nobody decided a pending approval in time",
     StopReason.CANCELLED: "an operator cancelled the run",
 }

@@ -120,6 +120,13 @@ def turn_id(session_id: str, turn: int) -> str:
     return f"{session_id}/turn-{turn}"
 
 
+def is_turn_id(workflow_id: str) -> bool:
+    """Whether `workflow_id` has the form of a session's turn (`SESSION/turn-N`): such ids
+    belong to the session, which starts its turns under them, so no run may take one."""
+    head, sep, number = workflow_id.rpartition("/turn-")
+    return bool(head and sep and number.isdigit() and number.isascii())
+
+
 def tokens_left(state: SessionState, limits: SessionLimits) -> int | None:
     if limits.token_budget is None:
         return None

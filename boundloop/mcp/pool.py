@@ -22,7 +22,11 @@ import asyncio
 import contextlib
 import importlib.metadata
 import logging
+import os
+import shutil
+import sys
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any, cast
 
 import httpx2
@@ -156,11 +160,43 @@ class _Session:
                 await task
 
 
+def resolve_command(command: str, cwd: str | os.PathLike[str] | None = None) -> str | None:
+    """The program a stdio server's `command` starts: a path as given (relative to
+    `cwd`), a bare name found on PATH, else next to this Python interpreter (a server
+    installed in the worker's virtual environment, `.venv/bin/mcp-server-time`, runs
+    without .venv/bin on PATH). None when there is no such program."""
+    if os.sep in command or (os.altsep and os.altsep in command):
+        path = Path(cwd or ".") / command
+        return command if path.is_file() and os.access(path, os.X_OK) else None
+    found = shutil.which(command)
+    if found is not None:
+        return found
+    beside = Path(sys.executable).parent / command
+    return str(beside) if beside.is_file() and os.access(beside, os.X_OK) else None
+
+
+def check_commands(servers: Sequence[MCPServerConfig]) -> None:
+    """Every stdio server's program exists: raises MCPServerError naming the first one
+    that does not (before a worker starts, not in each run's first call)."""
+    for config in servers:
+        if config.command is not None and resolve_command(config.command, config.cwd) is None:
+            raise MCPServerError(_no_program(config))
+
+
+def _no_program(config: MCPServerConfig) -> str:
+    return (f"MCP server {config.name!r}: cannot start {config.command!r}: no such program "
+            f"(not a file, not on PATH, not in {Path(sys.executable).parent})")
+
+
 def _target(config: MCPServerConfig, environ: Mapping[str, str],
             ) -> StdioServerParameters | tuple[str, dict[str, str]]:
-    """What to connect to, with `${NAME}` references resolved (KeyError: missing NAME)."""
+    """What to connect to, with `${NAME}` references resolved (KeyError: missing NAME;
+    MCPServerError: no such program)."""
     if config.command is not None:
-        return StdioServerParameters(command=config.command, args=list(config.args),
+        program = resolve_command(config.command, config.cwd)
+        if program is None:
+            raise MCPServerError(_no_program(config))
+        return StdioServerParameters(command=program, args=list(config.args),
                                      env=expand_references(config.env, environ) or None,
                                      cwd=config.cwd)
     assert config.url is not None  # the config's validator requires one of the two

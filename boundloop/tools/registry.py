@@ -380,6 +380,18 @@ class Toolset(Generic[Deps]):
     def get(self, name: str) -> ToolSpec:
         return self._tools[name]
 
+    def deps_problem(self, deps: object) -> str | None:
+        """Why `deps` cannot be this toolset's `ctx.deps`, or None: the toolset was made
+        as `Toolset[SomeDeps]()` and `deps` is not a SomeDeps. A toolset made without
+        the type (`Toolset()`), or with one no isinstance can check, takes any deps."""
+        declared = typing.get_args(getattr(self, "__orig_class__", None))
+        wanted = declared[0] if declared else None
+        if not isinstance(wanted, type) or isinstance(deps, wanted):
+            return None
+        return (f"the toolset's tools take {wanted.__qualname__} as ctx.deps "
+                f"(Toolset[{wanted.__qualname__}]), but the worker was given a "
+                f"{type(deps).__qualname__}")
+
     def names(self) -> list[str]:
         return list(self._tools)
 

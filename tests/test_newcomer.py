@@ -1,0 +1,257 @@
+"""What a new user building their own agent tripped on (issue 21): each fixed, each here.
+
+Client API: `get_run` / `get_session` are awaited like `start`, and the run id keyword is
+`id` as the CLI's `--id`. CLI: `run --task-queue`, exit codes of `cancel` and a second
+`session end`, a session's turn id refused to `run --id`. Worker: the public logging
+setup, BOUNDLOOP_LOG_TOOL_ERRORS and the fingerprint hint in a worker of one's own, deps
+of the wrong type refused at start, MCP commands named or found. Client scripts end
+cleanly (`boundloop.run_client`). Shapes: the budget's event order, a malformed call
+flagged, expected failures logged in one line.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+from temporalio.client import Client
+
+import boundloop
+from boundloop.core.answer_shape import looks_like_tool_call
+from boundloop.core.limits import Limits, RunSettings
+from boundloop.core.loop import LoopState, begin_step, budget_refused
+from boundloop.logs import TextFormatter
+from boundloop.scripted.server import ScriptedModelServer
+from boundloop.tools.demo import DemoDeps
+from tests.conftest import RunScript
+from tests.conftest import test_worker as make_worker
+from tests.scripts import answer, body, call, resp
+from tests.support.tools import tools as test_tools
+from tests.test_cli import ROOT, cli, env_for
+
+WAIT = 60.0
+
+
+# --- the client API -------------------------------------------------------------------
+
+
+async def test_get_run_is_awaited_like_start_and_the_id_keyword_is_id(
+        temporal: Client, tmp_path: Path) -> None:
+    server = ScriptedModelServer([answer("A-001: 12")])
+    queue = f"nc-{uuid.uuid4().hex[:8]}"
+    agent = boundloop.Agent(test_tools, model="scripted-model", allowed=["lookup_stock"],
+                            task_queue=queue)
+    wanted = f"nc-run-{uuid.uuid4().hex[:8]}"
+    try:
+        async with make_worker(temporal, queue, server.start(), tmp_path / "data"):
+            started = await agent.start(temporal, "A-001?", id=wanted)
+            assert started.id == wanted
+            found = await boundloop.get_run(temporal, wanted)
+            result = await asyncio.wait_for(found.result(), WAIT)
+    finally:
+        server.stop()
+    assert (result.workflow_id, result.text) == (wanted, "A-001: 12")
+    with pytest.raises(boundloop.RunNotFound):
+        await boundloop.get_run(temporal, "no-such-run")
+    with pytest.raises(boundloop.RunNotFound):
+        await boundloop.get_session(temporal, "no-such-session")
+    with pytest.raises(boundloop.RunNotFound, match="not a session"):
+        await boundloop.get_session(temporal, wanted)
+
+
+# --- the CLI --------------------------------------------------------------------------
+
+
+async def test_task_queue_flag_turn_ids_and_exit_codes_from_the_cli(
+        temporal: Client, tmp_path: Path) -> None:
+    server = ScriptedModelServer([answer("first turn"), answer("the run's answer")])
+    queue = f"nc-{uuid.uuid4().hex[:8]}"
+    env = env_for(temporal, tmp_path)  # BOUNDLOOP_TASK_QUEUE unset: `boundloop`
+    env.pop("BOUNDLOOP_TASK_QUEUE", None)
+    agent_flags = ["--tools", "lookup_stock", "--model", "scripted-model",
+                   "--task-queue", queue]
+    try:
+        async with make_worker(temporal, queue, server.start(), tmp_path / "data"):
+            code, out, err = await cli("session", "start", "--json", *agent_flags, env=env)
+            assert code == 0, err
+            session = json.loads(out)["session_id"]
+
+            # The session's next turn id, taken by a run, would fail the session's `say`.
+            code, out, err = await cli("run", "hi", "--id", f"{session}/turn-1",
+                                       *agent_flags, env=env)
+            assert code == 2 and "session's turn id" in err, (out, err)
+            assert "Traceback" not in err
+
+            code, out, err = await cli("say", session, "hello", env=env)
+            assert code == 0 and "first turn" in out, (out, err)
+
+            code, out, err = await cli("run", "A-001?", "--wait", *agent_flags, env=env)
+            assert code == 0 and "the run's answer" in out, (out, err)
+
+            code, out, err = await cli("session", "end", session, env=env)
+            assert code == 0 and "ended (requested)" in out, (out, err)
+            # Ending an ended session is what was asked: its final status, exit 0.
+            code, out, err = await cli("session", "end", session, env=env)
+            assert code == 0 and "ended (requested)" in out, (out, err)
+            assert "already ended" in err
+
+            code, out, err = await cli("cancel", "no-such-run", env=env)
+            assert code == 2 and "no run 'no-such-run'" in err, (out, err)
+            code, out, err = await cli("run", "hi", "--task-queue", " ", env=env)
+            assert code == 2 and "--task-queue is empty" in err, (out, err)
+    finally:
+        server.stop()
+
+
+# --- the worker -----------------------------------------------------------------------
+
+
+def test_a_worker_refuses_deps_of_another_type_at_start(tmp_path: Path) -> None:
+    env = {**env_for(None, tmp_path), "BOUNDLOOP_TOOLS": "tests.support.other_deps:tools",
+           "OPENAI_BASE_URL": "http://127.0.0.1:1/v1"}
+    done = subprocess.run([sys.executable, "-m", "boundloop.cli", "worker"], cwd=ROOT,
+                          env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, done
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    assert "take Clinic as ctx.deps" in lines[0] and "DemoDeps" in lines[0]
+    # The same check for a worker of one's own, when it is built.
+    from tests.support.other_deps import tools as clinic_tools
+
+    agent = boundloop.Agent(clinic_tools, model="m")
+    with pytest.raises(TypeError, match=r"take Clinic as ctx\.deps"):
+        boundloop.Plugin(agent, deps=DemoDeps(data_dir=tmp_path))
+
+
+def test_a_wrong_mcp_command_fails_worker_start_naming_the_program(tmp_path: Path) -> None:
+    config = tmp_path / "mcp.json"
+    config.write_text(json.dumps({"servers": [{"name": "time",
+                                               "command": "mcp-server-tiem"}]}))
+    env = {**env_for(None, tmp_path), "BOUNDLOOP_MCP_CONFIG": str(config),
+           "OPENAI_BASE_URL": "http://127.0.0.1:1/v1"}
+    done = subprocess.run([sys.executable, "-m", "boundloop.cli", "worker"], cwd=ROOT,
+                          env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, done
+    assert "cannot start 'mcp-server-tiem': no such program" in done.stderr
+    assert "worker started" not in done.stderr + done.stdout
+    assert "Traceback" not in done.stderr
+
+
+async def test_the_mcp_docs_command_runs_without_the_venv_on_path(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """docs/mcp.md's `"command": "mcp-server-time"`, with a PATH that lacks .venv/bin
+    (the worker started as `.venv/bin/boundloop worker`); the path given as a str."""
+    config = tmp_path / "mcp.json"
+    config.write_text(json.dumps({"servers": [{"name": "time",
+                                               "command": "mcp-server-time"}]}))
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    servers = boundloop.load_mcp_config(str(config))
+    declared = await asyncio.wait_for(boundloop.list_mcp_tools(servers), WAIT)
+    assert "time__get_current_time" in [d.name for d in declared]
+
+
+def test_own_worker_logs_with_the_public_setup_and_the_hint_can_be_followed(
+        temporal: Client, tmp_path: Path) -> None:
+    """A worker and client of one's own (tests/support/own_worker.py): the log line of
+    the failed tool carries the fingerprint the run's event shows, and with
+    BOUNDLOOP_LOG_TOOL_ERRORS=1 the exception's message; the script exits with its own
+    status through `boundloop.run_client`."""
+    env = {**env_for(temporal, tmp_path), "BOUNDLOOP_LOG_TOOL_ERRORS": "1"}
+    done = subprocess.run([sys.executable, "-m", "tests.support.own_worker"], cwd=ROOT,
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done
+    result = boundloop.RunResult.model_validate_json(done.stdout.strip().splitlines()[-1])
+    failed = [e for e in result.events if e.event == "tool_failed"]
+    assert failed and failed[0].fingerprint
+    logged = [line for line in done.stderr.splitlines() if "tool raised unexpectedly" in line]
+    assert logged, done.stderr
+    assert f"fingerprint={failed[0].fingerprint}" in logged[0]
+    from tests.support.tools import SECRET_DETAIL
+
+    assert SECRET_DETAIL in done.stderr  # the operator opted into messages
+
+
+# --- client scripts end cleanly -------------------------------------------------------
+
+
+SCRIPT = """
+import asyncio, os, sys
+import boundloop
+
+async def main():
+    await boundloop.connect(os.environ["TEMPORAL_ADDRESS"])
+    how = sys.argv[1]
+    if how == "raise":
+        raise ValueError("what went wrong")
+    if how == "exit":
+        sys.exit(3)
+    if how == "interrupt":
+        raise KeyboardInterrupt
+    return 5
+
+boundloop.run_client(main)
+print("never printed")
+"""
+
+
+@pytest.mark.parametrize(("how", "code"), [
+    ("return", 5), ("raise", 1), ("exit", 3), ("interrupt", 130)])
+def test_run_client_exits_with_the_scripts_status_in_every_path(
+        temporal: Client, tmp_path: Path, how: str, code: int) -> None:
+    env = env_for(temporal, tmp_path)
+    done = subprocess.run([sys.executable, "-c", SCRIPT, how], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == code, done
+    assert "never printed" not in done.stdout
+    assert "PyGILState" not in done.stderr and "Fatal Python error" not in done.stderr
+    if how == "raise":
+        assert "Traceback" in done.stderr and "ValueError: what went wrong" in done.stderr
+
+
+# --- shapes of the result and the log ---------------------------------------------------
+
+
+def test_a_budget_refusal_logs_no_request_that_was_never_sent() -> None:
+    state = LoopState(settings=RunSettings(model="m", limits=Limits()),
+                      allowed_tools=["lookup_stock"])
+    begin_step(state, 0.0)
+    begin_step(state, 0.0)  # step 2, refused by the budget before it is sent
+    budget_refused(state, "budget 'acme' is spent")
+    assert [(e.step, e.event) for e in state.events] == [
+        (1, "model_requested"), (1, "budget_refused"), (1, "stopped:budget_limit")]
+
+
+def test_a_malformed_call_naming_a_known_tool_is_flagged() -> None:
+    garbled = ('{"name": "create_ticket", "arguments": {"title": "<tool_response>status":'
+               ' "ok"}, "priority": ')
+    assert looks_like_tool_call(garbled, ["create_ticket"])
+    assert looks_like_tool_call(f"```json\n{garbled}\n```", ["create_ticket"])
+    assert not looks_like_tool_call(garbled, ["lookup_stock"])  # names no tool we have
+    assert not looks_like_tool_call('{"name": "Ada", "age": ', ["create_ticket"])
+
+
+LLAMA_500 = body({"error": {"code": 500, "type": "server_error", "message":
+                            "Value does not match the expected format"}}, status=500)
+
+
+async def test_expected_failures_log_one_line_without_a_traceback(
+        run_script: RunScript, caplog: pytest.LogCaptureFixture) -> None:
+    """llama.cpp's HTTP 500, retried, and a tool's transient failure are expected: one
+    line each, no SDK traceback; an unexpected tool exception still logs its traceback."""
+    caplog.set_level(logging.DEBUG, logger="temporalio")
+    out = await run_script([LLAMA_500, resp(call("flaky", {"x": "1"}, "c1")),
+                            resp(call("explode", {"x": "2"}, "c2"))],
+                           tools=["flaky", "explode"])
+    assert out.result.reason == boundloop.StopReason.TOOL_ERROR
+    traced = {getattr(r.exc_info[1], "type", type(r.exc_info[1]).__name__)
+              for r in caplog.records if r.levelno >= logging.WARNING and r.exc_info}
+    assert traced == {"UnexpectedToolError"}, traced  # the unexpected one keeps its traceback
+    failed = [r for r in caplog.records if r.getMessage().startswith("model request failed")]
+    assert failed and all(r.exc_info is None for r in failed)
+    assert any("failure=http_500" in TextFormatter().format(r) for r in failed)

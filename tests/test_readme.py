@@ -1,0 +1,53 @@
+"""The README is the front page: short, the two commands, an agent that runs as shown
+(its printed line included), links into the documentation site, and the site's home
+page is the same text."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from temporalio.client import Client
+
+from boundloop.scripted.server import ScriptedModelServer
+from tests.scripts import answer, call, resp
+from tests.test_cli import env_for
+
+ROOT = Path(__file__).resolve().parent.parent
+README = (ROOT / "README.md").read_text(encoding="utf-8")
+
+
+def blocks(text: str, lang: str) -> list[str]:
+    return re.findall(rf"^```{lang}\n(.*?)^```$", text, flags=re.M | re.S)
+
+
+def test_the_readme_is_a_front_page_and_the_sites_home() -> None:
+    assert len(README.splitlines()) <= 400
+    assert "make demo" in README and "make test" in README
+    for page in re.findall(r"\]\(docs/([^)#]+)", README):
+        assert (ROOT / "docs" / page).is_file(), page
+    home = (ROOT / "docs" / "index.md").read_text(encoding="utf-8")
+    assert home == README.replace("](docs/", "](")
+
+
+def test_the_readme_agent_runs_and_prints_what_the_readme_shows(
+        temporal: Client, tmp_path: Path) -> None:
+    (code,) = [b for b in blocks(README, "python") if "boundloop.Agent(" in b]
+    assert len(code.splitlines()) <= 30
+    shown = [b for b in blocks(README, "") if b.startswith("completed")]
+    address = temporal.service_client.config.target_host
+    script = tmp_path / "agent.py"
+    script.write_text(code.replace('"127.0.0.1:7233"', repr(address)), encoding="utf-8")
+    model = ScriptedModelServer([resp(call("lookup_stock", {"sku": "A-001"}, "c1")),
+                                 answer("A-001: 12 in stock.")])
+    env = {**env_for(temporal, tmp_path), "OPENAI_BASE_URL": model.start(),
+           "OPENAI_API_KEY": "sk-test-not-real"}
+    try:
+        done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env,
+                              capture_output=True, text=True, timeout=120)
+    finally:
+        model.stop()
+    assert done.returncode == 0, done
+    assert shown and done.stdout == shown[0], (done.stdout, shown)
