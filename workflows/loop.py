@@ -721,7 +721,8 @@ class BoundLoopWorkflow:
         for a in s.approvals:
             if a.status == "pending":
                 lines.append(f"waiting for approval: {a.tool} `{a.call_id}` since "
-                             f"{a.requested_at}")
+                             f"{a.requested_at}" + (f" (asked because: {a.asked_because})"
+                                                    if a.asked_because else ""))
         workflow.set_current_details("\n\n".join(lines))
 
     def _stream_events(self) -> None:

@@ -55,11 +55,13 @@ from boundloop.terminal import console, exit_code, print_event, print_result, sa
 
 def print_pending_table(rows: list[tuple[str, RunStatus]]) -> None:
     table = Table()
-    for header in ("run", "call id", "tool", "waiting since", "arguments (in full)"):
+    for header in ("run", "call id", "tool", "waiting since", "asked because",
+                   "arguments (in full)"):
         table.add_column(header, overflow="fold")  # wrapped, never cut with an ellipsis
     for wf_id, status in rows:
         for a in status.pending:
             table.add_row(safe(wf_id), safe(a.call_id), safe(a.tool), a.requested_at,
+                          safe(a.asked_because or "tool setting"),
                           safe(ops.argument_text(a)))
     console.print(table)
 

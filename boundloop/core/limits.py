@@ -12,6 +12,7 @@ from typing import Annotated, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 from pydantic_core import to_json
 
+from boundloop.core.rules import ArgumentRule
 from boundloop.core.signatures import ApproverName, PublicKeyText
 from boundloop.errors import PAYLOAD_LIMIT_BYTES
 
@@ -154,6 +155,8 @@ class Policy(BaseModel):
       `boundloop keys new`). When the run has any (here or in the worker's
       BOUNDLOOP_APPROVER_KEYS file), only decisions signed by one of them count.
     - prices: model name -> Price; a `usd_budget` needs the run's model here.
+    - rules: argument rules (boundloop.core.rules) added by the run: `ask` or `deny` only,
+      since they join the operator's and the strictest match wins (docs/approvals.md).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -164,6 +167,17 @@ class Policy(BaseModel):
     approvers: dict[str, list[str]] = Field(default_factory=dict)
     approver_keys: dict[ApproverName, PublicKeyText] = Field(default_factory=dict)
     prices: dict[str, Price] = Field(default_factory=dict)
+    rules: list[ArgumentRule] = Field(default_factory=list, max_length=100,
+                                      exclude_if=lambda v: not v)
+
+    @model_validator(mode="after")
+    def _run_rules_only_tighten(self) -> Policy:
+        loose = [r.tool for r in self.rules if r.action == "allow"]
+        if loose:
+            raise ValueError(
+                f"rules for {', '.join(loose)}: a run's own rules may only ask or deny "
+                "(allowing is the operator's; a tool's own approval stays)")
+        return self
 
 
 class RunSettings(BaseModel):

@@ -15,6 +15,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from boundloop.core import envelope as env
+from boundloop.core import rules as argument_rules
 from boundloop.core.answer_shape import looks_like_tool_call
 from boundloop.core.canonical import preview
 from boundloop.core.conversation import ConversationMeta, Item, function_call_output
@@ -88,6 +89,9 @@ class Approval(BaseModel):
     approver: str | None = None
     reason: str | None = None
     decided_at: str | None = None
+    #: The argument rule that asked for this approval (`amount > 100`); None when the
+    #: tool's own declaration or the approval policy asked.
+    asked_because: str | None = Field(default=None, exclude_if=lambda v: v is None)
 
 
 class LoopState(BaseModel):
@@ -243,6 +247,8 @@ class Execute(BaseModel):
     fingerprint: str
     idempotency_key: str
     needs_approval: bool = False
+    #: The argument rule that asks for approval, as people read it.
+    asked_because: str | None = None
 
 
 class Reply(BaseModel):
@@ -435,6 +441,14 @@ def _plan_one(state: LoopState, call: FunctionCall, rules: dict[str, ToolRule],
     blocked = _refused_repeat(state, call, fp)
     if blocked is not None:
         return blocked
+    verdict = argument_rules.evaluate(state.policy.rules, call.name, args)
+    if verdict is not None and verdict.action == "deny":
+        # Counted like a refusal: repeating a denied call ends as an identical-call loop.
+        return _count_refusal(state, "blocked_by_rule", call, fp, env.blocked(
+            "DENIED_BY_RULE",
+            f"A policy rule denies this call ({verdict.text}); it was not executed. Do not "
+            "call it again with these arguments: answer the user with what you have."),
+            detail=verdict.text)
     max_calls = state.limits.per_tool_max_calls.get(call.name, rule.max_calls)
     if max_calls is not None and state.per_tool_calls.get(call.name, 0) >= max_calls:
         state.log("blocked_tool_limit", tool=call.name, call_id=call.call_id, fp=fp)
@@ -446,8 +460,12 @@ def _plan_one(state: LoopState, call: FunctionCall, rules: dict[str, ToolRule],
             "Answer the user with the results you have."))
     state.identical_calls[fp] = state.identical_calls.get(fp, 0) + 1
     state.per_tool_calls[call.name] = state.per_tool_calls.get(call.name, 0) + 1
+    # A rule's `ask` holds whatever the approval policy says; its `allow` leaves the
+    # tool's own declaration as it is (that is the operator's).
+    asked = verdict.text if verdict is not None and verdict.action == "ask" else None
     return Execute(call=call, arguments=args, fingerprint=fp, idempotency_key=key,
-                   needs_approval=needs_approval(rule, model, state.policy))
+                   needs_approval=asked is not None or needs_approval(rule, model, state.policy),
+                   asked_because=asked)
 
 
 def _refused_repeat(state: LoopState, call: FunctionCall, fp: str) -> Reply | None:
@@ -467,9 +485,9 @@ def _refused_repeat(state: LoopState, call: FunctionCall, fp: str) -> Reply | No
 
 
 def _count_refusal(state: LoopState, event: str, call: FunctionCall, fp: str,
-                   envelope: Envelope) -> Reply:
+                   envelope: Envelope, detail: str | None = None) -> Reply:
     state.identical_calls[fp] = state.identical_calls.get(fp, 0) + 1
-    state.log(event, tool=preview(call.name, 60), call_id=call.call_id, fp=fp)
+    state.log(event, tool=preview(call.name, 60), call_id=call.call_id, fp=fp, detail=detail)
     return Reply(call=call, envelope=envelope, fingerprint=fp)
 
 

@@ -162,3 +162,20 @@ def hang(ctx: ToolContext[DemoDeps], x: str) -> Any:
     mark(ctx, "started")
     time.sleep(HANG_SECONDS)
     return {"hung": x}
+
+
+# --- tools the argument rules decide (tests/test_rules.py) ------------------------------
+
+
+@tools.tool(side_effects=True, retry=retry(1), **FAST)
+def transfer(ctx: ToolContext[DemoDeps], amount: float, to: str) -> Any:
+    """Moves money to an account (recorded in the marks store)."""
+    mark(ctx, f"transfer {amount} to {to}")
+    return {"transferred": amount, "to": to}
+
+
+@tools.tool(side_effects=True, retry=retry(1), **FAST)
+def delete_record(ctx: ToolContext[DemoDeps], record: str) -> Any:
+    """Deletes a record (recorded in the marks store)."""
+    mark(ctx, f"delete {record}")
+    return {"deleted": record}
