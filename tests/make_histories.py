@@ -21,6 +21,8 @@ from temporalio.client import WorkflowHandle
 
 from boundloop import client as ops
 from boundloop.contracts import CancelRequest, Decision, RunResult
+from boundloop.core.limits import Policy
+from boundloop.core.rules import ArgumentRule
 from boundloop.testing import wait_until
 from tests.scripts import answer, call, reasoning, resp
 from tests.test_crash import (
@@ -139,6 +141,17 @@ RUNS: dict[str, tuple[list[dict[str, Any]], Act]] = {
     ], interrupt_during_request),
 }
 
+#: name -> the run's policy, for the histories that need one.
+POLICIES: dict[str, Policy] = {
+    # An argument rule asks for approval of a call its tool does not declare (approved).
+    "rule_asked": Policy(rules=[ArgumentRule(tool="lookup_stock", when='sku == "B-002"',
+                                             action="ask")]),
+}
+RUNS["rule_asked"] = ([
+    resp(call("lookup_stock", {"sku": "B-002"}, "u1"), rid="ur1"),
+    answer("B-002は在庫切れです。", rid="ur2"),
+], approve_by_signal)
+
 
 async def record(tmp: Path, names: list[str]) -> None:
     HISTORIES.mkdir(exist_ok=True)
@@ -146,7 +159,8 @@ async def record(tmp: Path, names: list[str]) -> None:
         c.start_worker()
         for name in names:
             turns, act = RUNS[name]
-            handle = await c.start_run(turns, workflow_id=workflow_id(name))
+            handle = await c.start_run(turns, workflow_id=workflow_id(name),
+                                       policy=POLICIES.get(name))
             await act(c, handle)
             result = await result_of(handle)
             history = await handle.fetch_history()

@@ -133,14 +133,15 @@ class Cluster:
 
     async def start_run(self, turns: list[dict[str, Any]], *, workflow_id: str | None = None,
                         tools: list[str] | None = None, limits: Limits | None = None,
-                        question: str = "チケットを作って") -> WorkflowHandle[Any, RunResult]:
+                        question: str = "チケットを作って", policy: Policy | None = None,
+                        ) -> WorkflowHandle[Any, RunResult]:
         """Append the run's turns to the model script and start the workflow. Runs of one
         cluster must run one after the other (the script is one shared sequence)."""
         assert self.client is not None
         for turn in turns:
             self.model.append(turn)
         settings = RunSettings(model="scripted-model", limits=limits or Limits(),
-                               policy=Policy())
+                               policy=policy or Policy())
         inp = RunInput(question=question, settings=settings,
                        tools=tools if tools is not None else DEMO_TOOLS)
         return await self.client.start_workflow(
