@@ -20,7 +20,19 @@ README = (ROOT / "README.md").read_text(encoding="utf-8")
 
 
 def blocks(text: str, lang: str) -> list[str]:
-    return re.findall(rf"^```{lang}\n(.*?)^```$", text, flags=re.M | re.S)
+    """The fenced code blocks of `text` in language `lang` ("": no language)."""
+    found, current, inside = [], [], None
+    for line in text.splitlines(keepends=True):
+        if line.startswith("```"):
+            if inside is None:
+                inside, current = line[3:].strip(), []
+                continue
+            if inside == lang:
+                found.append("".join(current))
+            inside = None
+        elif inside is not None:
+            current.append(line)
+    return found
 
 
 def test_the_readme_is_a_front_page_and_the_sites_home() -> None:
