@@ -24,6 +24,7 @@ import binascii
 import dataclasses
 import os
 import re
+import stat
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -94,10 +95,17 @@ def load_keys(*, keys_file: Path | None, keys_text: str | None) -> dict[str, byt
                             "(the keys themselves), not both")
     if keys_file is not None:
         try:
+            mode = keys_file.stat().st_mode
             text = keys_file.read_text(encoding="utf-8")
         except OSError as exc:
             raise CodecKeyError(f"BOUNDLOOP_CODEC_KEYS: cannot read {keys_file}: "
                                 f"{exc.strerror or exc}") from None
+        # Refused like an approver's private key: keys others may read may already be
+        # someone else's (the image's user is uid 10001: `chown 10001`, not `chmod 644`).
+        if mode & (stat.S_IRWXG | stat.S_IRWXO):
+            raise CodecKeyError(f"BOUNDLOOP_CODEC_KEYS: {keys_file} is readable by others "
+                                f"(mode {stat.S_IMODE(mode):04o}): `chmod 600 {keys_file}` "
+                                "and make it the reading user's own")
         return parse_keys(text, source=str(keys_file))
     if keys_text is not None:
         return parse_keys(keys_text, source="BOUNDLOOP_CODEC_KEY")

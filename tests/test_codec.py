@@ -70,6 +70,7 @@ def keyfile(tmp_path: Path, *ids: str, name: str = "keys") -> Path:
     path = tmp_path / name
     path.write_text("# boundloop codec keys, oldest first\n"
                     + "".join(new_key_line(i) + "\n" for i in ids), encoding="utf-8")
+    path.chmod(0o600)
     return path
 
 
@@ -212,6 +213,7 @@ async def test_cli_and_worker_refuse_unusable_keys_in_one_line(
                BOUNDLOOP_DATA_DIR=str(tmp_path / "data"))
     bad = tmp_path / "bad-keys"
     bad.write_text("k1:c2hvcnQ=\n", encoding="utf-8")  # 5 bytes, not 32
+    bad.chmod(0o600)
     for command in (["worker", "--model-script", "examples/scripts/stock_two_skus.json"],
                     ["list"]):
         done = subprocess.run([*CLI, *command], cwd=ROOT, capture_output=True, text=True,
@@ -220,6 +222,18 @@ async def test_cli_and_worker_refuse_unusable_keys_in_one_line(
         assert done.returncode == 2, (command, done.stdout, done.stderr)
         assert done.stderr.strip().splitlines()[-1] == (
             f"error: {bad} line 1: key 'k1' is 5 bytes; AES-256 needs 32"), done.stderr
+    # A key file others may read (mode 0644) is refused everywhere keys are read.
+    shared = keyfile(tmp_path, "k1", name="shared-keys")
+    shared.chmod(0o644)
+    for command in (["worker", "--model-script", "examples/scripts/stock_two_skus.json"],
+                    ["list"], ["codec-server"]):
+        done = subprocess.run([*CLI, *command], cwd=ROOT, capture_output=True, text=True,
+                              env={**env, "BOUNDLOOP_CODEC_KEYS": str(shared)}, timeout=60,
+                              check=False)
+        assert done.returncode == 2, (command, done.stdout, done.stderr)
+        assert done.stderr.strip().splitlines()[-1] == (
+            f"error: BOUNDLOOP_CODEC_KEYS: {shared} is readable by others (mode 0644): "
+            f"`chmod 600 {shared}` and make it the reading user's own"), done.stderr
     # The CLI reading an encrypted run without the key: one line, exit 2.
     keys = keyfile(tmp_path, "k1")
     handle, _ = await ask(settings_for(temporal, tmp_path, model,
