@@ -251,6 +251,8 @@ async def test_approver_decides_three_calls_in_the_browser(deployed: Deployed) -
             await expect(page.locator("#timeline")).to_contain_text("tool_success")
             # Drawn from the run's live stream: each line with its offset, in order, and
             # the answer from the model's streamed text.
+            await expect(page.locator("#timeline li[data-offset]").last).to_contain_text(
+                "stopped:completed")
             offsets = await page.locator("#timeline li").evaluate_all(
                 "lis => lis.map(li => Number(li.dataset.offset))")
             assert offsets == sorted(offsets) and len(set(offsets)) == len(offsets) >= 10
@@ -278,7 +280,9 @@ async def test_approver_decides_three_calls_in_the_browser(deployed: Deployed) -
                 "t3: approved with edited arguments")
             await expect(page.locator("#inbox-empty")).to_be_visible()
 
-            # The list shows every run ended, completed and stopped apart.
+            # Once they have ended, the list shows every run completed.
+            for h in deployed.runs:
+                await asyncio.wait_for(result_of(h), 60)
             await page.click("header >> text=Runs")
             for h in deployed.runs:
                 await expect(page.locator(f'tr[data-run="{h.id}"]')).to_contain_text(

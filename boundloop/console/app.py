@@ -330,7 +330,9 @@ function meter(used, cap, text){ if(!cap) return esc(text);
 function line(ev, offset){ return '<li'+(offset==null?'':' data-offset="'+offset+'"')+'>step '+
   ev.step+' · <b>'+esc(ev.event)+'</b>'+(ev.tool?' · '+esc(ev.tool):'')+
   (ev.call_id?' · '+esc(ev.call_id):'')+(ev.detail?' · '+esc(ev.detail):'')+'</li>';}
-let streamed = false, closed = false, timer = null;
+let streamed = false, closed = false, timer = null, submitting = false;
+// A decision being sent: its answer page comes next, never a reload over it.
+document.addEventListener('submit', () => { submitting = true; });
 const texts = {};  // step -> the answer text streamed so far (since its last reset)
 function showText(){ const steps = Object.keys(texts).map(Number).filter(k=>texts[k]);
   if (!steps.length) return; const a = document.getElementById('answer');
@@ -357,7 +359,7 @@ async function refresh(){
     a.textContent = s.text; a.dataset.source = a.dataset.source || 'result'; }
   else if (!streamed) document.getElementById('answer').textContent = s.closed?'(no answer)':'…';
   const waiting = s.pending.map(a=>a.call_id).join(',');
-  if (waiting !== document.body.dataset.pending) { location.reload(); return; }
+  if (waiting !== document.body.dataset.pending && !submitting) { location.reload(); return; }
   closed = s.closed;
 }
 function soon(){ clearTimeout(timer); timer = setTimeout(refresh, 150); }
@@ -576,13 +578,15 @@ async def session_snapshot(console: Console, session_id: str) -> dict[str, Any]:
 SESSION_SCRIPT = """
 <script>
 const sid = document.body.dataset.session;
+let submitting = false;  // a message or decision being sent: no reload over its answer
+document.addEventListener('submit', () => { submitting = true; });
 async function refresh(){
   let r; try { r = await fetch('/api/sessions/'+encodeURIComponent(sid)); } catch(e) { return; }
   if (r.status === 401) { location.href='/login'; return; }
   const s = await r.json();
   const sig = s.turns.map(t=>t.workflow_id+':'+t.closed+':'+(t.pending||[]).length).join('|')
     + '|' + s.session.status;
-  if (sig !== document.body.dataset.sig) { location.reload(); return; }
+  if (sig !== document.body.dataset.sig && !submitting) { location.reload(); return; }
   setTimeout(refresh, 700);
 }
 if (document.body.dataset.live === '1') refresh();
