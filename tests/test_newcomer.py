@@ -121,6 +121,12 @@ def test_a_worker_refuses_deps_of_another_type_at_start(tmp_path: Path) -> None:
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1, done.stderr
     assert "take Clinic as ctx.deps" in lines[0] and "DemoDeps" in lines[0]
+    # So does `boundloop run --model-script`, whose own worker is `boundloop worker`'s.
+    done = subprocess.run([sys.executable, "-m", "boundloop.cli", "run", "hi", "--model-script",
+                           "examples/scripts/stock_two_skus.json"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "take Clinic as ctx.deps" in done.stderr, done
+    assert "Traceback" not in done.stderr
     # The same check for a worker of one's own, when it is built.
     from tests.support.other_deps import tools as clinic_tools
 

@@ -168,8 +168,8 @@ async def describe(handle: Any) -> Any:
 
 
 def check_approver_keys(settings: Settings) -> None:
-    """A worker this command runs itself refuses a bad BOUNDLOOP_APPROVER_KEYS file in
-    one line, as `boundloop worker` does."""
+    """A worker this command runs itself refuses a bad BOUNDLOOP_APPROVER_KEYS file, and
+    a toolset whose tools take other deps, in one line, as `boundloop worker` does."""
     from boundloop.signing import KeyFileError
     from boundloop.worker.main import approver_keys
 
@@ -177,6 +177,11 @@ def check_approver_keys(settings: Settings) -> None:
         approver_keys(settings)
     except KeyFileError as exc:
         raise fail(f"BOUNDLOOP_APPROVER_KEYS: {exc}") from None
+    from boundloop.worker.main import toolset_problem
+
+    problem = toolset_problem(settings)  # the deps it hands tools are the demo's
+    if problem is not None:
+        raise fail(problem)
 
 
 def print_session(st: SessionStatus) -> None:
