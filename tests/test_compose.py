@@ -304,7 +304,10 @@ def test_codec_server_serves_the_ui_with_the_workers_keys(
     assert mounts(codec) == {"/run/boundloop-secrets": (str(ROOT / "deploy/secrets"), True)}
     unset = codec["environment"]
     assert unset["BOUNDLOOP_CODEC_KEYS"] is None and unset["BOUNDLOOP_CODEC_TOKEN"] is None
-    assert unset["BOUNDLOOP_CODEC_CORS_ORIGINS"] == "http://localhost:8080"  # the UI's origin
+    # The UI's origins: opened at localhost or 127.0.0.1, both decode.
+    both = "http://localhost:8080,http://127.0.0.1:8080"
+    assert unset["BOUNDLOOP_CODEC_CORS_ORIGINS"] == both
+    assert services["ui"]["environment"]["TEMPORAL_CORS_ORIGINS"] == both
     assert [p for p in codec["ports"] if str(p).startswith("127.0.0.1:")] == codec["ports"]
     assert services["ui"]["environment"]["TEMPORAL_CODEC_ENDPOINT"] == ""
     given = compose_config(BOUNDLOOP_UI_CODEC_ENDPOINT="http://localhost:8081")["services"]
