@@ -22,3 +22,6 @@ class ExitCode(IntEnum):
     STOPPED = 3
     #: Temporal could not be reached, or refused the connection (TLS).
     UNREACHABLE = 4
+    #: `replay-check`: a history the local code does not replay (a deploy would strand
+    #: that workflow).
+    DIVERGED = 5

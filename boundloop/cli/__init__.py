@@ -16,7 +16,7 @@ from boundloop.exit_codes import ExitCode
 
 # Each command group registers its commands when imported, in this order (the
 # order of --help).
-for _group in ("servers", "runs", "approvals", "sessions", "budgets"):
+for _group in ("servers", "runs", "approvals", "sessions", "budgets", "deploys"):
     importlib.import_module(f"boundloop.cli.{_group}")
 
 __all__ = ["LIMIT_FLAGS", "_run", "app", "connect", "err", "fail", "load_settings", "main"]

@@ -1,0 +1,94 @@
+"""`boundloop replay-check` against the server's open runs (real dev server, the CLI as
+a subprocess): the current code replays a run parked on approval; a next release with
+an extra activity before the approval wait and no `workflow.patched` is caught, naming
+the run and its first divergent command, before it is deployed. Deployed anyway, the
+run's workflow task fails; redeploying the old code unblocks it: one ticket."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import uuid
+from datetime import timedelta
+from pathlib import Path
+
+import openai
+from temporalio.client import Client
+
+from boundloop import Worker
+from boundloop.client import result_of
+from boundloop.contracts import WORKFLOW_NAME, Decision, RunInput, RunResult
+from boundloop.core.limits import RunSettings
+from boundloop.scripted.server import ScriptedModelServer
+from boundloop.testing import wait_until
+from boundloop.tools.demo import DemoDeps, list_tickets
+from tests.conftest import DEMO_TOOLS, RUN_TIMEOUT, workflow_task_failures
+from tests.scripts import answer, call, resp
+from tests.support.next_release import swap_plugin
+from tests.support.tools import tools as test_tools
+from tests.test_cli import ROOT, env_for
+
+TICKET = '{"title": "Printer on fire", "description": "3F", "priority": "high"}'
+
+
+async def cli(*args: str, env: dict[str, str], next_release: bool = False,
+              ) -> tuple[int, str, str]:
+    command = ([sys.executable, "-m", "tests.support.next_release", "cli"] if next_release
+               else [sys.executable, "-m", "boundloop.cli"])
+    proc = await asyncio.create_subprocess_exec(
+        *command, *args, cwd=ROOT, env={**env, "BOUNDLOOP_TOOLS": "tests.support.tools:tools",
+                                        "PYTHONPATH": str(ROOT)},
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    out, err = await asyncio.wait_for(proc.communicate(), timeout=120)
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(), err.decode()
+
+
+async def test_replay_check_catches_an_unpatched_change_before_the_deploy(
+        temporal: Client, tmp_path: Path) -> None:
+    server = ScriptedModelServer([resp(call("create_ticket", TICKET, "t1")),
+                                  answer("Ticket opened.")])
+    model = openai.AsyncOpenAI(base_url=server.start(), api_key="sk-test-not-real")
+    queue = f"rc-{uuid.uuid4().hex[:8]}"
+    data = tmp_path / "data"
+
+    def worker(*plugins: object) -> Worker[DemoDeps]:
+        return Worker(temporal, test_tools, deps=DemoDeps(data_dir=data), model=model,
+                      task_queue=queue, plugins=list(plugins),  # type: ignore[arg-type]
+                      sticky_timeout=timedelta(seconds=1))
+
+    inp = RunInput(question="open a ticket", settings=RunSettings(model="scripted-model"),
+                   tools=DEMO_TOOLS)
+    env = env_for(temporal, tmp_path)
+    try:
+        async with worker():
+            handle = await temporal.start_workflow(
+                WORKFLOW_NAME, inp, id=f"rc-{uuid.uuid4().hex[:12]}", task_queue=queue,
+                result_type=RunResult)
+
+            async def parked() -> bool:
+                st = await handle.query("status")
+                return bool(st["pending"])
+
+            await wait_until(parked, timeout=60)
+        code, out, err = await cli("replay-check", env=env)
+        assert code == 0, err
+        assert "all replay" in out
+        code, out, err = await cli("replay-check", env=env, next_release=True)
+        assert code == 5, (out, err)
+        assert handle.id in err and "Nondeterminism" in err and "BoundLoop" in err
+        # Deployed anyway: the decision's workflow task fails on the new code.
+        async with worker(swap_plugin()):
+            await handle.signal("approve", Decision(call_id="t1", approve=True))
+            await wait_until(lambda: _failed(handle, temporal), timeout=60)
+        # The old code back: the run replays and completes, one ticket.
+        async with worker():
+            result = await asyncio.wait_for(result_of(handle), timeout=RUN_TIMEOUT)
+    finally:
+        server.stop()
+    assert result.reason.value == "completed"
+    assert len(list_tickets(data)) == 1
+
+
+async def _failed(handle: object, client: Client) -> bool:
+    return await workflow_task_failures(handle, client) > 0  # type: ignore[arg-type]
