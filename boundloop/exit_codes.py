@@ -25,3 +25,5 @@ class ExitCode(IntEnum):
     #: `replay-check`: a history the local code does not replay (a deploy would strand
     #: that workflow).
     DIVERGED = 5
+    #: The run's workflow task keeps failing (`status` names the cause and the fix).
+    STUCK = 6

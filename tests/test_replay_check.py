@@ -81,6 +81,10 @@ async def test_replay_check_catches_an_unpatched_change_before_the_deploy(
         async with worker(swap_plugin()):
             await handle.signal("approve", Decision(call_id="t1", approve=True))
             await wait_until(lambda: _failed(handle, temporal), timeout=60)
+            code, out, err = await cli("status", handle.id, env=env)
+            assert code == 6, (out, err)
+            assert "workflow task failing since" in err and "Nondeterminism" in err
+            assert "deploy the code it started on" in err
         # The old code back: the run replays and completes, one ticket.
         async with worker():
             result = await asyncio.wait_for(result_of(handle), timeout=RUN_TIMEOUT)

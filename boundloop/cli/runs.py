@@ -206,6 +206,8 @@ def status(run_id: Annotated[str, typer.Argument(help="Workflow id")],
                     print_event(ev)
                 print_result(result, settings)
             return exit_code(result)
+        if desc.status == WorkflowExecutionStatus.RUNNING:
+            await _exit_if_stuck(handle, desc)
         try:
             st = await asyncio.wait_for(ops.query_status(handle), timeout=QUERY_TIMEOUT)
         except (RPCError, TimeoutError):
@@ -230,6 +232,16 @@ def status(run_id: Annotated[str, typer.Argument(help="Workflow id")],
                 else ExitCode.STOPPED)
 
     raise typer.Exit(_run(go()))
+
+
+async def _exit_if_stuck(handle: Any, desc: Any) -> None:
+    """A run whose workflow task keeps failing says so, with the cause and the fix
+    (exit 6, ExitCode.STUCK)."""
+    from boundloop.stuck import stuck_line
+
+    line = await stuck_line(handle, desc)
+    if line is not None:
+        raise fail(f"{handle.id}: running, but {line}", ExitCode.STUCK)
 
 
 @app.command()
