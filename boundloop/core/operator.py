@@ -1,0 +1,263 @@
+"""The operator's policy: the floor under every run a worker serves.
+
+The operator configures it where the worker is deployed (`Worker(policy=…)`,
+`BOUNDLOOP_POLICY=path`). A run's own settings may only tighten it: fewer tools, lower
+limits, more approvals, approvers drawn from the operator's. `resolve` turns a run's
+settings into the effective ones, or into the list of what the run asked that is looser
+(refused, never silently clamped). Pure: no Temporal, no I/O.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from boundloop.core.limits import BUDGET_KEY_PATTERN, Limits, Policy, Price, RunSettings
+from boundloop.core.mcp_tools import MCPToolDeclaration
+from boundloop.core.rules import TOOL_PATTERN, ArgumentRule
+from boundloop.core.signatures import ApproverName, PublicKeyText
+
+__all__ = ["Admission", "BudgetRule", "OperatorLimits", "OperatorPolicy", "Refusal",
+           "ToolDeclared", "ToolPolicy", "resolve"]
+
+ToolGlob = Annotated[str, Field(pattern=TOOL_PATTERN)]
+#: The Limits fields that take a ceiling: the numeric ones.
+_NUMERIC = [name for name in Limits.model_fields if name != "per_tool_max_calls"]
+_INTEGERS = {"max_steps", "max_tool_executions", "token_threshold", "max_result_bytes",
+             "max_history_bytes", "max_identical_calls", "tool_cost_budget",
+             "max_output_tokens"}
+
+
+class ToolPolicy(BaseModel):
+    """The operator's word on the tools a name or glob matches.
+
+    - approval: "always" asks before every call; "tool" (default) asks where the tool's
+      own declaration does (`needs_approval=True` counts as operator policy).
+    - approvers: names allowed to decide its approvals (None: any of `approver_keys`).
+    - side_effects: for MCP tools, the side-effect flag a declaration may not drop.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    approval: Literal["always", "tool"] = "tool"
+    approvers: list[ApproverName] | None = None
+    side_effects: bool | None = None
+
+
+class BudgetRule(BaseModel):
+    """Which shared budget runs spend from: `key` fixed (a run naming another is refused),
+    `required` (a run naming none is refused)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    key: Annotated[str, Field(pattern=BUDGET_KEY_PATTERN)] | None = None
+    required: bool = False
+
+
+class OperatorLimits(BaseModel):
+    """`max`: ceilings (a run asking more is refused; an optional limit the run leaves
+    unset gets its ceiling). `defaults`: used where the run leaves a limit at boundloop's
+    own default."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    max: dict[str, float] = Field(default_factory=dict)
+    defaults: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("max")
+    @classmethod
+    def _known_ceilings(cls, ceilings: dict[str, float]) -> dict[str, float]:
+        unknown = sorted(set(ceilings) - set(_NUMERIC))
+        if unknown:
+            raise ValueError(f"no such limit {', '.join(unknown)} (limits: {', '.join(_NUMERIC)})")
+        bad = [k for k, v in ceilings.items() if isinstance(v, bool) or not v > 0]
+        if bad:
+            raise ValueError(f"ceilings must be positive numbers: {', '.join(bad)}")
+        return ceilings
+
+    @field_validator("defaults")
+    @classmethod
+    def _valid_defaults(cls, defaults: dict[str, Any]) -> dict[str, Any]:
+        Limits.model_validate(defaults)  # names and values as a run's limits take them
+        return defaults
+
+
+class OperatorPolicy(BaseModel):
+    """What the operator of a worker allows every run it serves (docs/security.md)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    #: Tool names or globs runs may use; None: every tool the worker serves.
+    tools: list[ToolGlob] | None = None
+    #: Tool name or glob -> its approval, approvers and flags.
+    approval: dict[ToolGlob, ToolPolicy] = Field(default_factory=dict)
+    #: Approver name -> Ed25519 public key; a run may use a subset, never add one. With
+    #: any, only decisions signed by one of them count.
+    approver_keys: dict[ApproverName, PublicKeyText] = Field(default_factory=dict)
+    #: The only price table runs are charged by.
+    prices: dict[str, Price] = Field(default_factory=dict)
+    budget: BudgetRule = Field(default_factory=BudgetRule)
+    limits: OperatorLimits = Field(default_factory=OperatorLimits)
+    #: Argument rules ahead of the run's own; the strictest match wins.
+    rules: list[ArgumentRule] = Field(default_factory=list, max_length=100)
+
+    def tool_policy(self, tool: str) -> ToolPolicy:
+        """The first entry of `approval` whose name or glob matches `tool`."""
+        for pattern, entry in self.approval.items():
+            if fnmatch.fnmatchcase(tool, pattern):
+                return entry
+        return ToolPolicy()
+
+    def allows(self, tool: str) -> bool:
+        return self.tools is None or any(fnmatch.fnmatchcase(tool, p) for p in self.tools)
+
+
+@dataclass(frozen=True)
+class ToolDeclared:
+    """What a function tool's code declares (a predicate `needs_approval` counts as True:
+    it may ask)."""
+
+    side_effects: bool
+    needs_approval: bool
+
+
+class Refusal(BaseModel):
+    """One setting of a run that is looser than the operator's."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    field: str
+    asked: str
+    operator: str
+
+    def line(self) -> str:
+        return f"{self.field}: the run asked {self.asked}; the operator's policy: {self.operator}"
+
+
+class Admission(BaseModel):
+    """A run's admission, recorded once in its history: the effective settings, or what
+    was refused."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    settings: RunSettings | None = None
+    refusals: list[Refusal] = Field(default_factory=list)
+
+
+def _asks(operator: OperatorPolicy, tool: str, declared: ToolDeclared | None,
+          mcp: MCPToolDeclaration | None) -> bool:
+    """Whether the operator's floor asks for approval before calls of `tool`."""
+    if operator.tool_policy(tool).approval == "always":
+        return True
+    if declared is not None:
+        return declared.needs_approval
+    return mcp is not None and mcp.needs_approval
+
+
+def _refused_limits(operator: OperatorPolicy, asked: Limits) -> tuple[Limits, list[Refusal]]:
+    values = asked.model_dump()
+    builtin = Limits().model_dump()
+    for name, value in operator.limits.defaults.items():
+        if values.get(name) == builtin.get(name):
+            values[name] = value
+    refusals: list[Refusal] = []
+    for name, ceiling in operator.limits.max.items():
+        value = values.get(name)
+        if value is None:
+            values[name] = int(ceiling) if name in _INTEGERS else float(ceiling)
+        elif value > ceiling:
+            refusals.append(Refusal(field=f"limits.{name}", asked=repr(value),
+                                    operator=f"at most {ceiling:g}"))
+    return Limits.model_validate(values), refusals
+
+
+def resolve(operator: OperatorPolicy, settings: RunSettings, *, tools: Sequence[str],
+            declared: Mapping[str, ToolDeclared],
+            mcp_tools: Sequence[MCPToolDeclaration] = ()) -> RunSettings | list[Refusal]:
+    """The run's effective settings under `operator`, or every field it asked looser.
+
+    `tools` are the run's tool names; `declared` what the worker's code declares of its
+    function tools; `mcp_tools` the MCP declarations the run carries.
+    """
+    refusals: list[Refusal] = []
+    run = settings.policy
+    mcp = {d.name: d for d in mcp_tools}
+
+    for tool in tools:
+        if not operator.allows(tool):
+            refusals.append(Refusal(field="tools", asked=tool,
+                                    operator=f"allowed: {', '.join(operator.tools or [])}"))
+    for tool, d in mcp.items():
+        entry = operator.tool_policy(tool)
+        if entry.approval == "always" and not d.needs_approval:
+            refusals.append(Refusal(field=f"mcp_tools.{tool}.needs_approval", asked="false",
+                                    operator="approval always"))
+        if entry.side_effects and not d.side_effects:
+            refusals.append(Refusal(field=f"mcp_tools.{tool}.side_effects", asked="false",
+                                    operator="side_effects true"))
+
+    asking = [t for t in tools if _asks(operator, t, declared.get(t), mcp.get(t))]
+    if run.approval == "never" and asking:
+        refusals.append(Refusal(field="policy.approval", asked="never",
+                                operator=f"approval required for {', '.join(asking)}"))
+
+    for name, key in run.approver_keys.items():
+        if operator.approver_keys.get(name) != key:
+            refusals.append(Refusal(
+                field=f"policy.approver_keys.{name}", asked="a key of its own",
+                operator=f"approvers: {', '.join(operator.approver_keys) or 'none'}"))
+    approvers = dict(run.approvers)
+    for tool in tools:
+        allowed = operator.tool_policy(tool).approvers
+        if allowed is None:
+            continue
+        names = approvers.get(tool)
+        if names is None:
+            approvers[tool] = list(allowed)
+        elif not names or set(names) - set(allowed):
+            refusals.append(Refusal(field=f"policy.approvers.{tool}",
+                                    asked=", ".join(names) or "anyone",
+                                    operator=", ".join(allowed)))
+
+    for model, price in run.prices.items():
+        if operator.prices.get(model) != price:
+            mine = operator.prices.get(model)
+            refusals.append(Refusal(
+                field=f"policy.prices.{model}", asked=price.model_dump_json(),
+                operator=mine.model_dump_json() if mine else "no price for this model"))
+    if settings.limits.usd_budget is not None and settings.model not in operator.prices:
+        refusals.append(Refusal(field="limits.usd_budget", asked=f"a USD budget for "
+                                f"{settings.model}", operator="no price for this model"))
+
+    rule = operator.budget
+    if settings.budget is None and rule.required:
+        refusals.append(Refusal(field="budget", asked="none",
+                                operator=f"required{f': {rule.key}' if rule.key else ''}"))
+    elif settings.budget is not None and rule.key is not None and settings.budget != rule.key:
+        refusals.append(Refusal(field="budget", asked=settings.budget, operator=rule.key))
+
+    limits, refused_limits = _refused_limits(operator, settings.limits)
+    refusals.extend(refused_limits)
+    if refusals:
+        return refusals
+
+    # The operator's floor becomes part of the run's policy: its `always` approvals and
+    # its ask/deny rules come first (an operator `allow` never loosens a tool's own ask,
+    # so it changes nothing), the run's own rules after; strictest wins.
+    floor = [ArgumentRule(tool=t, action="ask", reason="operator policy") for t in tools
+             if operator.tool_policy(t).approval == "always"]
+    rules = [*floor, *(r for r in operator.rules if r.action != "allow"), *run.rules]
+    keys = dict(run.approver_keys) or dict(operator.approver_keys)
+    try:
+        policy = Policy(unknown_tool=run.unknown_tool, missing_usage=run.missing_usage,
+                        approval=run.approval, approvers=approvers, approver_keys=keys,
+                        prices=dict(operator.prices), rules=rules)
+        return RunSettings.model_validate({**settings.model_dump(), "policy": policy.model_dump(),
+                                           "limits": limits.model_dump()})
+    except ValidationError as e:
+        return [Refusal(field=".".join(str(p) for p in err["loc"]) or "settings",
+                        asked="", operator=err["msg"]) for err in e.errors()]

@@ -1,0 +1,179 @@
+"""The operator's policy (boundloop.core.operator): a run may only tighten it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from pydantic import ValidationError
+
+from boundloop.core.limits import RunSettings
+from boundloop.core.mcp_tools import MCPToolDeclaration
+from boundloop.core.operator import OperatorPolicy, Refusal, ToolDeclared, resolve
+from boundloop.core.signatures import key_text
+
+ALICE = key_text(Ed25519PrivateKey.generate().public_key())
+MALLORY = key_text(Ed25519PrivateKey.generate().public_key())
+PRICE = {"input_usd_per_mtok": 1.0, "output_usd_per_mtok": 2.0}
+DECLARED = {"lookup_stock": ToolDeclared(side_effects=False, needs_approval=False),
+            "create_ticket": ToolDeclared(side_effects=True, needs_approval=True)}
+TOOLS = ["lookup_stock", "create_ticket"]
+
+
+def _operator(**kw: Any) -> OperatorPolicy:
+    return OperatorPolicy.model_validate(kw)
+
+
+def _resolve(op: OperatorPolicy, settings: dict[str, Any], tools: list[str] = TOOLS,
+             mcp: list[MCPToolDeclaration] = ()) -> RunSettings | list[Refusal]:  # type: ignore[assignment]
+    return resolve(op, RunSettings.model_validate({"model": "m", **settings}), tools=tools,
+                   declared=DECLARED, mcp_tools=mcp)
+
+
+def _fields(result: RunSettings | list[Refusal]) -> list[str]:
+    assert isinstance(result, list), result
+    return [r.field for r in result]
+
+
+def test_no_operator_policy_changes_nothing() -> None:
+    settings = RunSettings(model="m")
+    assert resolve(OperatorPolicy(), settings, tools=TOOLS, declared=DECLARED) == settings
+
+
+def test_approval_never_against_a_tool_that_asks_is_refused() -> None:
+    refused = _resolve(OperatorPolicy(), {"policy": {"approval": "never"}})
+    assert _fields(refused) == ["policy.approval"]
+    assert isinstance(refused, list) and "create_ticket" in refused[0].operator
+    # Without such a tool the run may say never.
+    assert isinstance(_resolve(OperatorPolicy(), {"policy": {"approval": "never"}},
+                               tools=["lookup_stock"]), RunSettings)
+
+
+def test_operator_always_asks_through_a_rule_and_refuses_never() -> None:
+    op = _operator(approval={"lookup_*": {"approval": "always"}})
+    assert _fields(_resolve(op, {"policy": {"approval": "never"}}, tools=["lookup_stock"])) \
+        == ["policy.approval"]
+    got = _resolve(op, {}, tools=["lookup_stock"])
+    assert isinstance(got, RunSettings)
+    assert [(r.tool, r.action) for r in got.policy.rules] == [("lookup_stock", "ask")]
+
+
+def test_a_self_added_approver_key_is_refused_a_subset_is_kept() -> None:
+    op = _operator(approver_keys={"alice": ALICE})
+    assert _fields(_resolve(op, {"policy": {"approver_keys": {"mallory": MALLORY}}})) \
+        == ["policy.approver_keys.mallory"]
+    assert _fields(_resolve(op, {"policy": {"approver_keys": {"alice": MALLORY}}})) \
+        == ["policy.approver_keys.alice"]
+    got = _resolve(op, {})
+    assert isinstance(got, RunSettings) and got.policy.approver_keys == {"alice": ALICE}
+
+
+def test_approver_names_only_from_the_operators() -> None:
+    op = _operator(approval={"create_ticket": {"approvers": ["alice", "bob"]}})
+    assert _fields(_resolve(op, {"policy": {"approvers": {"create_ticket": ["mallory"]}}})) \
+        == ["policy.approvers.create_ticket"]
+    assert _fields(_resolve(op, {"policy": {"approvers": {"create_ticket": []}}})) \
+        == ["policy.approvers.create_ticket"]
+    got = _resolve(op, {"policy": {"approvers": {"create_ticket": ["bob"]}}})
+    assert isinstance(got, RunSettings) and got.policy.approvers == {"create_ticket": ["bob"]}
+    got = _resolve(op, {})
+    assert isinstance(got, RunSettings)
+    assert got.policy.approvers == {"create_ticket": ["alice", "bob"]}
+
+
+def test_prices_are_the_operators_only() -> None:
+    op = _operator(prices={"m": PRICE})
+    zero = {"input_usd_per_mtok": 0.0, "output_usd_per_mtok": 0.0}
+    assert _fields(_resolve(op, {"policy": {"prices": {"m": zero}}})) == ["policy.prices.m"]
+    # The run's own table (RunSettings needs one for a usd_budget) may only repeat it.
+    got = _resolve(op, {"limits": {"usd_budget": 0.01}, "policy": {"prices": {"m": PRICE}}})
+    assert isinstance(got, RunSettings) and got.policy.prices["m"].input_usd_per_mtok == 1.0
+    # A USD budget with a model the operator has no price for.
+    assert _fields(_resolve(OperatorPolicy(), {"policy": {"prices": {"m": zero}},
+                                               "limits": {"usd_budget": 0.01}})) \
+        == ["policy.prices.m", "limits.usd_budget"]
+
+
+def test_budget_required_and_fixed_key() -> None:
+    op = _operator(budget={"key": "team-a", "required": True})
+    assert _fields(_resolve(op, {})) == ["budget"]
+    other = {"budget": "team-b", "limits": {"max_output_tokens": 100}}
+    refused = _resolve(op, other)
+    assert isinstance(refused, list) and refused[0].operator == "team-a"
+    assert isinstance(_resolve(op, {**other, "budget": "team-a"}), RunSettings)
+
+
+def test_limits_over_the_ceiling_are_refused_lower_ones_run() -> None:
+    op = _operator(limits={"max": {"max_steps": 10, "deadline_seconds": 3600,
+                                   "max_output_tokens": 512}})
+    refused = _resolve(op, {"limits": {"max_steps": 11, "deadline_seconds": 1e6}})
+    assert _fields(refused) == ["limits.max_steps", "limits.deadline_seconds"]
+    assert isinstance(refused, list) and refused[0].operator == "at most 10"
+    got = _resolve(op, {"limits": {"max_steps": 3}, "policy": {}})
+    assert isinstance(got, RunSettings) and got.limits.max_steps == 3
+    # An unset optional limit gets its ceiling (the run asked no more than it).
+    assert got.limits.max_output_tokens == 512
+
+
+def test_limit_defaults_apply_where_the_run_leaves_the_builtin_default() -> None:
+    op = _operator(limits={"defaults": {"max_steps": 8}})
+    got = _resolve(op, {})
+    assert isinstance(got, RunSettings) and got.limits.max_steps == 8
+    got = _resolve(op, {"limits": {"max_steps": 2}})
+    assert isinstance(got, RunSettings) and got.limits.max_steps == 2
+
+
+def test_tools_outside_the_allowed_set_are_refused() -> None:
+    op = _operator(tools=["lookup_*"])
+    assert _fields(_resolve(op, {})) == ["tools"]
+    assert isinstance(_resolve(op, {}, tools=["lookup_stock"]), RunSettings)
+
+
+def _mcp(needs_approval: bool, side_effects: bool) -> MCPToolDeclaration:
+    return MCPToolDeclaration(name="shop__delete_record", server="shop",
+                              remote_name="delete_record", description="d", parameters={},
+                              strict=False, needs_approval=needs_approval,
+                              side_effects=side_effects)
+
+
+def test_an_mcp_declaration_looser_than_the_operators_is_refused() -> None:
+    op = _operator(approval={"shop__delete_*": {"approval": "always", "side_effects": True}})
+    refused = _resolve(op, {}, tools=["shop__delete_record"], mcp=[_mcp(False, False)])
+    assert _fields(refused) == ["mcp_tools.shop__delete_record.needs_approval",
+                                "mcp_tools.shop__delete_record.side_effects"]
+    assert isinstance(_resolve(op, {}, tools=["shop__delete_record"], mcp=[_mcp(True, True)]),
+                      RunSettings)
+
+
+def test_operator_rules_come_first_and_allow_rules_do_not_loosen() -> None:
+    op = _operator(rules=[{"tool": "transfer", "when": "amount > 100", "action": "ask"},
+                          {"tool": "lookup_*", "action": "allow"}])
+    got = _resolve(op, {"policy": {"rules": [{"tool": "transfer", "action": "deny"}]}},
+                   tools=["lookup_stock"])
+    assert isinstance(got, RunSettings)
+    assert [(r.when, r.action) for r in got.policy.rules] == [("amount > 100", "ask"),
+                                                               (None, "deny")]
+
+
+def test_every_refusal_is_reported_at_once() -> None:
+    op = _operator(approver_keys={"alice": ALICE}, budget={"required": True},
+                   limits={"max": {"max_steps": 5}})
+    refused = _resolve(op, {"policy": {"approval": "never", "approver_keys": {"m": MALLORY}},
+                            "limits": {"max_steps": 50}})
+    assert _fields(refused) == ["policy.approval", "policy.approver_keys.m", "budget",
+                                "limits.max_steps"]
+    assert isinstance(refused, list)
+    assert refused[3].line() == "limits.max_steps: the run asked 50; the operator's policy: " \
+        "at most 5"
+
+
+@pytest.mark.parametrize("bad", [{"limits": {"max": {"nope": 1}}},
+                                 {"limits": {"max": {"max_steps": 0}}},
+                                 {"limits": {"defaults": {"max_steps": -1}}},
+                                 {"approval": {"x": {"approval": "never"}}},
+                                 {"prices": {"m": {"input_usd_per_mtok": -1}}},
+                                 {"surprise": 1}])
+def test_a_bad_operator_policy_is_refused(bad: dict[str, Any]) -> None:
+    with pytest.raises(ValidationError):
+        OperatorPolicy.model_validate(bad)
