@@ -85,6 +85,9 @@ async def test_replay_check_catches_an_unpatched_change_before_the_deploy(
             assert code == 6, (out, err)
             assert "workflow task failing since" in err and "Nondeterminism" in err
             assert "deploy the code it started on" in err
+            code, out, err = await cli("approve", handle.id, "t1", env=env)
+            assert code == 6, (out, err)
+            assert "workflow task failing since" in err and "decide again" in err
         # The old code back: the run replays and completes, one ticket.
         async with worker():
             result = await asyncio.wait_for(result_of(handle), timeout=RUN_TIMEOUT)
