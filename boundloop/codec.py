@@ -120,12 +120,15 @@ class EncryptionCodec(PayloadCodec):
     started before encryption was turned on stay readable.
     """
 
-    def __init__(self, keys: dict[str, bytes]) -> None:
+    def __init__(self, keys: dict[str, bytes], *,
+                 source: str = "BOUNDLOOP_CODEC_KEYS") -> None:
         if not keys:
             raise CodecKeyError("an encryption codec needs at least one key")
         self._keys = {key_id: AESGCM(key) for key_id, key in keys.items()}
         self.key_ids = list(keys)
         self.current = self.key_ids[-1]
+        #: Where the keys came from, named in errors: the setting the operator fixes.
+        self.source = source
 
     async def encode(self, payloads: Sequence[Payload]) -> list[Payload]:
         aead, key_id = self._keys[self.current], self.current.encode()
@@ -149,7 +152,7 @@ class EncryptionCodec(PayloadCodec):
             raise CodecKeyError(
                 f"a payload is encrypted with key id {key_id!r}, which this process does "
                 f"not have (it has {', '.join(self.key_ids)}): add that key to "
-                "BOUNDLOOP_CODEC_KEYS and restart; keep every key that encrypted a "
+                f"{self.source} and restart; keep every key that encrypted a "
                 "history still open")
         try:
             plain = aead.decrypt(payload.data[:NONCE_BYTES], payload.data[NONCE_BYTES:],
@@ -157,7 +160,7 @@ class EncryptionCodec(PayloadCodec):
         except InvalidTag:
             raise CodecKeyError(
                 f"a payload encrypted with key id {key_id!r} does not decrypt with this "
-                f"process's key {key_id!r}: the key file holds another key under that "
+                f"process's key {key_id!r}: {self.source} holds another key under that "
                 "id") from None
         return Payload.FromString(plain)
 

@@ -87,7 +87,11 @@ def codec(settings: Settings) -> EncryptionCodec | None:
                                     if settings.codec_key else None))
     except CodecKeyError as exc:
         raise ConnectionSettingsError(str(exc)) from None
-    return EncryptionCodec(keys) if keys else None
+    if not keys:
+        return None
+    source = ("BOUNDLOOP_CODEC_KEY" if settings.codec_keys_file is None
+              else f"the BOUNDLOOP_CODEC_KEYS file {settings.codec_keys_file}")
+    return EncryptionCodec(keys, source=source)
 
 
 def connect_options(settings: Settings) -> ConnectOptions:

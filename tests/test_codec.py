@@ -375,3 +375,31 @@ def test_keys_from_the_environment_and_conflicting_settings() -> None:
         tls_config(Settings(TEMPORAL_TLS="0", TEMPORAL_TLS_SERVER_NAME="x"))
     assert tls_config(Settings(TEMPORAL_TLS="1")) is True
     assert tls_config(Settings()) is None  # the SDK: TLS on only with an API key
+
+
+def test_key_errors_name_the_variable_the_keys_came_from() -> None:
+    """Keys from BOUNDLOOP_CODEC_KEY: errors name that variable, never "the key file"."""
+    from boundloop.codec import EncryptionCodec
+    from boundloop.connection import codec as settings_codec
+
+    line = new_key_line("k1")
+    other = EncryptionCodec(parse_keys(new_key_line("k1"), source="test"))
+    sealed = asyncio.run(other.encode([boundloop_payload()]))[0]
+    mine = settings_codec(Settings(BOUNDLOOP_CODEC_KEY=line))
+    assert mine is not None
+    with pytest.raises(CodecKeyError) as caught:
+        mine.decrypt(sealed)
+    assert "BOUNDLOOP_CODEC_KEY holds another key" in str(caught.value)
+    assert "key file" not in str(caught.value)
+    unknown = EncryptionCodec(parse_keys(new_key_line("k2"), source="test"))
+    without = settings_codec(Settings(BOUNDLOOP_CODEC_KEY=new_key_line("k9")))
+    assert without is not None
+    with pytest.raises(CodecKeyError) as caught:
+        without.decrypt(asyncio.run(unknown.encode([boundloop_payload()]))[0])
+    assert "add that key to BOUNDLOOP_CODEC_KEY and restart" in str(caught.value)
+
+
+def boundloop_payload() -> Any:
+    from temporalio.api.common.v1 import Payload
+
+    return Payload(metadata={"encoding": b"json/plain"}, data=b'"hello"')
