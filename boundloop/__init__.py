@@ -51,12 +51,14 @@ from boundloop.core.envelope import ToolStatus
 from boundloop.core.limits import Limits, Policy, Price
 from boundloop.core.loop import Approval, Event
 from boundloop.core.mcp_tools import MCPServerConfig, MCPToolDeclaration
+from boundloop.core.operator import OperatorPolicy, Refusal
 from boundloop.core.reasons import StopReason
 from boundloop.core.session import SessionLimits
 from boundloop.errors import (
     BoundloopError,
     DecisionRefused,
     NoToolset,
+    PolicyRefused,
     RunEnded,
     RunIdTaken,
     RunNotFound,
@@ -107,9 +109,12 @@ __all__ = [
     "MCPServerConfig",
     "MCPToolDeclaration",
     "NoToolset",
+    "OperatorPolicy",
     "Plugin",
     "Policy",
+    "PolicyRefused",
     "Price",
+    "Refusal",
     "Reset",
     "Run",
     "RunEnded",

@@ -510,6 +510,9 @@ async def result_of(handle: WorkflowHandle[Any, Any]) -> RunResult:
         if (isinstance(cause, ApplicationError) and cause.type == errors.RUN_STOPPED
                 and cause.details):
             return RunResult.model_validate(cause.details[0])
+        if isinstance(cause, ApplicationError) and cause.type == errors.POLICY_REFUSED:
+            raise errors.PolicyRefused(cause.message,
+                                       [dict(d) for d in cause.details]) from None
         raise
     return value if isinstance(value, RunResult) else RunResult.model_validate(value)
 

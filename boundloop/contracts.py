@@ -196,6 +196,16 @@ class RunStatus(BaseModel):
 BUDGET_WORKFLOW = "BoundloopBudget"
 BUDGET_RESERVE_ACTIVITY = "budget_reserve"
 BUDGET_CLOSED_RUNS_ACTIVITY = "budget_closed_runs"
+#: The local activity that admits a run under its worker's operator policy.
+ADMIT_ACTIVITY = "admit_run"
+
+
+class AdmitRequest(BaseModel):
+    """What a run asks to be admitted with: its settings, tools and MCP declarations."""
+
+    settings: RunSettings
+    tools: list[str]
+    mcp_tools: list[MCPToolDeclaration] = Field(default_factory=list)
 
 
 def budget_workflow_id(key: str) -> str:

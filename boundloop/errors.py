@@ -41,6 +41,9 @@ INVALID_BUDGET_MESSAGE = "InvalidBudgetMessage"
 RUN_STOPPED = "RunStopped"
 #: A run named tools its worker's toolset does not have: the run fails at once.
 UNKNOWN_TOOLS = "UnknownTools"
+#: A run asked for settings looser than its worker's operator policy: it ends before
+#: any model request; the details are the refusals (boundloop.core.operator.Refusal).
+POLICY_REFUSED = "PolicyRefused"
 #: A session refused a message or an end (a turn is running, the session has ended).
 SESSION_REFUSED = "SessionRefused"
 #: A session's turn ended without a RunResult (terminated, its tools not served).
@@ -82,6 +85,19 @@ class RunIdTaken(BoundloopError):
     """A run or session with this workflow id exists already (ids are never reused: they
     scope the idempotency keys of side effects)."""
 
+
+
+class PolicyRefused(BoundloopError):
+    """The worker's operator policy refused the run's settings before it started:
+    `refusals` names each field, what the run asked and the operator's value."""
+
+    def __init__(self, message: str, refusals: list[dict[str, str]]) -> None:
+        super().__init__(message)
+        self.refusals = refusals
+
+    def lines(self) -> list[str]:
+        return [f"{r['field']}: the run asked {r['asked']}; the operator's policy: "
+                f"{r['operator']}" for r in self.refusals]
 
 
 class NoToolset(BoundloopError):

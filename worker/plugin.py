@@ -30,6 +30,7 @@ from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
 
 import boundloop
 from boundloop import signing
+from boundloop.activities.admission import Admissions
 from boundloop.activities.budget import budget_closed_runs, budget_reserve
 from boundloop.activities.conversation import ConversationCache
 from boundloop.activities.heartbeat import HEARTBEAT_EVERY
@@ -38,6 +39,7 @@ from boundloop.activities.threads import ToolThreads
 from boundloop.activities.tools import ToolActivities
 from boundloop.agent import DEFAULT_TASK_QUEUE, Agent
 from boundloop.core import signatures
+from boundloop.core.operator import OperatorPolicy
 from boundloop.errors import BoundloopError
 from boundloop.logs import tool_error_messages_from_env
 from boundloop.mcp import (
@@ -107,6 +109,9 @@ class Plugin(SimplePlugin, Generic[Deps]):
       needs the same keys, as it needs the same toolset.
     - mcp_servers: MCP servers whose tools runs may call (docs/mcp.md). The worker owns
       their sessions: started (and listed) before it polls, closed when it stops.
+    - policy: the operator's policy (boundloop.OperatorPolicy, docs/security.md): every
+      run this worker starts is admitted under it once, and refused (PolicyRefused)
+      when its own settings are looser.
     - own_task_queue: also serve the activities on a task queue only this worker polls
       (`<task_queue>/worker-<random>`), where a run sends its next steps after this
       worker answered a model request, so they find the conversation in this cache
@@ -123,7 +128,8 @@ class Plugin(SimplePlugin, Generic[Deps]):
                  conversation_cache: int = 512,
                  own_task_queue: bool = True,
                  approver_keys: Mapping[str, str] | None = None,
-                 mcp_servers: Sequence[MCPServerConfig] = ()) -> None:
+                 mcp_servers: Sequence[MCPServerConfig] = (),
+                 policy: OperatorPolicy | None = None) -> None:
         toolset = agent.toolset if isinstance(agent, Agent) else agent
         # A Replayer (no model, no deps) runs no tool; any other worker's deps are checked
         # here, not met as an AttributeError in each run's first tool call.
@@ -150,7 +156,10 @@ class Plugin(SimplePlugin, Generic[Deps]):
         # The budget ledger runs on every boundloop worker: runs reserve from it, and
         # `boundloop budget set` starts it on the same task queue.
         activities: list[Callable[..., Any]] = [tools.tool_execute, budget_reserve,
-                                                budget_closed_runs]
+                                                budget_closed_runs,
+                                                Admissions(policy, toolset,
+                                                           self.served.approver_keys
+                                                           ).admit_run]
         if model is not None:
             activities.append(ModelActivities(model, toolset, cache).model_request)
         self._activities = activities
@@ -260,6 +269,7 @@ class Worker(temporalio.worker.Worker, Generic[Deps]):
       on the shared queue and again on the worker's own queue.
     - approver_keys: see `Plugin`.
     - mcp_servers: MCP servers whose tools runs may call (see `Plugin`).
+    - policy: the operator's policy (see `Plugin`).
     - plugins: more Temporal worker plugins.
     """
 
@@ -273,6 +283,7 @@ class Worker(temporalio.worker.Worker, Generic[Deps]):
                  approver_keys: Mapping[str, str] | None = None,
                  mcp_servers: Sequence[MCPServerConfig] = (),
                  own_task_queue: bool = True,
+                 policy: OperatorPolicy | None = None,
                  plugins: Sequence[temporalio.worker.Plugin] = ()) -> None:
         if task_queue is None:
             task_queue = agent.task_queue if isinstance(agent, Agent) else DEFAULT_TASK_QUEUE
@@ -280,7 +291,8 @@ class Worker(temporalio.worker.Worker, Generic[Deps]):
                              log_tool_error_messages=log_tool_error_messages,
                              conversation_cache=conversation_cache,
                              own_task_queue=own_task_queue,
-                             approver_keys=approver_keys, mcp_servers=mcp_servers)
+                             approver_keys=approver_keys, mcp_servers=mcp_servers,
+                             policy=policy)
         super().__init__(client, task_queue=task_queue, plugins=[self.plugin, *plugins],
                          max_cached_workflows=max_cached_workflows,
                          sticky_queue_schedule_to_start_timeout=sticky_timeout,

@@ -33,12 +33,14 @@ with workflow.unsafe.imports_passed_through():
     from boundloop import errors
     from boundloop import search_attributes as sa
     from boundloop.contracts import (
+        ADMIT_ACTIVITY,
         BUDGET_RESERVE_ACTIVITY,
         MODEL_ACTIVITY,
         OUTPUT_REF,
         STREAM_TOPIC,
         TOOL_ACTIVITY,
         WORKFLOW_NAME,
+        AdmitRequest,
         BudgetReserve,
         CancelRequest,
         Carried,
@@ -70,6 +72,7 @@ with workflow.unsafe.imports_passed_through():
     )
     from boundloop.core.envelope import Envelope, temporary_error_exhausted, tool_timed_out
     from boundloop.core.limits import MAX_PAYLOAD_VALUE_BYTES, payload_bytes
+    from boundloop.core.operator import Admission
     from boundloop.core.reasons import NEXT_CHECK, StopReason
     from boundloop.core.turn import FunctionCall, Turn
     from boundloop.tools import catalog
@@ -86,6 +89,9 @@ COUNTED_RETRIES = "counted-retries"
 #: The patch under which a stopped run withdraws the approvals still pending (before it,
 #: a run cancelled while waiting kept reporting one pending).
 WITHDRAWN_ON_STOP = "withdrawn-on-stop"
+#: The patch under which a run is first admitted under its worker's operator policy
+#: (the `admit_run` local activity, recorded once; docs/security.md).
+OPERATOR_POLICY = "operator-policy"
 
 
 def _worker_lost(counted: list[str]) -> RetryPolicy:
@@ -199,6 +205,8 @@ class BoundLoopWorkflow:
             raise ApplicationError(f"the worker's toolset has no tools {self._unknown}; it has "
                                    f"{self._toolset.names()}", type=errors.UNKNOWN_TOOLS,
                                    non_retryable=True)
+        if inp.carried is None and workflow.patched(OPERATOR_POLICY):
+            await self._admit(inp)
         if inp.carried is None:
             first = [user_message(inp.question)]
             self._unsent = [*self._unsent, *first]
@@ -236,6 +244,25 @@ class BoundLoopWorkflow:
             raise ApplicationError(f"run stopped: {reason.value} — {NEXT_CHECK[reason]}",
                                    result, type=errors.RUN_STOPPED, non_retryable=True)
         return result
+
+    async def _admit(self, inp: RunInput) -> None:
+        """The run's effective settings under the worker's operator policy, resolved once
+        by a local activity whose result is in history (replay and continue-as-new, which
+        carries the settings in the state, never ask the worker's current policy)."""
+        admission = await workflow.execute_local_activity(
+            ADMIT_ACTIVITY, AdmitRequest(settings=inp.settings, tools=list(inp.tools),
+                                         mcp_tools=list(self._mcp.values())),
+            result_type=Admission, start_to_close_timeout=timedelta(seconds=10))
+        if admission.settings is None:
+            raise ApplicationError(
+                "the operator's policy refuses this run: "
+                + "; ".join(r.line() for r in admission.refusals),
+                *[r.model_dump() for r in admission.refusals],
+                type=errors.POLICY_REFUSED, non_retryable=True)
+        self._state.settings = admission.settings
+        served = catalog.served_on(workflow.info().task_queue)
+        self._keys = signatures.run_keys(served.approver_keys,
+                                         self._state.policy.approver_keys)
 
     async def _loop(self) -> StopReason | None:
         state = self._state

@@ -205,8 +205,9 @@ def resolve(operator: OperatorPolicy, settings: RunSettings, *, tools: Sequence[
         refusals.append(Refusal(field="policy.approval", asked="never",
                                 operator=f"approval required for {', '.join(asking)}"))
 
+    # Without operator keys, a run's own keys only tighten (signed decisions required).
     for name, key in run.approver_keys.items():
-        if operator.approver_keys.get(name) != key:
+        if operator.approver_keys and operator.approver_keys.get(name) != key:
             refusals.append(Refusal(
                 field=f"policy.approver_keys.{name}", asked="a key of its own",
                 operator=f"approvers: {', '.join(operator.approver_keys) or 'none'}"))

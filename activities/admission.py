@@ -1,0 +1,45 @@
+"""The `admit_run` local activity: a run's settings under its worker's operator policy.
+
+It runs once, as the run's first action; its result is recorded in the run's history,
+so replay and continue-as-new use it, never the worker's policy or toolset of later.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from temporalio import activity
+
+from boundloop.contracts import ADMIT_ACTIVITY, AdmitRequest
+from boundloop.core.operator import Admission, OperatorPolicy, ToolDeclared, resolve
+from boundloop.tools.registry import Toolset
+
+
+class Admissions:
+    """Admits the runs of one worker under its operator policy, its toolset and approver
+    keys (the worker's keys join the policy's). Without a policy every run is admitted
+    with its own settings."""
+
+    def __init__(self, policy: OperatorPolicy | None, toolset: Toolset[Any],
+                 approver_keys: Mapping[str, str]) -> None:
+        self.policy = policy if policy is None else policy.model_copy(
+            update={"approver_keys": {**approver_keys, **policy.approver_keys}})
+        self.toolset = toolset
+
+    @activity.defn(name=ADMIT_ACTIVITY)
+    async def admit_run(self, req: AdmitRequest) -> Admission:
+        if self.policy is None:
+            return Admission(settings=req.settings)
+        mcp = {d.name for d in req.mcp_tools}
+        rules = self.toolset.rules([t for t in req.tools
+                                    if t not in mcp and t in self.toolset.names()])
+        # A predicate `needs_approval` may ask: it counts as asking.
+        declared = {name: ToolDeclared(side_effects=r.side_effects,
+                                       needs_approval=r.needs_approval is not False)
+                    for name, r in rules.items()}
+        result = resolve(self.policy, req.settings, tools=req.tools, declared=declared,
+                         mcp_tools=req.mcp_tools)
+        if isinstance(result, list):
+            return Admission(refusals=result)
+        return Admission(settings=result)

@@ -1,0 +1,177 @@
+"""The operator's policy through the real workflow (real dev server, real worker, the
+scripted model over HTTP): each way a run's starter loosened it on the day issue 17 was
+filed is refused before any model request, naming the field; a tightening runs; an open
+run keeps the policy it was admitted under when the worker restarts with another.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+from temporalio.client import Client, WorkflowHandle
+
+from boundloop import OperatorPolicy, PolicyRefused, Worker
+from boundloop.client import decide, query_status, result_of
+from boundloop.contracts import WORKFLOW_NAME, Decision, RunInput, RunResult
+from boundloop.core.limits import RunSettings
+from boundloop.core.mcp_tools import MCPToolDeclaration
+from boundloop.scripted.server import ScriptedModelServer
+from boundloop.signing import Signer, new_key
+from boundloop.tools.demo import DemoDeps, list_tickets
+from tests.conftest import RUN_TIMEOUT, workflow_task_failures
+from tests.scripts import answer, call, resp
+from tests.support.tools import tools as test_tools
+from tests.test_approvals import pending
+
+TICKET = {"title": "Printer on fire", "description": "3F printer smokes", "priority": "high"}
+PRICE = {"input_usd_per_mtok": 1.0, "output_usd_per_mtok": 2.0}
+
+
+@asynccontextmanager
+async def served(temporal: Client, model: ScriptedModelServer, queue: str, data: Path,
+                 policy: OperatorPolicy) -> AsyncIterator[None]:
+    client = openai.AsyncOpenAI(base_url=model.base_url, api_key="sk-test-not-real")
+    async with Worker(temporal, test_tools, deps=DemoDeps(data_dir=data), model=client,
+                      task_queue=queue, policy=policy):
+        yield
+
+
+async def start(temporal: Client, queue: str, settings: dict[str, Any],
+                tools: list[str], mcp: list[MCPToolDeclaration] = ()  # type: ignore[assignment]
+                ) -> WorkflowHandle[Any, Any]:
+    inp = RunInput(question="チケットを作って", tools=tools, mcp_tools=list(mcp),
+                   settings=RunSettings.model_validate({"model": "scripted-model",
+                                                        **settings}))
+    return await temporal.start_workflow(WORKFLOW_NAME, inp, id=f"op-{uuid.uuid4().hex[:12]}",
+                                         task_queue=queue, result_type=RunResult)
+
+
+@pytest.fixture
+def model() -> AsyncIterator[ScriptedModelServer]:
+    server = ScriptedModelServer([])
+    server.start()
+    yield server  # type: ignore[misc]
+    server.stop()
+
+
+@pytest.fixture
+def keys(tmp_path: Path) -> dict[str, Signer]:
+    made = {name: new_key(name, tmp_path) for name in ("alice", "mallory")}
+    return {name: Signer.from_file(name, k.private_path) for name, k in made.items()}
+
+
+def shop_delete(needs_approval: bool) -> MCPToolDeclaration:
+    return MCPToolDeclaration(name="shop__delete_record", server="shop",
+                              remote_name="delete_record", description="delete a record",
+                              parameters={"type": "object", "properties": {}},
+                              strict=False, needs_approval=needs_approval, side_effects=True)
+
+
+BYPASSES: dict[str, tuple[dict[str, Any], dict[str, Any], list[str], list[str]]] = {
+    # name: (operator policy, run settings, tools, refused fields)
+    "approval never": ({}, {"policy": {"approval": "never"}}, ["create_ticket"],
+                       ["policy.approval"]),
+    "zero prices": ({"prices": {"scripted-model": PRICE}},
+                    {"limits": {"usd_budget": 0.0001},
+                     "policy": {"prices": {"scripted-model": {"input_usd_per_mtok": 0.0,
+                                                              "output_usd_per_mtok": 0.0}}}},
+                    ["lookup_stock"], ["policy.prices.scripted-model"]),
+    "missing budget": ({"budget": {"key": "team-a", "required": True}}, {},
+                       ["lookup_stock"], ["budget"]),
+    "foreign budget": ({"budget": {"key": "team-a", "required": True}},
+                       {"budget": "team-b", "limits": {"max_output_tokens": 100}},
+                       ["lookup_stock"], ["budget"]),
+    "limits over the ceiling": ({"limits": {"max": {"max_steps": 10,
+                                                    "deadline_seconds": 3600}}},
+                                {"limits": {"max_steps": 1000,
+                                            "deadline_seconds": 1_000_000.0}},
+                                ["lookup_stock"],
+                                ["limits.max_steps", "limits.deadline_seconds"]),
+    "tool outside the allowed set": ({"tools": ["lookup_*"]}, {}, ["create_ticket"],
+                                     ["tools"]),
+}
+
+
+@pytest.mark.parametrize("bypass", list(BYPASSES))
+async def test_each_bypass_is_refused_before_any_model_request(
+        bypass: str, temporal: Client, model: ScriptedModelServer, tmp_path: Path) -> None:
+    operator, settings, tools, fields = BYPASSES[bypass]
+    model.append(resp(call("create_ticket", TICKET, "t1")))
+    queue = f"q-{uuid.uuid4().hex[:8]}"
+    async with served(temporal, model, queue, tmp_path, OperatorPolicy.model_validate(operator)):
+        handle = await start(temporal, queue, settings, tools)
+        with pytest.raises(PolicyRefused) as refused:
+            await asyncio.wait_for(result_of(handle), RUN_TIMEOUT)
+    assert [r["field"] for r in refused.value.refusals] == fields
+    assert model.requests == []
+    assert list_tickets(tmp_path) == []
+    assert await workflow_task_failures(handle, temporal) == 0
+
+
+async def test_a_self_added_approver_key_and_a_loose_mcp_flag_are_refused(
+        temporal: Client, model: ScriptedModelServer, tmp_path: Path,
+        keys: dict[str, Signer]) -> None:
+    operator = OperatorPolicy.model_validate({
+        "approver_keys": {"alice": keys["alice"].public_key},
+        "approval": {"shop__delete_*": {"approval": "always"}}})
+    queue = f"q-{uuid.uuid4().hex[:8]}"
+    async with served(temporal, model, queue, tmp_path, operator):
+        mallory = await start(temporal, queue, {"policy": {"approver_keys": {
+            "mallory": keys["mallory"].public_key}}}, ["create_ticket"])
+        mcp = await start(temporal, queue, {}, ["shop__delete_record"], [shop_delete(False)])
+        with pytest.raises(PolicyRefused) as by_key:
+            await asyncio.wait_for(result_of(mallory), RUN_TIMEOUT)
+        with pytest.raises(PolicyRefused) as by_flag:
+            await asyncio.wait_for(result_of(mcp), RUN_TIMEOUT)
+    assert by_key.value.lines() == [
+        "policy.approver_keys.mallory: the run asked a key of its own; the operator's "
+        "policy: approvers: alice"]
+    assert [r["field"] for r in by_flag.value.refusals] == [
+        "mcp_tools.shop__delete_record.needs_approval"]
+    assert model.requests == []
+
+
+async def test_a_tightening_runs_under_the_operators_defaults(
+        temporal: Client, model: ScriptedModelServer, tmp_path: Path) -> None:
+    operator = OperatorPolicy.model_validate({
+        "limits": {"max": {"max_steps": 10}, "defaults": {"max_tool_executions": 3}}})
+    model.append(resp(call("lookup_stock", {"sku": "A-001"}, "s1")))
+    model.append(answer("in stock"))
+    queue = f"q-{uuid.uuid4().hex[:8]}"
+    async with served(temporal, model, queue, tmp_path, operator):
+        handle = await start(temporal, queue, {"limits": {"max_steps": 4}}, ["lookup_stock"])
+        result = await asyncio.wait_for(result_of(handle), RUN_TIMEOUT)
+        status = await query_status(handle)
+    assert (result.reason, result.tool_executions) == ("completed", 1)
+    assert (status.limits.max_steps, status.limits.max_tool_executions) == (4, 3)
+
+
+async def test_an_open_run_keeps_its_recorded_policy_across_a_restart(
+        temporal: Client, model: ScriptedModelServer, tmp_path: Path) -> None:
+    """Parked under a policy whose approver is alice; the worker restarts with a policy
+    naming bob only: alice's approval still counts (the admission in history is used)."""
+    queue = f"q-{uuid.uuid4().hex[:8]}"
+    before = OperatorPolicy.model_validate({"approval": {"create_ticket": {
+        "approvers": ["alice"]}}})
+    after = OperatorPolicy.model_validate({"approval": {"create_ticket": {
+        "approvers": ["bob"]}}, "limits": {"max": {"max_steps": 2}}})
+    model.append(resp(call("create_ticket", TICKET, "t1")))
+    async with served(temporal, model, queue, tmp_path, before):
+        handle = await start(temporal, queue, {"limits": {"max_steps": 5}},
+                             ["create_ticket"])
+        assert [a.call_id for a in (await pending(handle)).pending] == ["t1"]
+    model.append(answer("done"))
+    async with served(temporal, model, queue, tmp_path, after):
+        await asyncio.wait_for(decide(handle, Decision(call_id="t1", approve=True,
+                                                       approver="alice")), RUN_TIMEOUT)
+        result = await asyncio.wait_for(result_of(handle), RUN_TIMEOUT)
+    assert (result.reason, result.tool_executions) == ("completed", 1)
+    assert [t["title"] for t in list_tickets(tmp_path)] == [TICKET["title"]]
+    assert await workflow_task_failures(handle, temporal) == 0
