@@ -7,6 +7,7 @@ workflow input, history or logs.
 from __future__ import annotations
 
 import os
+import tomllib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Literal
@@ -14,6 +15,8 @@ from urllib.parse import urlsplit
 
 from pydantic import Field, SecretStr, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from boundloop.core.operator import OperatorPolicy
 
 
 class Settings(BaseSettings):
@@ -37,6 +40,8 @@ class Settings(BaseSettings):
     - BOUNDLOOP_APPROVER_KEYS: a file of approvers' public keys (`NAME ed25519:BASE64`
       lines, as `boundloop keys new` writes them): the worker's runs then accept only
       signed decisions.
+    - BOUNDLOOP_POLICY: the operator's policy file (TOML, docs/security.md): the floor
+      under every run the worker serves; a run asking anything looser is refused.
     - BOUNDLOOP_MCP_CONFIG: a JSON or TOML file of MCP servers (docs/mcp.md): the worker
       serves their tools; `boundloop run` lists them to put their declarations in the
       run's input.
@@ -76,6 +81,7 @@ class Settings(BaseSettings):
     sticky_timeout_seconds: float = Field(10.0, gt=0, alias="BOUNDLOOP_STICKY_TIMEOUT_SECONDS")
     approver_keys_file: Path | None = Field(None, alias="BOUNDLOOP_APPROVER_KEYS")
     mcp_config: Path | None = Field(None, alias="BOUNDLOOP_MCP_CONFIG")
+    policy_file: Path | None = Field(None, alias="BOUNDLOOP_POLICY")
     # Secure connections (boundloop/connection.py). A CA, client cert or server name
     # turns TLS on; TEMPORAL_TLS=1 alone uses the system's roots (Temporal Cloud).
     temporal_tls: bool | None = Field(None, alias="TEMPORAL_TLS")
@@ -140,6 +146,33 @@ def one_line(exc: ValidationError) -> str:
     per error)."""
     return "; ".join(f"{'.'.join(str(p) for p in e['loc']) or '(value)'}: {e['msg']}"
                      for e in exc.errors())
+
+
+class PolicyFileError(ValueError):
+    """The operator's policy file cannot be read or is invalid: `problems`, one line each."""
+
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__("; ".join(problems))
+        self.problems = problems
+
+
+def load_policy(path: Path) -> OperatorPolicy:
+    """The operator's policy from a TOML file (YAML is not read: pyyaml is no runtime
+    dependency). Raises PolicyFileError with one line per problem."""
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise PolicyFileError([f"{path}: cannot read it "
+                               f"({exc.strerror or type(exc).__name__})"]) from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise PolicyFileError([f"{path}: not valid TOML ({exc})"]) from None
+    try:
+        return OperatorPolicy.model_validate(data)
+    except ValidationError as exc:
+        raise PolicyFileError([
+            f"{path}: {'.'.join(str(p) for p in e['loc']) or '(root)'}: {e['msg']}"
+            for e in exc.errors(include_url=False, include_input=False,
+                                include_context=False)]) from None
 
 
 def process_environment() -> Mapping[str, str]:

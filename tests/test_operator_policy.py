@@ -29,6 +29,8 @@ from tests.conftest import RUN_TIMEOUT, workflow_task_failures
 from tests.scripts import answer, call, resp
 from tests.support.tools import tools as test_tools
 from tests.test_approvals import pending
+from tests.test_cli import cli, env_for
+from tests.test_worker_process import BOUNDLOOP, log_has, process, worker_env
 
 TICKET = {"title": "Printer on fire", "description": "3F printer smokes", "priority": "high"}
 PRICE = {"input_usd_per_mtok": 1.0, "output_usd_per_mtok": 2.0}
@@ -175,3 +177,62 @@ async def test_an_open_run_keeps_its_recorded_policy_across_a_restart(
     assert (result.reason, result.tool_executions) == ("completed", 1)
     assert [t["title"] for t in list_tickets(tmp_path)] == [TICKET["title"]]
     assert await workflow_task_failures(handle, temporal) == 0
+
+
+# --- `boundloop worker` with BOUNDLOOP_POLICY, `boundloop run` refused ----------------
+
+POLICY_TOML = """\
+tools = ["lookup_*", "search_docs", "create_ticket"]
+
+[approval.create_ticket]
+approvers = ["alice"]
+
+[limits.max]
+max_steps = 10
+"""
+
+
+async def test_a_policy_file_refuses_a_cli_run_that_loosens_it(
+        temporal: Client, model: ScriptedModelServer, tmp_path: Path) -> None:
+    """A real `boundloop worker` reading BOUNDLOOP_POLICY; `boundloop run --wait` asking
+    `approval: never` and 50 steps prints one line per refused field and exits 2; nothing
+    was asked of the model, no ticket exists."""
+    policy = tmp_path / "policy.toml"
+    policy.write_text(POLICY_TOML, encoding="utf-8")
+    queue = f"q-{uuid.uuid4().hex[:8]}"
+    log = tmp_path / "worker.log"
+    address = temporal.service_client.config.target_host
+    env = worker_env(tmp_path, TEMPORAL_ADDRESS=address, BOUNDLOOP_TASK_QUEUE=queue,
+                     OPENAI_BASE_URL=model.base_url, OPENAI_API_KEY="sk-test-not-real",
+                     BOUNDLOOP_POLICY=str(policy))
+    with process([BOUNDLOOP, "worker"], env, log):
+        await log_has(log, "worker started")
+        code, _out, err = await cli("run", "チケットを作って", "--wait", "--max-steps", "50",
+                                    "--policy", '{"approval": "never"}',
+                                    env={**env_for(temporal, tmp_path),
+                                         "BOUNDLOOP_TASK_QUEUE": queue})
+    text = " ".join(err.split())
+    assert code == 2, err
+    assert "refused: policy.approval: the run asked never; the operator's policy: " \
+        "approval required for create_ticket" in text, err
+    assert "refused: limits.max_steps: the run asked 50; the operator's policy: at most 10" \
+        in text, err
+    assert model.requests == []
+    assert list_tickets(tmp_path / "data") == []
+
+
+async def test_a_bad_policy_file_stops_the_worker_with_one_line_per_error(
+        tmp_path: Path) -> None:
+    policy = tmp_path / "policy.toml"
+    policy.write_text('tools = "all"\n[limits.max]\nmax_stepz = 3\n', encoding="utf-8")
+    env = worker_env(tmp_path, BOUNDLOOP_POLICY=str(policy), TEMPORAL_ADDRESS="127.0.0.1:1")
+    code, _out, err = await cli("worker", env=env)
+    lines = [line for line in err.splitlines() if line.startswith("error:")]
+    assert code == 2, err
+    assert lines == [
+        f"error: BOUNDLOOP_POLICY: {policy}: tools: Input should be a valid list",
+        f"error: BOUNDLOOP_POLICY: {policy}: limits.max: Value error, no such limit "
+        "max_stepz (limits: max_steps, max_tool_executions, token_threshold, "
+        "max_result_bytes, max_history_bytes, max_identical_calls, tool_cost_budget, "
+        "usd_budget, max_output_tokens, tool_timeout_seconds, model_timeout_seconds, "
+        "deadline_seconds, approval_timeout_seconds)"], err

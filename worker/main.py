@@ -26,6 +26,7 @@ from boundloop.connection import (
     tls_problem,
     unreachable_reason,
 )
+from boundloop.core.operator import OperatorPolicy
 from boundloop.errors import BoundloopError
 from boundloop.exit_codes import ExitCode
 from boundloop.logs import configure
@@ -38,8 +39,10 @@ from boundloop.mcp import (
 )
 from boundloop.mcp.pool import check_commands
 from boundloop.settings import (
+    PolicyFileError,
     Settings,
     client_settings_given,
+    load_policy,
     one_line,
     worker_settings_problem,
 )
@@ -68,7 +71,8 @@ def build_worker(client: Client, settings: Settings) -> Worker[Any]:
                   max_cached_workflows=settings.max_cached_workflows,
                   sticky_timeout=timedelta(seconds=settings.sticky_timeout_seconds),
                   log_tool_error_messages=settings.log_tool_error_messages,
-                  approver_keys=approver_keys(settings), mcp_servers=mcp_servers(settings))
+                  approver_keys=approver_keys(settings), mcp_servers=mcp_servers(settings),
+                  policy=operator_policy(settings))
 
 
 def toolset_problem(settings: Settings) -> str | None:
@@ -93,6 +97,12 @@ def approver_keys(settings: Settings) -> dict[str, str] | None:
     """The BOUNDLOOP_APPROVER_KEYS file's keys (None: not set). Raises KeyFileError."""
     path = settings.approver_keys_file
     return load_keys_file(path) if path is not None else None
+
+
+def operator_policy(settings: Settings) -> OperatorPolicy | None:
+    """The BOUNDLOOP_POLICY file's policy (None: not set). Raises PolicyFileError."""
+    path = settings.policy_file
+    return load_policy(path) if path is not None else None
 
 
 def mcp_servers(settings: Settings) -> list[MCPServerConfig]:
@@ -163,6 +173,12 @@ def main(settings: Settings | None = None) -> None:
         approver_keys(settings)  # a bad keys file stops the worker before it connects
     except KeyFileError as exc:
         sys.stderr.write(f"error: BOUNDLOOP_APPROVER_KEYS: {exc}\n")
+        raise SystemExit(ExitCode.INVALID) from None
+    try:
+        operator_policy(settings)  # a bad policy stops the worker before it connects
+    except PolicyFileError as exc:
+        for line in exc.problems:
+            sys.stderr.write(f"error: BOUNDLOOP_POLICY: {line}\n")
         raise SystemExit(ExitCode.INVALID) from None
     try:
         # A bad file, or a server program that does not exist, is refused before

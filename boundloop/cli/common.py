@@ -27,6 +27,7 @@ from boundloop.contracts import (
 )
 from boundloop.errors import (
     DecisionRefused,
+    PolicyRefused,
     RunEnded,
     RunIdTaken,
     RunNotFound,
@@ -112,6 +113,11 @@ async def run_result(handle: Any) -> RunResult:
         return await ops.Run(handle).result()
     except RunEnded as exc:
         raise fail(str(exc), ExitCode.STOPPED) from None
+    except PolicyRefused as exc:
+        # One line per refused field: what the run asked and the operator's value.
+        for line in exc.lines():
+            err.print(f"[bold red]refused:[/] {safe(line)}")
+        raise typer.Exit(ExitCode.INVALID) from None
 
 
 def validation_lines(exc: ValidationError) -> str:
