@@ -104,4 +104,5 @@ async def test_a_tool_attempt_reports_whether_its_body_started(tmp_path: Path) -
     with pytest.raises(ApplicationError) as ran:
         await env.run(tools.tool_execute, request("hang", 0.3))
     assert (ran.value.type, ran.value.details) == (TOOL_TIMED_OUT, ({"started": True},))
-    assert beats and beats[0] == ({"started": False},)
+    # The first heartbeat comes after a second: attempts this short send none.
+    assert beats == []

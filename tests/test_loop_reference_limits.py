@@ -97,8 +97,10 @@ async def test_forbidden_tool_stops_before_any_tool(run_script: RunScript) -> No
 
 
 async def test_duplicate_call_id_stops_before_any_tool(run_script: RunScript) -> None:
-    out = await run_script([resp(call("lookup_stock", {"sku": "A-001"}, "same"),
-                                 call("lookup_stock", {"sku": "B-002"}, "same"))])
+    turn = resp(call("lookup_stock", {"sku": "A-001"}, "same"),
+                call("lookup_stock", {"sku": "B-002"}, "other"))
+    turn["body"]["output"][1]["call_id"] = "same"  # the builders refuse to make this
+    out = await run_script([turn])
     assert (out.result.reason, out.result.tool_executions) == ("protocol_error", 0)
 
 
