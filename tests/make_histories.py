@@ -153,12 +153,37 @@ RUNS["rule_asked"] = ([
 ], approve_by_signal)
 
 
+#: name -> the worker's operator policy (BOUNDLOOP_POLICY, TOML) for the histories that
+#: need one: the worker is restarted with it for that run.
+OPERATOR_POLICIES: dict[str, str] = {
+    # Admitted under the operator's policy (the `admit_run` marker): the operator's
+    # `always` on lookup_stock asks, alice approves.
+    "admitted": """\
+[approval.lookup_stock]
+approval = "always"
+approvers = ["alice"]
+
+[limits.max]
+max_steps = 10
+""",
+}
+RUNS["admitted"] = ([
+    resp(call("lookup_stock", {"sku": "A-001"}, "o1"), rid="or1"),
+    answer("A-001は12個です。", rid="or2"),
+], approve_by_signal)
+
+
 async def record(tmp: Path, names: list[str]) -> None:
     HISTORIES.mkdir(exist_ok=True)
     async with cluster(tmp, queue="histories") as c:
         c.start_worker()
         for name in names:
             turns, act = RUNS[name]
+            if name in OPERATOR_POLICIES:
+                policy = tmp / f"{name}.policy.toml"
+                policy.write_text(OPERATOR_POLICIES[name], encoding="utf-8")
+                c.kill(c.workers[-1])
+                c.start_worker(policy_file=policy)
             handle = await c.start_run(turns, workflow_id=workflow_id(name),
                                        policy=POLICIES.get(name))
             await act(c, handle)
@@ -166,6 +191,9 @@ async def record(tmp: Path, names: list[str]) -> None:
             history = await handle.fetch_history()
             (HISTORIES / f"{name}.json").write_text(history.to_json() + "\n", encoding="utf-8")
             print(f"{name}: {result.reason.value}, {len(history.events)} events")
+            if name in OPERATOR_POLICIES:  # the next history's worker has none
+                c.kill(c.workers[-1])
+                c.start_worker()
         assert c.model.violations == [], c.model.violations
 
 

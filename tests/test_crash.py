@@ -96,8 +96,9 @@ class Cluster:
     # workers
 
     def start_worker(self, *, crash_after_ticket_write: bool = False, cli: bool = False,
-                     ) -> subprocess.Popen[bytes]:
-        """`python -m boundloop.worker.main`, or with `cli` the operator's `boundloop worker`."""
+                     policy_file: Path | None = None) -> subprocess.Popen[bytes]:
+        """`python -m boundloop.worker.main`, or with `cli` the operator's `boundloop worker`
+        (`policy_file`: its BOUNDLOOP_POLICY)."""
         env = {k: v for k, v in os.environ.items()
                if k not in ("BOUNDLOOP_TOOLS", CRASH_AFTER_WRITE_ENV)}
         env.update({
@@ -112,6 +113,8 @@ class Cluster:
         })
         if crash_after_ticket_write:
             env[CRASH_AFTER_WRITE_ENV] = "1"
+        if policy_file is not None:
+            env["BOUNDLOOP_POLICY"] = str(policy_file)
         log = (self.tmp / f"worker-{len(self.workers)}.log").open("ab")
         command = ([str(Path(sys.executable).parent / "boundloop"), "worker"] if cli
                    else [sys.executable, "-m", "boundloop.worker.main"])
