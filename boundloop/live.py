@@ -97,6 +97,10 @@ async def watch(handle: Any, interval: float = 0.3) -> None:
                 result = await ops.result_of(handle)
             live.update(render(handle.id, ended(last, result),
                                result.text if result is not None else answer.text))
+    if not live.console.is_terminal:
+        # Off a terminal, Live writes its last frame without ending the line: what the
+        # command prints next would start on the frame's bottom edge.
+        live.console.line()
 
 
 class Answer:
