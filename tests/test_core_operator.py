@@ -69,6 +69,11 @@ def test_a_self_added_approver_key_is_refused_a_subset_is_kept() -> None:
     assert isinstance(got, RunSettings) and got.policy.approver_keys == {"alice": ALICE}
 
 
+def test_without_operator_keys_a_runs_own_keys_only_tighten() -> None:
+    got = _resolve(OperatorPolicy(), {"policy": {"approver_keys": {"mallory": MALLORY}}})
+    assert isinstance(got, RunSettings) and got.policy.approver_keys == {"mallory": MALLORY}
+
+
 def test_approver_names_only_from_the_operators() -> None:
     op = _operator(approval={"create_ticket": {"approvers": ["alice", "bob"]}})
     assert _fields(_resolve(op, {"policy": {"approvers": {"create_ticket": ["mallory"]}}})) \
