@@ -1,10 +1,12 @@
-"""Regenerate the replay fixtures in tests/histories/: `python -m tests.make_histories`.
+"""Record the replay fixtures of this release in tests/histories/vMAJOR.MINOR/ (the
+package version in pyproject.toml): `python -m tests.make_histories`.
 
 Runs the real BoundLoop workflow on a fresh dev server with worker processes and the
 scripted model (the demo tools), one run per history, and writes each event history as
-`handle.fetch_history().to_json()`. tests/test_replay.py replays every file against the
-current workflow code: regenerate after an intended change of the workflow's commands
-(and read docs/durability.md first: old histories must still replay, or the change
+`handle.fetch_history().to_json()`. tests/test_replay.py replays every file of every
+release's folder against the current workflow code: regenerate after an intended change
+of the workflow's commands (and read docs/durability.md first: old histories must still
+replay, or the change
 needs `workflow.patched`).
 """
 
@@ -13,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import sys
 import tempfile
+import tomllib
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -35,6 +38,19 @@ from tests.test_crash import (
 )
 
 HISTORIES = Path(__file__).resolve().parent / "histories"
+
+
+def release_folder() -> str:
+    """`vMAJOR.MINOR` of the package version in pyproject.toml: each release records its
+    histories in its own folder, and every older folder keeps replaying."""
+    pyproject = Path(__file__).resolve().parent.parent / "pyproject.toml"
+    version = tomllib.loads(pyproject.read_text(encoding="utf-8"))["project"]["version"]
+    major, minor = str(version).split(".")[:2]
+    return f"v{major}.{minor}"
+
+
+#: Where this release's histories are written.
+CURRENT = HISTORIES / release_folder()
 
 Act = Callable[[Cluster, WorkflowHandle[Any, RunResult]], Awaitable[None]]
 
@@ -174,7 +190,7 @@ RUNS["admitted"] = ([
 
 
 async def record(tmp: Path, names: list[str]) -> None:
-    HISTORIES.mkdir(exist_ok=True)
+    CURRENT.mkdir(parents=True, exist_ok=True)
     async with cluster(tmp, queue="histories") as c:
         c.start_worker()
         for name in names:
@@ -189,7 +205,7 @@ async def record(tmp: Path, names: list[str]) -> None:
             await act(c, handle)
             result = await result_of(handle)
             history = await handle.fetch_history()
-            (HISTORIES / f"{name}.json").write_text(history.to_json() + "\n", encoding="utf-8")
+            (CURRENT / f"{name}.json").write_text(history.to_json() + "\n", encoding="utf-8")
             print(f"{name}: {result.reason.value}, {len(history.events)} events")
             if name in OPERATOR_POLICIES:  # the next history's worker has none
                 c.kill(c.workers[-1])

@@ -24,14 +24,23 @@ from tests.support.crash_tools import tools
 E = EventType
 
 
-def load(name: str) -> WorkflowHistory:
-    """`NAME.json`, or an older `NAME.SUFFIX.json` kept to check a `workflow.patched`
-    change; both were recorded under the workflow id of NAME."""
-    text = (HISTORIES / f"{name}.json").read_text(encoding="utf-8")
-    return WorkflowHistory.from_json(workflow_id(name.split(".")[0]), text)
+def load(path: str) -> WorkflowHistory:
+    """`RELEASE/NAME.json` (one folder per released version, every one replayed), or an
+    older `RELEASE/NAME.SUFFIX.json` kept to check a `workflow.patched` change; all were
+    recorded under the workflow id of NAME."""
+    file = HISTORIES / f"{path}.json"
+    text = file.read_text(encoding="utf-8")
+    return WorkflowHistory.from_json(workflow_id(file.name.split(".")[0]), text)
 
 
-ALL_FILES = sorted(p.name.removesuffix(".json") for p in HISTORIES.glob("*.json"))
+ALL_FILES = sorted(str(p.relative_to(HISTORIES).with_suffix(""))
+                   for p in HISTORIES.glob("v*/*.json"))
+
+
+def latest(name: str) -> str:
+    """The newest release's recording of the history NAME."""
+    return max((p for p in ALL_FILES if p.split("/")[1] == name),
+               key=lambda p: tuple(int(n) for n in p.split("/")[0][1:].split(".")))
 
 
 def kinds(history: WorkflowHistory) -> list[int]:
@@ -39,11 +48,13 @@ def kinds(history: WorkflowHistory) -> list[int]:
 
 
 def test_every_representative_history_is_committed() -> None:
-    assert set(RUNS) <= set(ALL_FILES)
+    assert set(RUNS) <= {p.split("/")[1] for p in ALL_FILES}
+    assert not list(HISTORIES.glob("*.json")), "histories go in their release's folder"
 
 
 @pytest.mark.parametrize("name", ALL_FILES)
 async def test_history_replays_without_nondeterminism(name: str) -> None:
+    """Every release's histories: runs started on any released version may be open."""
     replayer = Replayer(workflows=[], data_converter=pydantic_data_converter,
                         plugins=[Plugin(tools, deps=None)])
     result = await replayer.replay_workflow(load(name))
@@ -86,7 +97,7 @@ def test_history_is_the_run_it_is_named_after(name: str, reason: str,
                                               shape: dict[int, int]) -> None:
     """Guards the fixtures themselves: a regenerated file must still show its scenario
     (the crash history: a task sent to the killed worker timed out)."""
-    history = load(name)
+    history = load(latest(name))
     assert final_result(history)["reason"] == reason
     events = kinds(history)
     assert {kind: events.count(kind) for kind in shape} == shape
