@@ -50,6 +50,7 @@ from boundloop.contracts import (
     StreamItem,
     StreamResult,
 )
+from boundloop.core import approvals
 from boundloop.core import session as session_core
 from boundloop.core.canonical import compact_json, preview
 from boundloop.core.fingerprint import fingerprint
@@ -153,13 +154,17 @@ class Run:
         return (await self.status()).pending
 
     async def approve(self, call_id: str, *, approver: str | None = None,
-                      args: dict[str, Any] | None = None, signer: Signer | None = None) -> None:
+                      args: dict[str, Any] | None = None, signer: Signer | None = None,
+                      remember: bool = False, when: str | None = None) -> None:
         """Approve a pending call, optionally with edited arguments (validated against
         the tool's schema). With `signer` the decision is signed as `signer.name` (a run
-        with approver keys accepts only that). Raises DecisionRefused when the run
-        refuses the decision."""
+        with approver keys accepts only that). With `remember`, later calls of the same
+        tool in this run (those whose arguments meet `when`, a condition as in argument
+        rules) are approved without asking; a deny rule still denies them. Raises
+        DecisionRefused when the run refuses the decision."""
         await self._decide(Decision(call_id=call_id, approve=True,
-                                    approver=_approver(approver, signer), arguments=args),
+                                    approver=_approver(approver, signer), arguments=args,
+                                    remember=remember, when=when),
                            signer)
 
     async def reject(self, call_id: str, *, reason: str, approver: str | None = None,
@@ -196,7 +201,8 @@ class Run:
         signature = signer.sign(
             workflow_id=self.id, call_id=waiting.call_id, step=waiting.step,
             fingerprint=fingerprint(waiting.tool, waiting.arguments), approve=decision.approve,
-            arguments=decision.arguments, reason=decision.reason)
+            arguments=decision.arguments, reason=decision.reason,
+            remember=approvals.remembered(decision))
         return decision.model_copy(update={"signature": signature})
 
     async def cancel(self, reason: str | None = None) -> None:

@@ -14,9 +14,10 @@ from boundloop.core.budget import Amount, BudgetLimits, LedgerState, Reservation
 from boundloop.core.conversation import ConversationMeta, Item
 from boundloop.core.conversation import ConversationRef as ConversationRef  # re-exported
 from boundloop.core.limits import Limits, PromptText, RunSettings
-from boundloop.core.loop import Approval, Event, LoopState, ToolChoice
+from boundloop.core.loop import Approval, Event, Grant, LoopState, ToolChoice
 from boundloop.core.mcp_tools import MCPToolDeclaration
 from boundloop.core.reasons import StopReason
+from boundloop.core.rules import CONDITION_MAX
 from boundloop.core.session import (
     Continuation,
     SessionEnd,
@@ -140,6 +141,10 @@ class Decision(BaseModel):
     #: The approver's signature (boundloop.core.signatures); required when the run or its
     #: worker has approver keys, unchecked otherwise.
     signature: Signature | None = Field(default=None, exclude_if=_none)
+    #: Approve later calls of this tool in this run without asking (approval only),
+    #: those whose arguments meet `when` (a condition as in argument rules) if given.
+    remember: bool = Field(default=False, exclude_if=lambda v: not v)
+    when: str | None = Field(default=None, max_length=CONDITION_MAX, exclude_if=_none)
 
 
 class CancelRequest(BaseModel):
@@ -189,6 +194,8 @@ class RunStatus(BaseModel):
     question: str
     model: str
     limits: Limits | None = None
+    #: The approvals remembered for the rest of this run.
+    grants: list[Grant] = Field(default_factory=list)
 
 
 # --- shared budgets (workflows/budget.py) ----------------------------------------------

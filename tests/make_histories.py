@@ -35,6 +35,7 @@ from tests.test_crash import (
     cluster,
     pending_call,
     result_of,
+    wait_recorded_waiting,
 )
 
 HISTORIES = Path(__file__).resolve().parent / "histories"
@@ -79,6 +80,16 @@ async def reject_by_update(c: Cluster, handle: WorkflowHandle[Any, RunResult]) -
     call_id = await pending_call(handle)
     await handle.execute_update("decide", Decision(call_id=call_id, approve=False,
                                                    reason="duplicate of T-12"), result_type=str)
+
+
+async def remember_by_update(c: Cluster, handle: WorkflowHandle[Any, RunResult]) -> None:
+    """The first of two waiting calls approved with `remember`: the second is covered."""
+    await wait_recorded_waiting(handle)
+    status = await ops.query_status(handle)
+    assert [a.call_id for a in status.pending] == ["m1", "m2"]
+    await handle.execute_update("decide", Decision(
+        call_id="m1", approve=True, approver="alice", remember=True,
+        when='priority != "high"'), result_type=str)
 
 
 async def crash_then_approve(c: Cluster, handle: WorkflowHandle[Any, RunResult]) -> None:
@@ -167,6 +178,15 @@ RUNS["rule_asked"] = ([
     resp(call("lookup_stock", {"sku": "B-002"}, "u1"), rid="ur1"),
     answer("B-002は在庫切れです。", rid="ur2"),
 ], approve_by_signal)
+
+
+# A remembered approval (`approve --remember --when`) covers the response's second call.
+RUNS["remembered"] = ([
+    resp(call("create_ticket", {**TICKET, "priority": "normal"}, "m1"),
+         call("create_ticket", {**TICKET, "title": "Scanner jammed", "priority": "low"}, "m2"),
+         rid="mr1"),
+    answer("チケットを二件作成しました。", rid="mr2"),
+], remember_by_update)
 
 
 #: name -> the worker's operator policy (BOUNDLOOP_POLICY, TOML) for the histories that

@@ -89,6 +89,9 @@ def final_result(history: WorkflowHistory) -> dict[str, Any]:
                                 E.EVENT_TYPE_WORKFLOW_EXECUTION_CANCEL_REQUESTED: 1}),
     # The operator-policy patch and the admit_run local activity: two markers.
     ("admitted", "completed", {E.EVENT_TYPE_MARKER_RECORDED: 2}),
+    # Two calls waiting, one update with `remember`: both ran.
+    ("remembered", "completed", {E.EVENT_TYPE_WORKFLOW_EXECUTION_UPDATE_COMPLETED: 1,
+                                 E.EVENT_TYPE_ACTIVITY_TASK_COMPLETED: 4}),
     ("interrupted", "cancelled", {E.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED: 1,
                                   E.EVENT_TYPE_WORKFLOW_EXECUTION_CANCEL_REQUESTED: 0,
                                   E.EVENT_TYPE_ACTIVITY_TASK_COMPLETED: 1}),

@@ -672,7 +672,8 @@ class BoundLoopWorkflow:
             total_tokens=self._state.usage.total_tokens, cost_usd=self._cost(),
             pending=[a for a in self._state.approvals if a.status == "pending"],
             events=list(self._state.events), question=self._inp.question,
-            model=self._state.settings.model, limits=self._state.limits)
+            model=self._state.settings.model, limits=self._state.limits,
+            grants=list(self._state.grants))
 
     # --- helpers -------------------------------------------------------------------
 

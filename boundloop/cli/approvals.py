@@ -95,12 +95,19 @@ KeyOption = Annotated[Path | None, typer.Option(
 def approve(run_id: str, call_id: str,
             approver: Annotated[str, typer.Option("--as", help="Approver name")] = "operator",
             args: Annotated[str | None, typer.Option("--args", help="Edited arguments (JSON)")]
-            = None, key: KeyOption = None) -> None:
-    """Approve a pending call (optionally with edited arguments)."""
+            = None, key: KeyOption = None,
+            remember: Annotated[bool, typer.Option(
+                "--remember", help="Approve later calls of this tool in this run too")] = False,
+            when: Annotated[str | None, typer.Option(
+                "--when", help="With --remember: only later calls meeting this condition "
+                "(as in argument rules, e.g. 'priority != \"high\"')")] = None) -> None:
+    """Approve a pending call (optionally with edited arguments, or remembered for the
+    rest of the run)."""
     edited = json_object("--args", args) if args is not None else None
     signer = load_signer(approver, key)
     _decide(run_id, call_id, "approved", lambda run: run.approve(
-        call_id, approver=approver, args=edited, signer=signer), signer)
+        call_id, approver=approver, args=edited, signer=signer, remember=remember,
+        when=when), signer)
 
 
 @app.command()

@@ -53,6 +53,13 @@ from boundloop.settings import Settings
 from boundloop.terminal import console, exit_code, print_event, print_result, safe
 
 
+def print_grants(status: RunStatus) -> None:
+    """The approvals remembered for the rest of the run, one line each."""
+    for g in status.grants:
+        console.print(f"remembered: {safe(g.text)} (approved by {safe(g.approver)} on "
+                      f"`{safe(g.call_id)}`; this run only)")
+
+
 def print_pending_table(rows: list[tuple[str, RunStatus]]) -> None:
     table = Table()
     for header in ("run", "call id", "tool", "waiting since", "asked because",
@@ -227,6 +234,7 @@ def status(run_id: Annotated[str, typer.Argument(help="Workflow id")],
                 print_event(ev)
             if st.pending:
                 print_pending_table([(run_id, st)])
+            print_grants(st)
         # Open: 0. Closed by Temporal (terminated, timed out) without a RunResult: 3.
         return (ExitCode.OK if desc.status == WorkflowExecutionStatus.RUNNING
                 else ExitCode.STOPPED)

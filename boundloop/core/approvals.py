@@ -14,6 +14,7 @@ from typing import Any, Protocol
 from pydantic import ValidationError
 
 from boundloop.core import envelope as env
+from boundloop.core import rules as argument_rules
 from boundloop.core import signatures
 from boundloop.core.canonical import compact_json, preview
 from boundloop.core.envelope import Envelope
@@ -21,6 +22,7 @@ from boundloop.core.fingerprint import fingerprint
 from boundloop.core.loop import (
     Approval,
     Execute,
+    Grant,
     LoopState,
     ToolRule,
     parse_arguments,
@@ -35,6 +37,13 @@ class DecisionLike(Protocol):
     reason: str | None
     arguments: dict[str, Any] | None
     signature: signatures.Signature | None
+    remember: bool
+    when: str | None
+
+
+def remembered(decision: DecisionLike) -> signatures.Remember | None:
+    """The grant a decision asks for, as its signature covers it."""
+    return signatures.Remember(when=decision.when) if decision.remember else None
 
 
 def request(state: LoopState, plan: Execute, step: int, now: datetime) -> Approval:
@@ -83,7 +92,8 @@ def check(state: LoopState, decision: DecisionLike, rules: dict[str, ToolRule],
     nothing changes), when `signed` has keys a decision without a valid, fresh signature
     of its approver over this run, call and decision, approvers outside the tool's
     allow-list, edited arguments that fail the tool's schema, edited arguments on a
-    rejection.
+    rejection, `remember` on a rejection, a `when` without `remember`, a `when` that does
+    not parse or does not cover the call it approves.
     """
     approval = find(state, decision.call_id)
     if approval is None:
@@ -96,13 +106,17 @@ def check(state: LoopState, decision: DecisionLike, rules: dict[str, ToolRule],
             signed, call_id=approval.call_id, step=approval.step,
             fingerprint=approval.fingerprint, approve=decision.approve,
             approver=decision.approver, arguments=decision.arguments,
-            reason=decision.reason, signature=decision.signature)
+            reason=decision.reason, signature=decision.signature,
+            remember=remembered(decision))
         if bad is not None:
             return bad
     allowed = state.policy.approvers.get(approval.tool)
     if allowed and decision.approver not in allowed:
         return (f"approver {preview(decision.approver, 60)!r} may not decide "
                 f"{approval.tool} calls")
+    grant_problem = _grant_problem(approval, decision)
+    if grant_problem is not None:
+        return grant_problem
     if decision.arguments is not None:
         if not decision.approve:
             return "edited arguments are only accepted with an approval"
@@ -117,6 +131,35 @@ def check(state: LoopState, decision: DecisionLike, rules: dict[str, ToolRule],
             return (f"edited arguments do not match the {approval.tool} schema: "
                     f"{validation_problems(exc)}")
     return None
+
+
+def _grant_problem(approval: Approval, decision: DecisionLike) -> str | None:
+    if decision.when is not None and not decision.remember:
+        return "a `when` condition is only accepted with `remember`"
+    if not decision.remember:
+        return None
+    if not decision.approve:
+        return "`remember` is only accepted with an approval"
+    try:
+        grant = _grant(approval, decision)
+    except ValueError as exc:
+        return f"remember: {exc}"
+    arguments = approval.arguments if decision.arguments is None else decision.arguments
+    if not grant.covers(approval.tool, arguments):
+        return (f"remember: the condition {grant.when!r} does not cover the call it "
+                "approves (its arguments do not meet it)")
+    return None
+
+
+def _grant(approval: Approval, decision: DecisionLike) -> Grant:
+    """The grant of a remembered approval. Raises ValueError for a bad condition."""
+    if decision.when is not None:
+        try:
+            argument_rules.parse_condition(decision.when)
+        except argument_rules.ConditionError as exc:
+            raise ValueError(f"condition {preview(decision.when, 100)!r}: {exc}") from None
+    return Grant(tool=approval.tool, when=decision.when, approver=decision.approver,
+                 call_id=approval.call_id)
 
 
 def edited(rule: ToolRule, arguments: dict[str, Any]) -> dict[str, Any]:
@@ -139,11 +182,30 @@ def apply(state: LoopState, decision: DecisionLike, now: datetime,
     approval.decided_at = now.isoformat()
     if decision.arguments is not None:
         approval.arguments = edited(rules[approval.tool], decision.arguments)
+    grant = _grant(approval, decision) if decision.remember else None
+    if grant is not None:
+        state.grants.append(grant)
     # Who decided, and whether the arguments were edited: the audit trail of a side effect.
     detail = f"by {preview(approval.approver, 100)}" + (
-        ", edited arguments" if decision.arguments is not None else "")
+        ", edited arguments" if decision.arguments is not None else "") + (
+        f", remembered for this run: {grant.text}" if grant is not None else "")
     state.log(f"approval_{approval.status}", tool=approval.tool, call_id=approval.call_id,
               fp=approval.fingerprint, detail=detail)
+    if grant is not None:
+        _remember_waiting(state, grant, now)
+
+
+def _remember_waiting(state: LoopState, grant: Grant, now: datetime) -> None:
+    """Calls of the same response still waiting that the grant covers are approved now
+    (later calls are covered when they are planned: core.loop._plan_one)."""
+    for other in state.approvals:
+        if other.status == "pending" and grant.covers(other.tool, other.arguments):
+            other.status = "approved"
+            other.approver = grant.approver
+            other.decided_at = now.isoformat()
+            state.log("approval_remembered", tool=other.tool, call_id=other.call_id,
+                      fp=other.fingerprint,
+                      detail=f"by {preview(grant.approver, 100)}: {grant.text}")
 
 
 def rejection(state: LoopState, approval: Approval) -> Envelope:

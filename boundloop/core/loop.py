@@ -94,6 +94,27 @@ class Approval(BaseModel):
     asked_because: str | None = Field(default=None, exclude_if=lambda v: v is None)
 
 
+class Grant(BaseModel):
+    """A remembered approval: later calls of `tool` in this run whose validated arguments
+    meet `when` (every call when None) are approved as `approver` approved `call_id`."""
+
+    model_config = ConfigDict(frozen=True)
+
+    tool: str
+    when: str | None = Field(default=None, exclude_if=lambda v: v is None)
+    approver: str
+    call_id: str
+
+    @property
+    def text(self) -> str:
+        return self.tool if self.when is None else f"{self.tool} when {self.when}"
+
+    def covers(self, tool: str, arguments: dict[str, Any]) -> bool:
+        # Judged like an `allow` rule: an undecidable condition does not cover the call.
+        rule = argument_rules.ArgumentRule(tool=self.tool, when=self.when, action="allow")
+        return tool == self.tool and argument_rules.matches(rule, tool, arguments)
+
+
 class LoopState(BaseModel):
     """Everything the loop carries between events (and across continue-as-new)."""
 
@@ -116,6 +137,8 @@ class LoopState(BaseModel):
     conversation: ConversationMeta = Field(default_factory=ConversationMeta)
     events: list[Event] = Field(default_factory=list)
     approvals: list[Approval] = Field(default_factory=list)
+    #: Approvals remembered for the rest of this run (never carried to another run).
+    grants: list[Grant] = Field(default_factory=list, exclude_if=lambda v: not v)
     text: str = ""
     answer_looks_like_tool_call: bool = False
     reason: StopReason | None = None
@@ -463,9 +486,14 @@ def _plan_one(state: LoopState, call: FunctionCall, rules: dict[str, ToolRule],
     # A rule's `ask` holds whatever the approval policy says; its `allow` leaves the
     # tool's own declaration as it is (that is the operator's).
     asked = verdict.text if verdict is not None and verdict.action == "ask" else None
+    ask = asked is not None or needs_approval(rule, model, state.policy)
+    # A remembered approval answers an ask only: a deny returned above, whoever remembered.
+    grant = next((g for g in state.grants if g.covers(call.name, args)), None) if ask else None
+    if grant is not None:
+        state.log("approval_remembered", tool=call.name, call_id=call.call_id, fp=fp,
+                  detail=f"by {preview(grant.approver, 100)}: {grant.text}")
     return Execute(call=call, arguments=args, fingerprint=fp, idempotency_key=key,
-                   needs_approval=asked is not None or needs_approval(rule, model, state.policy),
-                   asked_because=asked)
+                   needs_approval=ask and grant is None, asked_because=asked)
 
 
 def _refused_repeat(state: LoopState, call: FunctionCall, fp: str) -> Reply | None:

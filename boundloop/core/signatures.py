@@ -79,6 +79,13 @@ def key_text(key: Ed25519PublicKey) -> str:
     return KEY_PREFIX + base64.b64encode(raw).decode("ascii")
 
 
+@dataclass(frozen=True)
+class Remember:
+    """The grant a remembered approval asks for: later calls meeting `when` (all if None)."""
+
+    when: str | None
+
+
 class Signature(BaseModel):
     """An approver's signature over one decision (see `message`)."""
 
@@ -100,14 +107,18 @@ def digest(value: Any) -> str | None:
 
 def message(*, workflow_id: str, call_id: str, step: int, fingerprint: str, approve: bool,
             approver: str, arguments: dict[str, Any] | None, reason: str | None,
-            signed_at: int) -> bytes:
-    """The bytes an approver signs: canonical JSON, one text per decision."""
+            signed_at: int, remember: Remember | None = None) -> bytes:
+    """The bytes an approver signs: canonical JSON, one text per decision. A remembered
+    approval signs its grant too (`{"when": ...}`); without one the text is as before, so
+    signatures made before grants existed still verify."""
     body = {
         "purpose": PURPOSE, "workflow_id": workflow_id, "call_id": call_id, "step": step,
         "fingerprint": fingerprint, "decision": "approve" if approve else "reject",
         "approver": approver, "arguments_sha256": digest(arguments),
         "reason_sha256": digest(reason), "signed_at": signed_at,
     }
+    if remember is not None:
+        body["remember"] = {"when": remember.when}
     # surrogatepass: ids come from JSON and may hold lone surrogate escapes.
     return canonical_json(body).encode("utf-8", "surrogatepass")
 
@@ -130,7 +141,7 @@ class Context:
 
 def problem(ctx: Context, *, call_id: str, step: int, fingerprint: str, approve: bool,
             approver: str, arguments: dict[str, Any] | None, reason: str | None,
-            signature: Signature | None) -> str | None:
+            signature: Signature | None, remember: Remember | None = None) -> str | None:
     """Why the decision's signature does not hold, or None. With no keys configured,
     decisions are not signed and nothing is checked."""
     from cryptography.exceptions import InvalidSignature
@@ -157,10 +168,11 @@ def problem(ctx: Context, *, call_id: str, step: int, fingerprint: str, approve:
         return "the signature is not valid base64"
     signed = message(workflow_id=ctx.workflow_id, call_id=call_id, step=step,
                      fingerprint=fingerprint, approve=approve, approver=approver,
-                     arguments=arguments, reason=reason, signed_at=signature.signed_at)
+                     arguments=arguments, reason=reason, signed_at=signature.signed_at,
+                     remember=remember)
     try:
         public_key(text).verify(raw, signed)
     except InvalidSignature:
         return (f"the signature is not {who}'s over this decision (another key, run, call, "
-                "decision or edited arguments)")
+                "decision, edited arguments or remembered grant)")
     return None
