@@ -12,6 +12,7 @@ from typing import Any
 from temporalio import activity
 
 from boundloop.contracts import ADMIT_ACTIVITY, AdmitRequest
+from boundloop.core.mcp_tools import MCPToolDeclaration
 from boundloop.core.operator import Admission, OperatorPolicy, ToolDeclared, resolve
 from boundloop.tools.registry import Toolset
 
@@ -29,11 +30,22 @@ class Admissions:
 
     @activity.defn(name=ADMIT_ACTIVITY)
     async def admit_run(self, req: AdmitRequest) -> Admission:
-        if self.policy is None:
-            return Admission(settings=req.settings)
         mcp = {d.name for d in req.mcp_tools}
-        rules = self.toolset.rules([t for t in req.tools
-                                    if t not in mcp and t in self.toolset.names()])
+        served = self.toolset.names()
+        unknown = [t for t in req.tools if t not in mcp and t not in served]
+        if unknown:
+            return Admission(unknown=unknown)
+        specs = [self.toolset.get(t) for t in req.tools if t not in mcp]
+        tools = [MCPToolDeclaration(
+            name=s.name, server="boundloop", remote_name=s.name, description="",
+            parameters=s.json_schema(), strict=s.strict,
+            needs_approval=s.needs_approval is not False, side_effects=s.side_effects,
+            terminal=s.terminal, cost_units=s.cost_units, max_calls=s.max_calls,
+            timeout_seconds=s.timeout.total_seconds(),
+            max_attempts=s.retry.maximum_attempts or 3) for s in specs]
+        if self.policy is None:
+            return Admission(settings=req.settings, tools=tools)
+        rules = self.toolset.rules([s.name for s in specs])
         # A predicate `needs_approval` may ask: it counts as asking.
         declared = {name: ToolDeclared(side_effects=r.side_effects,
                                        needs_approval=r.needs_approval is not False)
@@ -42,4 +54,4 @@ class Admissions:
                          mcp_tools=req.mcp_tools)
         if isinstance(result, list):
             return Admission(refusals=result)
-        return Admission(settings=result)
+        return Admission(settings=result, tools=tools)

@@ -44,6 +44,7 @@ from boundloop.core.loop import ToolOutcome, parse_arguments
 from boundloop.core.mcp_tools import MCPToolDeclaration
 from boundloop.errors import (
     TOOL_TIMED_OUT,
+    TOOL_UNAVAILABLE,
     TRANSIENT_TOOL_ERROR,
     UNEXPECTED_TOOL_ERROR,
     ToolFailure,
@@ -73,6 +74,11 @@ class ToolActivities:
     async def tool_execute(self, req: ToolRequest) -> ToolOutcome:
         if req.mcp is not None:
             return self._outcome(req, await self._mcp_call(req, req.mcp))
+        if req.tool not in self._registry.names():
+            raise ApplicationError(
+                f"this worker does not serve the tool {req.tool!r} (its toolset has "
+                f"{', '.join(self._registry.names())})", type=TOOL_UNAVAILABLE,
+                non_retryable=True)
         spec = self._registry.get(req.tool)
         fp = fingerprint(req.tool, req.arguments)
         log = {"tool": req.tool, "step": req.step, "fingerprint": fp,

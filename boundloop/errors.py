@@ -44,6 +44,9 @@ UNKNOWN_TOOLS = "UnknownTools"
 #: A run asked for settings looser than its worker's operator policy: it ends before
 #: any model request; the details are the refusals (boundloop.core.operator.Refusal).
 POLICY_REFUSED = "PolicyRefused"
+#: The worker that took a tool call does not serve that tool (renamed or removed since
+#: the run started): never retried; the run stops with `tool_unavailable`.
+TOOL_UNAVAILABLE = "ToolUnavailable"
 #: A session refused a message or an end (a turn is running, the session has ended).
 SESSION_REFUSED = "SessionRefused"
 #: A session's turn ended without a RunResult (terminated, its tools not served).

@@ -14,7 +14,7 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
@@ -201,12 +201,11 @@ class BoundLoopWorkflow:
 
     @workflow.run
     async def run(self, inp: RunInput) -> RunResult:
-        if self._unknown:
-            raise ApplicationError(f"the worker's toolset has no tools {self._unknown}; it has "
-                                   f"{self._toolset.names()}", type=errors.UNKNOWN_TOOLS,
-                                   non_retryable=True)
         if inp.carried is None and workflow.patched(OPERATOR_POLICY):
+            # The admission (in history) says which tools were unknown when it started.
             await self._admit(inp)
+        elif self._unknown:
+            self._refuse_unknown(self._unknown)
         if inp.carried is None:
             first = [user_message(inp.question)]
             self._unsent = [*self._unsent, *first]
@@ -245,6 +244,11 @@ class BoundLoopWorkflow:
                                    result, type=errors.RUN_STOPPED, non_retryable=True)
         return result
 
+    def _refuse_unknown(self, unknown: list[str]) -> NoReturn:
+        raise ApplicationError(f"the worker's toolset has no tools {unknown}; it has "
+                               f"{self._toolset.names()}", type=errors.UNKNOWN_TOOLS,
+                               non_retryable=True)
+
     async def _admit(self, inp: RunInput) -> None:
         """The run's effective settings under the worker's operator policy, resolved once
         by a local activity whose result is in history (replay and continue-as-new, which
@@ -253,6 +257,8 @@ class BoundLoopWorkflow:
             ADMIT_ACTIVITY, AdmitRequest(settings=inp.settings, tools=list(inp.tools),
                                          mcp_tools=list(self._mcp.values())),
             result_type=Admission, start_to_close_timeout=timedelta(seconds=10))
+        if admission.unknown:
+            self._refuse_unknown(admission.unknown)
         if admission.settings is None:
             raise ApplicationError(
                 "the operator's policy refuses this run: "
@@ -260,6 +266,11 @@ class BoundLoopWorkflow:
                 *[r.model_dump() for r in admission.refusals],
                 type=errors.POLICY_REFUSED, non_retryable=True)
         self._state.settings = admission.settings
+        # A tool this worker no longer serves keeps the rules it was admitted with.
+        for declared in admission.tools:
+            if declared.name in self._unknown:
+                self._rules[declared.name] = mcp_tools.tool_rule(declared)
+        self._unknown = []
         served = catalog.served_on(workflow.info().task_queue)
         self._keys = signatures.run_keys(served.approver_keys,
                                          self._state.policy.approver_keys)
@@ -594,6 +605,11 @@ class BoundLoopWorkflow:
         if isinstance(outcome, _Failed):
             cause = outcome.error.cause
             kind = cause.type if isinstance(cause, ApplicationError) else None
+            if kind == errors.TOOL_UNAVAILABLE:
+                # Renamed or removed by a deploy since the run started: never retried.
+                state.log("tool_unavailable", tool=p.call.name, call_id=p.call.call_id,
+                          fp=p.fingerprint, detail=f"{p.call.name} is not served here")
+                return state.stop(StopReason.TOOL_UNAVAILABLE)
             if kind == errors.PAYLOADS_TOO_LARGE:
                 # The body ran; its result could not be returned (never retried).
                 workflow.logger.warning("tool result over the payload limit", extra={

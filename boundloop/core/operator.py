@@ -146,6 +146,13 @@ class Admission(BaseModel):
 
     settings: RunSettings | None = None
     refusals: list[Refusal] = Field(default_factory=list)
+    #: The run's tools its worker's toolset does not have (the run fails at once).
+    unknown: list[str] = Field(default_factory=list)
+    #: The function tools' rules as the worker served them, as plain declarations: a
+    #: worker that no longer serves one (renamed or removed by a deploy) still replays
+    #: the run's decisions by these, and its tool activity stops the run with
+    #: `tool_unavailable` (a predicate `needs_approval` is recorded as True).
+    tools: list[MCPToolDeclaration] = Field(default_factory=list)
 
 
 def _asks(operator: OperatorPolicy, tool: str, declared: ToolDeclared | None,

@@ -25,6 +25,7 @@ class StopReason(StrEnum):
     FORBIDDEN_TOOL = "forbidden_tool"
     TOOL_ERROR = "tool_error"
     APPROVAL_TIMEOUT = "approval_timeout"
+    TOOL_UNAVAILABLE = "tool_unavailable"
     CANCELLED = "cancelled"
 
 
@@ -55,5 +56,8 @@ NEXT_CHECK: dict[StopReason, str] = {
     StopReason.TOOL_ERROR: "a tool raised unexpectedly; its traceback is in the worker log, "
                           "in the line with the call's fingerprint",
     StopReason.APPROVAL_TIMEOUT: "nobody decided a pending approval in time",
+    StopReason.TOOL_UNAVAILABLE: "the worker that took the call no longer serves its tool "
+                                 "(renamed or removed in a deploy); the event names the tool: "
+                                 "serve it again, or let the run finish on the old version",
     StopReason.CANCELLED: "an operator cancelled the run",
 }
