@@ -22,6 +22,7 @@ from tests.conftest import RunScript
 from tests.scripts import answer, call, outputs, resp
 from tests.support.tools import marks
 from tests.test_approvals import pending, refused, status_when
+from tests.test_cli import cli, env_for
 
 TICKET = {"title": "Printer on fire", "description": "3F printer smokes"}
 NOT_HIGH = 'priority != "high"'
@@ -37,7 +38,9 @@ def remembered(events: list[Any]) -> list[tuple[str | None, str | None]]:
 
 
 async def test_a_remembered_approval_covers_the_runs_calls_its_condition_meets(
-        run_script: RunScript, temporal: Client) -> None:
+        run_script: RunScript, temporal: Client, tmp_path: Path) -> None:
+    env = env_for(temporal, tmp_path)
+
     async def during(handle: WorkflowHandle[Any, Any]) -> None:
         status = await pending(handle, 3)
         # A bad condition, a condition the approved call does not meet, or remember on a
@@ -54,8 +57,12 @@ async def test_a_remembered_approval_covers_the_runs_calls_its_condition_meets(
         again = await pending(handle, 3)
         assert (again.grants, remembered(again.events)) == ([], [])
         assert [a.call_id for a in status.pending] == ["t1", "t2", "t3"]
-        await (await get_run(temporal, handle.id)).approve(
-            "t1", approver="alice", remember=True, when=NOT_HIGH)
+        code, _, err = await cli("approve", handle.id, "t1", "--as", "alice", "--remember",
+                                 "--when", "priority >", env=env)
+        assert code != 0 and "priority >" in err
+        code, out, err = await cli("approve", handle.id, "t1", "--as", "alice", "--remember",
+                                   "--when", NOT_HIGH, env=env)
+        assert code == 0, err
         # t2 (low) is covered at once; t3 (high) still waits.
         left = await pending(handle, 1)
         assert [a.call_id for a in left.pending] == ["t3"]
@@ -63,6 +70,9 @@ async def test_a_remembered_approval_covers_the_runs_calls_its_condition_meets(
         assert (grant.tool, grant.when, grant.approver, grant.call_id) == (
             "create_ticket", NOT_HIGH, "alice", "t1")
         assert remembered(left.events) == [("t2", f"by alice: create_ticket when {NOT_HIGH}")]
+        code, out, _ = await cli("status", handle.id, env=env)
+        assert code == 0 and (f"remembered: create_ticket when {NOT_HIGH} (approved by alice "
+                              "on `t1`; this run only)") in " ".join(out.split())
         await decide(handle, Decision(call_id="t3", approve=False, reason="not urgent"))
 
     out = await run_script([
