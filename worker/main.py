@@ -9,8 +9,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import socket
 import sys
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import openai
@@ -134,6 +135,28 @@ async def connect_with_retry(settings: Settings, *, first_delay: float = 1.0,
                         extra={"attempt": attempt})
         await asyncio.sleep(delay)
         delay, attempt = min(delay * 2, max_delay), attempt + 1
+
+
+#: How recently a healthy worker last polled: a workflow-task long poll lasts about a
+#: minute and the server records when each one began.
+POLLED_WITHIN = timedelta(minutes=2)
+
+
+async def polls_from_this_host(client: Client, task_queue: str) -> bool:
+    """A worker on this host polled `task_queue` for workflow tasks lately: its identity is
+    the SDK's default `pid@hostname`, and a container's host name is its own."""
+    from temporalio.api.enums.v1 import TaskQueueType
+    from temporalio.api.taskqueue.v1 import TaskQueue
+    from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
+
+    answer = await client.workflow_service.describe_task_queue(DescribeTaskQueueRequest(
+        namespace=client.namespace, task_queue=TaskQueue(name=task_queue),
+        task_queue_type=TaskQueueType.TASK_QUEUE_TYPE_WORKFLOW))
+    suffix = f"@{socket.gethostname()}"
+    now = datetime.now(UTC)
+    return any(p.identity.endswith(suffix)
+               and now - p.last_access_time.ToDatetime(UTC) <= POLLED_WITHIN
+               for p in answer.pollers)
 
 
 async def run_worker(settings: Settings) -> None:

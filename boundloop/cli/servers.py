@@ -23,6 +23,7 @@ from boundloop.cli.common import (
 )
 from boundloop.codec import CodecKeyError
 from boundloop.connection import ConnectionSettingsError
+from boundloop.devserver import TemporalCLIMissing
 from boundloop.exit_codes import ExitCode
 from boundloop.settings import worker_settings_problem
 from boundloop.terminal import console
@@ -91,7 +92,10 @@ def demo(interactive: Annotated[bool, typer.Option(
     if problem is not None:
         raise fail(problem)
     check_approver_keys(settings)
-    code = _run(run_demo(settings, interactive=interactive))
+    try:
+        code = _run(run_demo(settings, interactive=interactive))
+    except TemporalCLIMissing as exc:  # the dev server is an extra (`boundloop[devserver]`)
+        raise fail(str(exc), ExitCode.FAILED) from None
     raise typer.Exit(code)
 
 
@@ -115,6 +119,24 @@ def codec_key_new(key_id: Annotated[str, typer.Argument(
     sys.stdout.write(line + "\n")
 
 
+@app.command("worker-health")
+def worker_health() -> None:
+    """Exit 0 when a worker on this host polls BOUNDLOOP_TASK_QUEUE (the container's
+    healthcheck: the process is up and connected to Temporal), else 1 with the reason."""
+    from boundloop.cli.common import connect
+    from boundloop.worker.main import POLLED_WITHIN, polls_from_this_host
+
+    settings = load_settings()
+
+    async def check() -> bool:
+        return await polls_from_this_host(await connect(settings), settings.task_queue)
+
+    if not _run(check()):
+        raise fail(f"no worker on this host polled task queue {settings.task_queue!r} "
+                   f"in the last {POLLED_WITHIN.total_seconds() / 60:g} minutes",
+                   ExitCode.FAILED)
+
+
 @app.command("codec-server")
 def codec_server(
     host: Annotated[str, typer.Option(help="Address to listen on")] = "127.0.0.1",
@@ -122,6 +144,11 @@ def codec_server(
     tls_cert: Annotated[Path | None, typer.Option(help="Serve HTTPS with this "
                                                   "certificate (PEM)")] = None,
     tls_key: Annotated[Path | None, typer.Option(help="Its private key (PEM)")] = None,
+    allow_no_token: Annotated[bool, typer.Option(
+        "--allow-no-token",
+        help="Listen beyond loopback without BOUNDLOOP_CODEC_TOKEN: only where nothing but "
+             "a port published on the host's loopback reaches this address (the compose "
+             "stack's codec network)")] = False,
 ) -> None:
     """Serve Temporal's codec endpoints (/encode, /decode) with the BOUNDLOOP_CODEC_KEYS
     keys, for the Web UI (its "Codec Server" setting, or `boundloop server
@@ -141,6 +168,9 @@ def codec_server(
         raise fail("--tls-cert and --tls-key go together")
     origins = cs.origins_of(settings.codec_cors_origins, settings.ui_url)
     token = settings.codec_token.get_secret_value() if settings.codec_token else None
+    problem = cs.exposure_problem(host, port, token=token, allow_no_token=allow_no_token)
+    if problem is not None:
+        raise fail(problem)
     scheme = "https" if tls_cert else "http"
     console.print(f"codec server on {scheme}://{host}:{port} (keys {', '.join(codec.key_ids)};"
                   f" encrypting with {codec.current}; CORS {', '.join(origins)}; "
