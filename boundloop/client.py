@@ -59,6 +59,7 @@ from boundloop.core.loop import Approval, Event
 from boundloop.core.mcp_tools import MCPToolDeclaration
 from boundloop.core.session import SessionLimits
 from boundloop.settings import Settings
+from boundloop.stuck import stuck_line
 from boundloop.tools.registry import Toolset
 
 if TYPE_CHECKING:
@@ -560,20 +561,33 @@ async def query_status(handle: WorkflowHandle[Any, Any]) -> RunStatus:
 
 async def follow(handle: WorkflowHandle[Any, Any], interval: float = 0.2,
                  on_silence: Callable[[str], None] | None = None,
+                 on_stuck: Callable[[str], None] | None = None,
                  ) -> AsyncIterator[tuple[RunStatus, list[Event]]]:
     """Yield (status, new events) until the run closes. `on_silence(task_queue)` is called
-    once when no worker has answered the status query for a while."""
+    once when no worker has answered the status query for a while; `on_stuck(line)` once
+    each time the run's workflow task starts failing (the stuck line: cause and fix)."""
     seen = 0
     failures = 0
+    stuck = False
     while True:
         desc = await handle.describe()
+        retrying = (desc.raw_description.HasField("pending_workflow_task")
+                    and desc.raw_description.pending_workflow_task.attempt >= 2)
+        if retrying and not stuck and on_stuck is not None:
+            # Only a retried task costs a history read, once per stuck spell.
+            line = await stuck_line(handle, desc)
+            if line is not None:
+                stuck = True
+                on_stuck(line)
+        elif not retrying:
+            stuck = False
         try:
             status = await asyncio.wait_for(query_status(handle), timeout=3)
             failures = 0
         except (RPCError, TimeoutError):
             status = None
             failures += 1
-            if failures == 3 and on_silence is not None:
+            if failures == 3 and on_silence is not None and not stuck:  # stuck said why
                 on_silence(desc.task_queue)
         if status is not None:
             new = status.events[seen:]
@@ -649,9 +663,30 @@ async def list_runs(client: Client, status: str | None, reason: str | None,
             "tool_executions": attrs.get(sa.TOOL_EXECUTIONS) or 0,
             "pending_approvals": attrs.get(sa.PENDING_APPROVALS) or 0,
             "start_time": wf.start_time.isoformat(timespec="seconds"),
+            "stuck": await stuck_of(client, wf) if not closed else None,
         })
     rows.sort(key=lambda r: r["start_time"], reverse=True)  # newest first
     return rows
+
+
+#: Set by the server on a run whose workflow task failed or timed out this many times in
+#: a row (system.numConsecutiveWorkflowTaskProblemsToTriggerSearchAttribute), cleared by
+#: its next successful task; the Web UI's "Task Failures" view lists these runs.
+REPORTED_PROBLEMS = "TemporalReportedProblems"
+
+
+async def stuck_of(client: Client, wf: Any) -> str | None:
+    """The stuck line of an open listed run, else None. The server's
+    TemporalReportedProblems attribute decides where it is set; a server that does not set
+    it (the dynamic config is 0) costs one describe per open run; only a stuck run's
+    history is read (for its cause)."""
+    handle = client.get_workflow_handle(wf.id, run_id=wf.run_id)
+    problems = (wf.search_attributes or {}).get(REPORTED_PROBLEMS)
+    desc = await handle.describe()
+    line = await stuck_line(handle, desc)
+    if line is None and problems:  # reported, but the pending task is not a retry yet
+        return "the server reports workflow task problems: " + ", ".join(map(str, problems))
+    return line
 
 
 def argument_text(approval: Approval) -> str:

@@ -18,6 +18,10 @@ from boundloop import search_attributes
 
 FAST_FLAGS = [
     "--dynamic-config-value", "history.transferProcessorMaxPollRPS=1000",
+    # Runs whose workflow task failed twice in a row get TemporalReportedProblems (the Web
+    # UI's "Task Failures" view; `boundloop list` marks them stuck). Off by default.
+    "--dynamic-config-value",
+    "system.numConsecutiveWorkflowTaskProblemsToTriggerSearchAttribute=2",
     "--sqlite-pragma", "journal_mode=WAL",
     "--sqlite-pragma", "synchronous=NORMAL",
 ]

@@ -71,6 +71,9 @@ async def watch(handle: Any, interval: float = 0.3) -> None:
             live.console.print(f"[yellow]no worker is answering for this run (task queue "
                                f"{safe(task_queue)}): start `boundloop worker`[/]")
 
+        def stuck(line: str) -> None:
+            live.console.print(f"[red]{safe(handle.id)}: running, but {safe(line)}[/]")
+
         last: RunStatus | None = None
         answer = Answer()
 
@@ -84,7 +87,7 @@ async def watch(handle: Any, interval: float = 0.3) -> None:
         reader = asyncio.create_task(read_stream())
         try:
             async for status, _new in ops.follow(handle, interval=interval,
-                                                 on_silence=silence):
+                                                 on_silence=silence, on_stuck=stuck):
                 last = status
                 live.update(render(handle.id, status, answer.text))
         finally:

@@ -7,6 +7,7 @@ run's workflow task fails; redeploying the old code unblocks it: one ticket."""
 from __future__ import annotations
 
 import asyncio
+import json
 import sys
 import uuid
 from datetime import timedelta
@@ -60,6 +61,7 @@ async def test_replay_check_catches_an_unpatched_change_before_the_deploy(
     inp = RunInput(question="open a ticket", settings=RunSettings(model="scripted-model"),
                    tools=DEMO_TOOLS)
     env = env_for(temporal, tmp_path)
+    watch: asyncio.subprocess.Process | None = None
     try:
         async with worker():
             handle = await temporal.start_workflow(
@@ -88,13 +90,50 @@ async def test_replay_check_catches_an_unpatched_change_before_the_deploy(
             code, out, err = await cli("approve", handle.id, "t1", env=env)
             assert code == 6, (out, err)
             assert "workflow task failing since" in err and "decide again" in err
-        # The old code back: the run replays and completes, one ticket.
+            # The server marks it too (the Web UI's Task Failures view lists it).
+            query = (f"WorkflowId = '{handle.id}' AND "
+                     "TemporalReportedProblems IS NOT NULL")
+            await wait_until(lambda: _count(temporal, query), timeout=60)
+            code, out, err = await cli("list", "--json", env=env)
+            assert code == 0, err
+            row = next(r for r in json.loads(out) if r["workflow_id"] == handle.id)
+            assert row["stuck"] and "Nondeterminism" in row["stuck"]
+            assert "deploy the code it started on" in row["stuck"]
+            code, out, err = await cli("list", env=env)
+            assert f"stuck: {handle.id}: workflow task failing since" in " ".join(out.split())
+            # watch says why it does not move (not "no worker is answering").
+            watched = tmp_path / "watch.out"
+            watch = await _start_cli("watch", handle.id, env=env, out=watched)
+
+            async def watch_says_stuck() -> bool:
+                return "workflow task failing" in watched.read_text()
+
+            await wait_until(watch_says_stuck, timeout=60)
+            assert "Nondeterminism" in " ".join(watched.read_text().split())
+        # The old code back: the run replays and completes, one ticket; watch ends with it.
         async with worker():
             result = await asyncio.wait_for(result_of(handle), timeout=RUN_TIMEOUT)
+            assert await asyncio.wait_for(watch.wait(), timeout=60) == 0
     finally:
         server.stop()
+        if watch is not None and watch.returncode is None:
+            watch.kill()
     assert result.reason.value == "completed"
     assert len(list_tickets(data)) == 1
+
+
+async def _start_cli(*args: str, env: dict[str, str], out: Path,
+                     ) -> asyncio.subprocess.Process:
+    with out.open("wb") as sink:
+        return await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "boundloop.cli", *args, cwd=ROOT,
+            env={**env, "BOUNDLOOP_TOOLS": "tests.support.tools:tools",
+                 "PYTHONPATH": str(ROOT), "COLUMNS": "400"},
+            stdout=sink, stderr=asyncio.subprocess.STDOUT)
+
+
+async def _count(client: Client, query: str) -> bool:
+    return (await client.count_workflows(query)).count == 1
 
 
 async def _failed(handle: object, client: Client) -> bool:

@@ -296,14 +296,24 @@ def list_runs(
         if as_json:
             print(json.dumps(rows, ensure_ascii=False))
             return
-        table = Table("run", "status", "reason", "steps", "tools", "pending", "started")
+        table = Table("run", "status", "reason", "steps", "tools", "pending", "started",
+                      "stuck")
         for r in rows:
             table.add_row(r["workflow_id"], r["status"], r["reason"] or "", str(r["steps"]),
                           str(r["tool_executions"]), str(r["pending_approvals"]),
-                          r["start_time"])
+                          r["start_time"], "[red]stuck[/]" if r["stuck"] else "")
         console.print(table)
+        _print_stuck(rows)
 
     _run(go())
+
+
+def _print_stuck(rows: list[dict[str, Any]]) -> None:
+    """Under the table, each stuck run's cause and fix (too long for a column)."""
+    for r in rows:
+        if r["stuck"]:
+            console.print(f"[red]stuck:[/] {safe(r['workflow_id'])}: {safe(r['stuck'])}",
+                          soft_wrap=True)
 
 
 @app.command()
