@@ -6,8 +6,7 @@ scripted model (the demo tools), one run per history, and writes each event hist
 `handle.fetch_history().to_json()`. tests/test_replay.py replays every file of every
 release's folder against the current workflow code: regenerate after an intended change
 of the workflow's commands (and read docs/durability.md first: old histories must still
-replay, or the change
-needs `workflow.patched`).
+replay, or the change needs `workflow.patched`).
 """
 
 from __future__ import annotations
