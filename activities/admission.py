@@ -19,13 +19,19 @@ from boundloop.tools.registry import Toolset
 
 class Admissions:
     """Admits the runs of one worker under its operator policy, its toolset and approver
-    keys (the worker's keys join the policy's). Without a policy every run is admitted
-    with its own settings."""
+    keys (the worker's keys join the policy's).
+
+    Without a policy the floor is what the worker's code and configuration declare: a
+    tool's own `needs_approval` cannot be switched off and, where the worker has approver
+    keys, a run cannot add a key of its own; prices, budgets and limits are the run's
+    (the operator set none to loosen).
+    """
 
     def __init__(self, policy: OperatorPolicy | None, toolset: Toolset[Any],
                  approver_keys: Mapping[str, str]) -> None:
         self.policy = policy if policy is None else policy.model_copy(
             update={"approver_keys": {**approver_keys, **policy.approver_keys}})
+        self.approver_keys = dict(approver_keys)
         self.toolset = toolset
 
     @activity.defn(name=ADMIT_ACTIVITY)
@@ -43,14 +49,14 @@ class Admissions:
             terminal=s.terminal, cost_units=s.cost_units, max_calls=s.max_calls,
             timeout_seconds=s.timeout.total_seconds(),
             max_attempts=s.retry.maximum_attempts or 3) for s in specs]
-        if self.policy is None:
-            return Admission(settings=req.settings, tools=tools)
+        policy = self.policy if self.policy is not None else OperatorPolicy(
+            approver_keys=self.approver_keys, prices=dict(req.settings.policy.prices))
         rules = self.toolset.rules([s.name for s in specs])
         # A predicate `needs_approval` may ask: it counts as asking.
         declared = {name: ToolDeclared(side_effects=r.side_effects,
                                        needs_approval=r.needs_approval is not False)
                     for name, r in rules.items()}
-        result = resolve(self.policy, req.settings, tools=req.tools, declared=declared,
+        result = resolve(policy, req.settings, tools=req.tools, declared=declared,
                          mcp_tools=req.mcp_tools)
         if isinstance(result, list):
             return Admission(refusals=result)

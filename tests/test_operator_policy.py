@@ -117,6 +117,33 @@ async def test_each_bypass_is_refused_before_any_model_request(
     assert await workflow_task_failures(handle, temporal) == 0
 
 
+async def test_without_a_policy_file_the_tools_and_the_workers_keys_are_the_floor(
+        temporal: Client, model: ScriptedModelServer, tmp_path: Path,
+        keys: dict[str, Signer]) -> None:
+    """The issue's first two bypasses against a worker with approver keys and no policy:
+    `create_ticket` declares `needs_approval`, so `approval: never` is refused; a key the
+    worker does not have is refused; a run that asks nothing looser is admitted."""
+    client = openai.AsyncOpenAI(base_url=model.base_url, api_key="sk-test-not-real")
+    model.append(answer("在庫は十分です。"))
+    queue = f"q-{uuid.uuid4().hex[:8]}"
+    async with Worker(temporal, test_tools, deps=DemoDeps(data_dir=tmp_path), model=client,
+                      task_queue=queue, approver_keys={"alice": keys["alice"].public_key}):
+        never = await start(temporal, queue, {"policy": {"approval": "never"}},
+                            ["create_ticket"])
+        mallory = await start(temporal, queue, {"policy": {"approver_keys": {
+            "mallory": keys["mallory"].public_key}}}, ["create_ticket"])
+        plain = await start(temporal, queue, {}, ["lookup_stock"])
+        with pytest.raises(PolicyRefused) as by_approval:
+            await asyncio.wait_for(result_of(never), RUN_TIMEOUT)
+        with pytest.raises(PolicyRefused) as by_key:
+            await asyncio.wait_for(result_of(mallory), RUN_TIMEOUT)
+        admitted = await asyncio.wait_for(result_of(plain), RUN_TIMEOUT)
+    assert [r["field"] for r in by_approval.value.refusals] == ["policy.approval"]
+    assert [r["field"] for r in by_key.value.refusals] == ["policy.approver_keys.mallory"]
+    assert admitted.reason == "completed"
+    assert list_tickets(tmp_path) == []
+
+
 async def test_a_self_added_approver_key_and_a_loose_mcp_flag_are_refused(
         temporal: Client, model: ScriptedModelServer, tmp_path: Path,
         keys: dict[str, Signer]) -> None:

@@ -24,6 +24,7 @@ from temporalio.client import Client
 from temporalio.worker import Worker
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
 
+from boundloop.activities.admission import Admissions
 from boundloop.activities.conversation import ConversationCache
 from boundloop.activities.model import ModelActivities
 from boundloop.client import result_of
@@ -120,7 +121,8 @@ async def test_tool_result_over_the_payload_limit_is_not_retried_and_names_the_t
     catalog.register(queue, catalog.Served(test_tools))
     try:
         async with Worker(temporal, task_queue=queue, workflows=[BoundLoopWorkflow],
-                          activities=[model.model_request, uncapped_tool],
+                          activities=[model.model_request, uncapped_tool,
+                                      Admissions(None, test_tools, {}).admit_run],
                           workflow_runner=pass_boundloop_through(SandboxedWorkflowRunner())):
             handle = await temporal.start_workflow(
                 WORKFLOW_NAME, inp, id=f"test-{queue}", task_queue=queue,

@@ -95,7 +95,7 @@ async def test_a_rule_ask_holds_when_the_run_says_approval_never(
     out = await run_script([
         resp(call("transfer", {"amount": 500, "to": "acct-2"}, "big")),
         answer("Not transferred."),
-    ], tools=TOOLS, policy=TRANSFER_RULES.model_copy(update={"approval": "never"}),
-        during=during)
+    ], tools=["transfer", "delete_record"],  # create_ticket's own ask cannot be turned off
+        policy=TRANSFER_RULES.model_copy(update={"approval": "never"}), during=during)
     assert out.result.tool_executions == 0
     assert marks(out.data_dir) == []

@@ -201,9 +201,15 @@ class BoundLoopWorkflow:
 
     @workflow.run
     async def run(self, inp: RunInput) -> RunResult:
+        cancelled_first = False
         if inp.carried is None and workflow.patched(OPERATOR_POLICY):
             # The admission (in history) says which tools were unknown when it started.
-            await self._admit(inp)
+            try:
+                await self._admit(inp)
+            except (asyncio.CancelledError, ActivityError) as err:
+                if isinstance(err, ActivityError) and not is_cancelled_exception(err):
+                    raise
+                cancelled_first = True  # a cancel before the run began: it ends cancelled
         elif self._unknown:
             self._refuse_unknown(self._unknown)
         if inp.carried is None:
@@ -212,7 +218,8 @@ class BoundLoopWorkflow:
             self._state.conversation = self._state.conversation.extend(first)
             self._state.log("run_started")
         try:
-            reason = await self._loop()
+            reason = (core.cancelled(self._state, self._cancel_reason, step_unfinished=False)
+                      if cancelled_first else await self._loop())
         except asyncio.CancelledError:
             reason = core.cancelled(self._state, self._cancel_reason,
                                     step_unfinished=self._model_in_flight)
