@@ -34,6 +34,9 @@ class Settings(BaseSettings):
     - BOUNDLOOP_LOG_TOOL_ERRORS: also log an unexpected tool exception's message with its
       traceback (off: messages may hold raw data).
     - BOUNDLOOP_OTEL: `console` or `otlp` tracing (needs the `otel` extra).
+    - BOUNDLOOP_DEPLOYMENT_NAME / BOUNDLOOP_BUILD_ID: worker versioning (both or neither,
+      docs/deploying.md): the worker joins that Worker Deployment as that version, and
+      each run finishes on the version it started on.
     - BOUNDLOOP_MAX_CACHED_WORKFLOWS: workflow instances a worker keeps in memory.
     - BOUNDLOOP_STICKY_TIMEOUT_SECONDS: how long a run waits for its previous worker
       before another takes it.
@@ -77,6 +80,8 @@ class Settings(BaseSettings):
     log_format: Literal["text", "json"] = Field("text", alias="BOUNDLOOP_LOG_FORMAT")
     log_tool_error_messages: bool = Field(False, alias="BOUNDLOOP_LOG_TOOL_ERRORS")
     otel: Literal["", "console", "otlp"] = Field("", alias="BOUNDLOOP_OTEL")
+    deployment_name: str | None = Field(None, alias="BOUNDLOOP_DEPLOYMENT_NAME")
+    build_id: str | None = Field(None, alias="BOUNDLOOP_BUILD_ID")
     max_cached_workflows: int = Field(100, gt=0, alias="BOUNDLOOP_MAX_CACHED_WORKFLOWS")
     sticky_timeout_seconds: float = Field(10.0, gt=0, alias="BOUNDLOOP_STICKY_TIMEOUT_SECONDS")
     approver_keys_file: Path | None = Field(None, alias="BOUNDLOOP_APPROVER_KEYS")
@@ -138,6 +143,12 @@ def worker_settings_problem(settings: Settings) -> str | None:
             shown = url if "@" not in url else "…@" + url.rsplit("@", 1)[1]  # no credentials
             return (f"OPENAI_BASE_URL must be an http:// or https:// URL such as "
                     f"http://127.0.0.1:11434/v1, not {shown!r}")
+    if (settings.deployment_name is None) != (settings.build_id is None):
+        given, missing = (("BOUNDLOOP_DEPLOYMENT_NAME", "BOUNDLOOP_BUILD_ID")
+                          if settings.build_id is None
+                          else ("BOUNDLOOP_BUILD_ID", "BOUNDLOOP_DEPLOYMENT_NAME"))
+        return (f"{given} is set but {missing} is not: worker versioning needs both "
+                "(docs/deploying.md), or neither to run unversioned")
     return None
 
 

@@ -73,7 +73,8 @@ def build_worker(client: Client, settings: Settings) -> Worker[Any]:
                   sticky_timeout=timedelta(seconds=settings.sticky_timeout_seconds),
                   log_tool_error_messages=settings.log_tool_error_messages,
                   approver_keys=approver_keys(settings), mcp_servers=mcp_servers(settings),
-                  policy=operator_policy(settings))
+                  policy=operator_policy(settings),
+                  deployment_name=settings.deployment_name, build_id=settings.build_id)
 
 
 def toolset_problem(settings: Settings) -> str | None:
@@ -165,7 +166,9 @@ async def run_worker(settings: Settings) -> None:
         log.warning(warning)
     client = await connect_with_retry(settings)
     worker = build_worker(client, settings)
-    log.info("worker started", extra={"task_queue": settings.task_queue})
+    versioned = ({"deployment": settings.deployment_name, "build_id": settings.build_id}
+                 if settings.build_id is not None else {})
+    log.info("worker started", extra={"task_queue": settings.task_queue, **versioned})
     try:
         await worker.run()
     except (MCPServerError, MCPDeclarationError) as exc:  # a server did not start or list

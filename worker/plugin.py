@@ -22,10 +22,16 @@ from typing import Any, Generic, TypeVar
 import openai
 import temporalio.worker
 from temporalio.client import Client
+from temporalio.common import WorkerDeploymentVersion
 from temporalio.contrib.pydantic import PydanticPayloadConverter, pydantic_data_converter
 from temporalio.converter import DataConverter
 from temporalio.plugin import SimplePlugin
-from temporalio.worker import ReplayerConfig, WorkerConfig, WorkflowRunner
+from temporalio.worker import (
+    ReplayerConfig,
+    WorkerConfig,
+    WorkerDeploymentConfig,
+    WorkflowRunner,
+)
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
 
 import boundloop
@@ -129,7 +135,10 @@ class Plugin(SimplePlugin, Generic[Deps]):
                  own_task_queue: bool = True,
                  approver_keys: Mapping[str, str] | None = None,
                  mcp_servers: Sequence[MCPServerConfig] = (),
-                 policy: OperatorPolicy | None = None) -> None:
+                 policy: OperatorPolicy | None = None,
+                 deployment_name: str | None = None,
+                 build_id: str | None = None) -> None:
+        self.deployment = deployment_version(deployment_name, build_id)
         toolset = agent.toolset if isinstance(agent, Agent) else agent
         # A Replayer (no model, no deps) runs no tool; any other worker's deps are checked
         # here, not met as an AttributeError in each run's first tool call.
@@ -185,6 +194,9 @@ class Plugin(SimplePlugin, Generic[Deps]):
         config["max_heartbeat_throttle_interval"] = min(
             config.get("max_heartbeat_throttle_interval") or timedelta(seconds=60),
             timedelta(seconds=HEARTBEAT_EVERY))
+        if self.deployment is not None:
+            config["deployment_config"] = WorkerDeploymentConfig(
+                version=self.deployment, use_worker_versioning=True)
         catalog.register(config.get("task_queue"), self.served)
         return config
 
@@ -270,6 +282,7 @@ class Worker(temporalio.worker.Worker, Generic[Deps]):
     - approver_keys: see `Plugin`.
     - mcp_servers: MCP servers whose tools runs may call (see `Plugin`).
     - policy: the operator's policy (see `Plugin`).
+    - deployment_name, build_id: worker versioning (see `Plugin`, docs/deploying.md).
     - plugins: more Temporal worker plugins.
     """
 
@@ -284,6 +297,7 @@ class Worker(temporalio.worker.Worker, Generic[Deps]):
                  mcp_servers: Sequence[MCPServerConfig] = (),
                  own_task_queue: bool = True,
                  policy: OperatorPolicy | None = None,
+                 deployment_name: str | None = None, build_id: str | None = None,
                  plugins: Sequence[temporalio.worker.Plugin] = ()) -> None:
         if task_queue is None:
             task_queue = agent.task_queue if isinstance(agent, Agent) else DEFAULT_TASK_QUEUE
@@ -292,7 +306,8 @@ class Worker(temporalio.worker.Worker, Generic[Deps]):
                              conversation_cache=conversation_cache,
                              own_task_queue=own_task_queue,
                              approver_keys=approver_keys, mcp_servers=mcp_servers,
-                             policy=policy)
+                             policy=policy, deployment_name=deployment_name,
+                             build_id=build_id)
         super().__init__(client, task_queue=task_queue, plugins=[self.plugin, *plugins],
                          max_cached_workflows=max_cached_workflows,
                          sticky_queue_schedule_to_start_timeout=sticky_timeout,
@@ -301,6 +316,20 @@ class Worker(temporalio.worker.Worker, Generic[Deps]):
     async def mcp_tools(self) -> list[MCPToolDeclaration]:
         """The declarations of this worker's MCP tools, once it has started its servers."""
         return await self.plugin.mcp_tools()
+
+
+def deployment_version(deployment_name: str | None,
+                       build_id: str | None) -> WorkerDeploymentVersion | None:
+    """The worker's Worker Deployment version, or None (unversioned). Raises ValueError
+    for one without the other, or an empty one."""
+    if deployment_name is None and build_id is None:
+        return None
+    if not deployment_name or not build_id:
+        raise ValueError("worker versioning needs both a deployment name and a build id "
+                         f"(got deployment_name={deployment_name!r}, build_id={build_id!r})")
+    if "." in deployment_name:  # Temporal writes a version as `<name>.<build id>`
+        raise ValueError(f"deployment name {deployment_name!r} must not contain '.'")
+    return WorkerDeploymentVersion(deployment_name=deployment_name, build_id=build_id)
 
 
 def _checked_keys(keys: Mapping[str, str] | None) -> dict[str, str]:

@@ -14,6 +14,7 @@ import builtins
 from datetime import timedelta
 
 from temporalio import workflow
+from temporalio.common import VersioningBehavior
 from temporalio.exceptions import ApplicationError
 
 with workflow.unsafe.imports_passed_through():
@@ -30,7 +31,10 @@ with workflow.unsafe.imports_passed_through():
     from boundloop.core.budget import BudgetLimits, Grant
 
 
-@workflow.defn(name=BUDGET_WORKFLOW)
+# A ledger never ends by itself: it moves to the current version at its next workflow
+# task (its code changes go behind workflow.patched; replay-check replays open ledgers).
+@workflow.defn(name=BUDGET_WORKFLOW,
+               versioning_behavior=VersioningBehavior.AUTO_UPGRADE)
 class BudgetLedgerWorkflow:
     @workflow.init
     def __init__(self, inp: LedgerInput) -> None:

@@ -17,6 +17,7 @@ from datetime import timedelta
 from typing import Any, NoReturn, TypeVar
 
 from temporalio import workflow
+from temporalio.common import VersioningBehavior
 from temporalio.common import RetryPolicy
 from temporalio.contrib.workflow_streams import WorkflowStream
 from temporalio.exceptions import (
@@ -134,7 +135,10 @@ MODEL_FAILURES = {
 }
 
 
-@workflow.defn(name=WORKFLOW_NAME)
+# With worker versioning on, a run finishes on the code it started on: a deploy never
+# changes the commands an open run replays (docs/deploying.md). No effect unversioned.
+@workflow.defn(name=WORKFLOW_NAME,
+               versioning_behavior=VersioningBehavior.PINNED)
 class BoundLoopWorkflow:
     @workflow.init
     def __init__(self, inp: RunInput) -> None:

@@ -16,6 +16,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from temporalio import workflow
+from temporalio.common import VersioningBehavior
 from temporalio.exceptions import ApplicationError, ChildWorkflowError
 
 from boundloop.workflows.loop import BoundLoopWorkflow
@@ -36,7 +37,10 @@ with workflow.unsafe.imports_passed_through():
     from boundloop.core.canonical import preview
 
 
-@workflow.defn(name=SESSION_WORKFLOW)
+# A session never ends by itself: it moves to the current version at its next workflow
+# task (its code changes go behind workflow.patched; replay-check replays open sessions).
+@workflow.defn(name=SESSION_WORKFLOW,
+               versioning_behavior=VersioningBehavior.AUTO_UPGRADE)
 class BoundloopSessionWorkflow:
     @workflow.init
     def __init__(self, inp: SessionInput) -> None:

@@ -1,0 +1,117 @@
+"""Worker versioning on a real dev server (docs/deploying.md): a run parked on approval
+on version v1 stays there when v2 — whose toolset renames the tool it waits on — is
+made current with the `temporal worker deployment` command; approved, it completes on
+v1 with one ticket, and a new run starts on v2 (a `boundloop worker` process)."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from datetime import timedelta
+from pathlib import Path
+
+import openai
+from temporalio.client import Client, WorkflowHandle
+
+from boundloop import Worker
+from boundloop.client import result_of
+from boundloop.contracts import WORKFLOW_NAME, Decision, RunInput, RunResult
+from boundloop.core.limits import RunSettings
+from boundloop.devserver import temporal_binary
+from boundloop.scripted.server import ScriptedModelServer
+from boundloop.testing import wait_until
+from boundloop.tools.demo import DemoDeps, list_tickets
+from tests.conftest import DEMO_TOOLS, RUN_TIMEOUT, workflow_task_failures
+from tests.scripts import answer, call, resp
+from tests.support.tools import tools as test_tools
+from tests.test_worker_process import BOUNDLOOP, ROOT, log_has, process, worker_env
+
+TICKET = '{"title": "Printer on fire", "description": "3F", "priority": "high"}'
+
+
+async def temporal_cli(client: Client, *args: str, check: bool = True) -> tuple[int, str]:
+    proc = await asyncio.create_subprocess_exec(
+        temporal_binary(), *args, "--address", client.service_client.config.target_host,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    out, err = await asyncio.wait_for(proc.communicate(), timeout=60)
+    assert proc.returncode is not None
+    assert not check or proc.returncode == 0, (args, out.decode(), err.decode())
+    return proc.returncode, out.decode()
+
+
+async def make_current(client: Client, deployment: str, build_id: str) -> None:
+    """`set-current-version`, once the version's workers have polled (the server knows
+    a version from its pollers)."""
+    async def known() -> bool:
+        code, _ = await temporal_cli(client, "worker", "deployment", "describe-version",
+                                     "--deployment-name", deployment, "--build-id",
+                                     build_id, check=False)
+        return code == 0
+
+    await wait_until(known, timeout=60)
+    await temporal_cli(client, "worker", "deployment", "set-current-version",
+                       "--deployment-name", deployment, "--build-id", build_id, "--yes")
+
+
+async def build_id_of(handle: WorkflowHandle[object, object]) -> str:
+    info = (await handle.describe()).raw_description.workflow_execution_info
+    return info.versioning_info.deployment_version.build_id
+
+
+async def test_a_pinned_run_drains_on_its_version_and_new_runs_start_on_the_current(
+        temporal: Client, tmp_path: Path) -> None:
+    server = ScriptedModelServer([resp(call("create_ticket", TICKET, "t1")),
+                                  answer("Ticket opened."), answer("v2 here.")])
+    base_url = server.start()
+    model = openai.AsyncOpenAI(base_url=base_url, api_key="sk-test-not-real")
+    queue = f"ver-{uuid.uuid4().hex[:8]}"
+    deployment = f"dep-{uuid.uuid4().hex[:8]}"
+    data = tmp_path / "data"
+    v2_env = worker_env(tmp_path, BOUNDLOOP_TASK_QUEUE=queue, OPENAI_BASE_URL=base_url,
+                        OPENAI_API_KEY="sk-test-not-real",
+                        TEMPORAL_ADDRESS=temporal.service_client.config.target_host,
+                        BOUNDLOOP_TOOLS="tests.support.renamed_tools:tools",
+                        PYTHONPATH=str(ROOT),
+                        BOUNDLOOP_DEPLOYMENT_NAME=deployment, BOUNDLOOP_BUILD_ID="v2")
+    inp = RunInput(question="open a ticket", settings=RunSettings(model="scripted-model"),
+                   tools=DEMO_TOOLS)
+    v1 = Worker(temporal, test_tools, deps=DemoDeps(data_dir=data), model=model,
+                task_queue=queue, sticky_timeout=timedelta(seconds=1),
+                deployment_name=deployment, build_id="v1")
+    log = tmp_path / "v2.log"
+    try:
+        async with v1:
+            # v1 becomes current before the first run.
+            await make_current(temporal, deployment, "v1")
+            handle: WorkflowHandle[object, object] = await temporal.start_workflow(
+                WORKFLOW_NAME, inp, id=f"ver-{uuid.uuid4().hex[:12]}", task_queue=queue,
+                result_type=RunResult)
+
+            async def parked() -> bool:
+                return bool((await handle.query("status"))["pending"])
+
+            await wait_until(parked, timeout=60)
+            assert await build_id_of(handle) == "v1"
+            with process([BOUNDLOOP, "worker"], v2_env, log):
+                await log_has(log, "worker started")
+                await make_current(temporal, deployment, "v2")
+                _, listed = await temporal_cli(
+                    temporal, "workflow", "list", "--query",
+                    f"TemporalWorkerDeploymentVersion='{deployment}:v1'")
+                assert handle.id in listed
+                await handle.signal("approve", Decision(call_id="t1", approve=True))
+                result = await asyncio.wait_for(result_of(handle), timeout=RUN_TIMEOUT)
+                new = await temporal.start_workflow(
+                    WORKFLOW_NAME, RunInput(question="hi", settings=inp.settings,
+                                            tools=["lookup_stock"]),
+                    id=f"ver-{uuid.uuid4().hex[:12]}", task_queue=queue,
+                    result_type=RunResult)
+                second = await asyncio.wait_for(result_of(new), timeout=RUN_TIMEOUT)
+                assert await build_id_of(new) == "v2"
+    finally:
+        server.stop()
+    assert result.reason.value == "completed", result
+    assert await build_id_of(handle) == "v1"
+    assert len(list_tickets(data)) == 1
+    assert await workflow_task_failures(handle, temporal) == 0
+    assert second.reason.value == "completed" and second.text == "v2 here."
