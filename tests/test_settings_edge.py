@@ -6,7 +6,12 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from boundloop.settings import Settings
+import pytest
+
+from boundloop.exit_codes import ExitCode
+from boundloop.settings import Settings, worker_settings_problem
+from boundloop.worker.main import main
+from boundloop.worker.plugin import deployment_version
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -28,3 +33,20 @@ def test_only_the_settings_module_reads_the_environment() -> None:
             if re.search(r"os\.environ|os\.getenv", text) and path.name != "settings.py":
                 readers.append(str(path.relative_to(ROOT)))
     assert readers == []
+
+
+def test_worker_versioning_needs_both_variables_in_one_line(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    for given in ({"BOUNDLOOP_DEPLOYMENT_NAME": "boundloop"}, {"BOUNDLOOP_BUILD_ID": "v2"}):
+        with pytest.raises(SystemExit) as exit_:
+            main(Settings(**given))  # type: ignore[arg-type]
+        assert exit_.value.code == ExitCode.INVALID
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "worker versioning needs both" in err
+        assert "BOUNDLOOP_DEPLOYMENT_NAME" in err and "BOUNDLOOP_BUILD_ID" in err
+    both = Settings(BOUNDLOOP_DEPLOYMENT_NAME="boundloop", BOUNDLOOP_BUILD_ID="v2")
+    assert worker_settings_problem(both) is None
+    assert worker_settings_problem(Settings()) is None
+    assert deployment_version(None, None) is None
+    with pytest.raises(ValueError, match="must not contain"):
+        deployment_version("bound.loop", "v2")

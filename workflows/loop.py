@@ -17,8 +17,7 @@ from datetime import timedelta
 from typing import Any, NoReturn, TypeVar
 
 from temporalio import workflow
-from temporalio.common import VersioningBehavior
-from temporalio.common import RetryPolicy
+from temporalio.common import RetryPolicy, VersioningBehavior
 from temporalio.contrib.workflow_streams import WorkflowStream
 from temporalio.exceptions import (
     ActivityError,
