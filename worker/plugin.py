@@ -61,6 +61,7 @@ from boundloop.tools.registry import Toolset
 from boundloop.workflows.budget import BudgetLedgerWorkflow
 from boundloop.workflows.loop import BoundLoopWorkflow
 from boundloop.workflows.session import BoundloopSessionWorkflow
+from boundloop.workflows.versioned import VERSIONED
 
 
 def pass_boundloop_through(runner: WorkflowRunner | None) -> WorkflowRunner:
@@ -173,9 +174,12 @@ class Plugin(SimplePlugin, Generic[Deps]):
             activities.append(ModelActivities(model, toolset, cache).model_request)
         self._activities = activities
         self._own_queue = own_task_queue and model is not None
+        workflows: list[type] = [BoundLoopWorkflow, BudgetLedgerWorkflow,
+                                 BoundloopSessionWorkflow]
+        if self.deployment is not None:  # each with its versioning behaviour
+            workflows = [VERSIONED.get(w, w) for w in workflows]
         super().__init__("boundloop", data_converter=keep_codec,
-                         workflows=[BoundLoopWorkflow, BudgetLedgerWorkflow,
-                                    BoundloopSessionWorkflow],
+                         workflows=workflows,
                          activities=activities,
                          workflow_runner=pass_boundloop_through)
 

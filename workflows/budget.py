@@ -14,7 +14,6 @@ import builtins
 from datetime import timedelta
 
 from temporalio import workflow
-from temporalio.common import VersioningBehavior
 from temporalio.exceptions import ApplicationError
 
 with workflow.unsafe.imports_passed_through():
@@ -31,10 +30,7 @@ with workflow.unsafe.imports_passed_through():
     from boundloop.core.budget import BudgetLimits, Grant
 
 
-# A ledger never ends by itself: it moves to the current version at its next workflow
-# task (its code changes go behind workflow.patched; replay-check replays open ledgers).
-@workflow.defn(name=BUDGET_WORKFLOW,
-               versioning_behavior=VersioningBehavior.AUTO_UPGRADE)
+@workflow.defn(name=BUDGET_WORKFLOW)
 class BudgetLedgerWorkflow:
     @workflow.init
     def __init__(self, inp: LedgerInput) -> None:

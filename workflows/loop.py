@@ -17,7 +17,7 @@ from datetime import timedelta
 from typing import Any, NoReturn, TypeVar
 
 from temporalio import workflow
-from temporalio.common import RetryPolicy, VersioningBehavior
+from temporalio.common import RetryPolicy
 from temporalio.contrib.workflow_streams import WorkflowStream
 from temporalio.exceptions import (
     ActivityError,
@@ -134,10 +134,7 @@ MODEL_FAILURES = {
 }
 
 
-# With worker versioning on, a run finishes on the code it started on: a deploy never
-# changes the commands an open run replays (docs/deploying.md). No effect unversioned.
-@workflow.defn(name=WORKFLOW_NAME,
-               versioning_behavior=VersioningBehavior.PINNED)
+@workflow.defn(name=WORKFLOW_NAME)
 class BoundLoopWorkflow:
     @workflow.init
     def __init__(self, inp: RunInput) -> None:

@@ -16,7 +16,6 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from temporalio import workflow
-from temporalio.common import VersioningBehavior
 from temporalio.exceptions import ApplicationError, ChildWorkflowError
 
 from boundloop.workflows.loop import BoundLoopWorkflow
@@ -37,10 +36,7 @@ with workflow.unsafe.imports_passed_through():
     from boundloop.core.canonical import preview
 
 
-# A session never ends by itself: it moves to the current version at its next workflow
-# task (its code changes go behind workflow.patched; replay-check replays open sessions).
-@workflow.defn(name=SESSION_WORKFLOW,
-               versioning_behavior=VersioningBehavior.AUTO_UPGRADE)
+@workflow.defn(name=SESSION_WORKFLOW)
 class BoundloopSessionWorkflow:
     @workflow.init
     def __init__(self, inp: SessionInput) -> None:
