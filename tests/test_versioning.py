@@ -1,7 +1,8 @@
 """Worker versioning on a real dev server (docs/deploying.md): a run parked on approval
 on version v1 stays there when v2 — whose toolset renames the tool it waits on — is
 made current with the `temporal worker deployment` command; approved, it completes on
-v1 with one ticket, and a new run starts on v2 (a `boundloop worker` process)."""
+v1 with one ticket, and a new run starts on v2 (a `boundloop worker` process). A
+budget ledger, which never ends by itself, moves to v2 at its next workflow task."""
 
 from __future__ import annotations
 
@@ -14,8 +15,16 @@ import openai
 from temporalio.client import Client, WorkflowHandle
 
 from boundloop import Worker
+from boundloop.budgets import set_budget
 from boundloop.client import result_of
-from boundloop.contracts import WORKFLOW_NAME, Decision, RunInput, RunResult
+from boundloop.contracts import (
+    WORKFLOW_NAME,
+    Decision,
+    RunInput,
+    RunResult,
+    budget_workflow_id,
+)
+from boundloop.core.budget import BudgetLimits
 from boundloop.core.limits import RunSettings
 from boundloop.devserver import temporal_binary
 from boundloop.scripted.server import ScriptedModelServer
@@ -92,6 +101,10 @@ async def test_a_pinned_run_drains_on_its_version_and_new_runs_start_on_the_curr
 
             await wait_until(parked, timeout=60)
             assert await build_id_of(handle) == "v1"
+            key = f"ver-{uuid.uuid4().hex[:8]}"
+            await set_budget(temporal, key, BudgetLimits(tokens=1000), task_queue=queue)
+            ledger = temporal.get_workflow_handle(budget_workflow_id(key))
+            assert await build_id_of(ledger) == "v1"
             with process([BOUNDLOOP, "worker"], v2_env, log):
                 await log_has(log, "worker started")
                 await make_current(temporal, deployment, "v2")
@@ -108,6 +121,10 @@ async def test_a_pinned_run_drains_on_its_version_and_new_runs_start_on_the_curr
                     result_type=RunResult)
                 second = await asyncio.wait_for(result_of(new), timeout=RUN_TIMEOUT)
                 assert await build_id_of(new) == "v2"
+                # The ledger's next workflow task (new limits) runs on the current version.
+                await set_budget(temporal, key, BudgetLimits(tokens=2000), task_queue=queue)
+                assert await build_id_of(ledger) == "v2"
+                await ledger.terminate("test over")
     finally:
         server.stop()
     assert result.reason.value == "completed", result
