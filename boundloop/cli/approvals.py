@@ -1,9 +1,10 @@
-"""Decisions: `approve`, `reject`, and approvers' signing keys (`keys new`).
+"""Decisions: `pending`, `approve`, `reject`, and approvers' signing keys (`keys new`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Annotated, Any
@@ -21,9 +22,11 @@ from boundloop.cli.common import (
     _run,
     app,
     connect,
+    err,
     fail,
     json_object,
     load_settings,
+    print_pending_table,
     validation_lines,
 )
 from boundloop.exit_codes import ExitCode
@@ -151,3 +154,26 @@ def keys_new(name: Annotated[str, typer.Argument(help="The approver's name (as i
                   f"'{{\"approver_keys\": {{\"{safe(name)}\": \"{key}\"}}}}'); then "
                   f"decide with --as {safe(name)} --key {safe(made.private_path)}",
                   highlight=False, soft_wrap=True)
+
+
+@app.command()
+def pending(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
+    """List calls waiting for approval across runs."""
+    settings = load_settings()
+
+    async def go() -> None:
+        unanswered: list[str] = []
+        rows = await ops.pending_runs(await connect(settings), unanswered)
+        for wf_id in unanswered:
+            err.print(f"[yellow]note:[/] {safe(wf_id)} waits for approval but no worker "
+                      "answered its status query: is `boundloop worker` running?")
+        if as_json:
+            print(json.dumps([{"workflow_id": wf, "call_id": a.call_id, "tool": a.tool,
+                               "arguments": a.arguments, "requested_at": a.requested_at}
+                              for wf, st in rows for a in st.pending], ensure_ascii=False))
+        elif not rows:
+            console.print("no calls are waiting for approval")
+        else:
+            print_pending_table(rows)
+
+    _run(go())

@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 import typer
 from pydantic import ValidationError
 from rich.console import Console
+from rich.table import Table
 from temporalio.client import (
     Client,
 )
@@ -23,6 +24,7 @@ from boundloop.codec import CodecKeyError
 from boundloop.connection import TLS_DROPPED, ConnectionSettingsError, tls_dropped, tls_problem
 from boundloop.contracts import (
     RunResult,
+    RunStatus,
     SessionStatus,
 )
 from boundloop.errors import (
@@ -208,3 +210,16 @@ def print_session(st: SessionStatus) -> None:
                       f"steps {st.last.steps} · tokens {st.last.total_tokens}")
     if st.idle_until:
         console.print(f"ends if idle until {st.idle_until}")
+
+
+def print_pending_table(rows: list[tuple[str, RunStatus]]) -> None:
+    table = Table()
+    for header in ("run", "call id", "tool", "waiting since", "asked because",
+                   "arguments (in full)"):
+        table.add_column(header, overflow="fold")  # wrapped, never cut with an ellipsis
+    for wf_id, status in rows:
+        for a in status.pending:
+            table.add_row(safe(wf_id), safe(a.call_id), safe(a.tool), a.requested_at,
+                          safe(a.asked_because or "tool setting"),
+                          safe(ops.argument_text(a)))
+    console.print(table)

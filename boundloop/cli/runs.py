@@ -1,4 +1,4 @@
-"""Runs: `run`, `status`, `watch`, `list`, `pending`, `cancel`.
+"""Runs: `run`, `status`, `watch`, `list`, `cancel`.
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ from boundloop.cli.common import (
     fail,
     load_model_script,
     load_settings,
+    print_pending_table,
     print_session,
     run_result,
     validation_lines,
@@ -58,19 +59,6 @@ def print_grants(status: RunStatus) -> None:
     for g in status.grants:
         console.print(f"remembered: {safe(g.text)} (approved by {safe(g.approver)} on "
                       f"`{safe(g.call_id)}`; this run only)")
-
-
-def print_pending_table(rows: list[tuple[str, RunStatus]]) -> None:
-    table = Table()
-    for header in ("run", "call id", "tool", "waiting since", "asked because",
-                   "arguments (in full)"):
-        table.add_column(header, overflow="fold")  # wrapped, never cut with an ellipsis
-    for wf_id, status in rows:
-        for a in status.pending:
-            table.add_row(safe(wf_id), safe(a.call_id), safe(a.tool), a.requested_at,
-                          safe(a.asked_because or "tool setting"),
-                          safe(ops.argument_text(a)))
-    console.print(table)
 
 
 @app.command()
@@ -314,29 +302,6 @@ def _print_stuck(rows: list[dict[str, Any]]) -> None:
         if r["stuck"]:
             console.print(f"[red]stuck:[/] {safe(r['workflow_id'])}: {safe(r['stuck'])}",
                           soft_wrap=True)
-
-
-@app.command()
-def pending(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
-    """List calls waiting for approval across runs."""
-    settings = load_settings()
-
-    async def go() -> None:
-        unanswered: list[str] = []
-        rows = await ops.pending_runs(await connect(settings), unanswered)
-        for wf_id in unanswered:
-            err.print(f"[yellow]note:[/] {safe(wf_id)} waits for approval but no worker "
-                      "answered its status query: is `boundloop worker` running?")
-        if as_json:
-            print(json.dumps([{"workflow_id": wf, "call_id": a.call_id, "tool": a.tool,
-                               "arguments": a.arguments, "requested_at": a.requested_at}
-                              for wf, st in rows for a in st.pending], ensure_ascii=False))
-        elif not rows:
-            console.print("no calls are waiting for approval")
-        else:
-            print_pending_table(rows)
-
-    _run(go())
 
 
 @app.command()
