@@ -303,6 +303,8 @@ class Decision:
     approver: str = "alice"
     reason: str | None = None
     arguments: dict[str, Any] | None = None
+    remember: bool = False  # a grant for the rest of the run (remembered approvals)
+    when: str | None = None
 
 
 def turn_with(*calls: tuple[str, str, dict[str, Any]]) -> Turn:
