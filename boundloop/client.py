@@ -177,15 +177,46 @@ class Run:
                            signer)
 
     async def _decide(self, decision: Decision, signer: Signer | None = None) -> None:
-        if signer is not None:
-            decision = await self._signed(decision, signer)
+        """Through the validated `decide` update; to a run whose workflow task keeps
+        failing (the server refuses it updates), as the `approve`/`reject` signal, which
+        the run checks the same way once a healthy worker serves it (RunStuck)."""
+        line = await self._stuck()
+        if line is not None and signer is not None:
+            # No worker can show the call while the task fails: nothing to sign over.
+            raise errors.RunStuck(
+                f"{self.id}: {line}. A signed decision covers the pending call as the run "
+                "shows it, and no worker can show it while the run's workflow task fails: "
+                "nothing was sent; sign it once a healthy worker serves the run",
+                line=line, recorded=False)
+        if line is None:
+            if signer is not None:
+                decision = await self._signed(decision, signer)
+            try:
+                line = await _update_unless_stuck(self.handle, decision)
+            except WorkflowUpdateFailedError as exc:
+                # The validator's refusal (INVALID_DECISION), or the run failing the update.
+                cause = exc.cause
+                raise errors.DecisionRefused(getattr(cause, "message", None) or str(cause)
+                                             ) from None
+            except RPCError as exc:
+                # FAILED_PRECONDITION: the task started failing as the update arrived.
+                line = await self._stuck() if exc.status == \
+                    RPCStatusCode.FAILED_PRECONDITION else None
+                if line is None:
+                    raise await _gone(self.handle, exc, "decisions") from None
+            if line is None:
+                return
+        await record(self.handle, decision)
+        raise errors.RunStuck(
+            f"{self.id}: {line}. The decision is recorded in the run's history and waits "
+            "for a healthy worker: it takes effect when one serves the run, if the call "
+            f"still waits for a decision then (`boundloop status {self.id}` shows it)",
+            line=line, recorded=True)
+
+    async def _stuck(self) -> str | None:
+        """The stuck line of this run (workflow task failing since …), else None."""
         try:
-            await decide(self.handle, decision)
-        except WorkflowUpdateFailedError as exc:
-            # The validator's refusal (INVALID_DECISION), or the run failing the update.
-            cause = exc.cause
-            raise errors.DecisionRefused(getattr(cause, "message", None) or str(cause)
-                                         ) from None
+            return await stuck_line(self.handle, await self.handle.describe())
         except RPCError as exc:
             raise await _gone(self.handle, exc, "decisions") from None
 
@@ -604,6 +635,39 @@ async def decide(handle: WorkflowHandle[Any, Any], decision: Decision) -> str:
     from boundloop.workflows.loop import BoundLoopWorkflow
 
     return await handle.execute_update(BoundLoopWorkflow.decide, decision)
+
+
+#: How often a decision in flight checks whether the run's workflow task started failing.
+STUCK_CHECK_SECONDS = 1.0
+
+
+async def _update_unless_stuck(handle: WorkflowHandle[Any, Any],
+                               decision: Decision) -> str | None:
+    """The `decide` update, given up when the run's workflow task starts failing while it
+    waits: then the stuck line (the server keeps refusing the update until a healthy
+    worker serves the run)."""
+    update = asyncio.ensure_future(decide(handle, decision))
+    try:
+        while True:
+            done, _ = await asyncio.wait({update}, timeout=STUCK_CHECK_SECONDS)
+            if done:
+                update.result()
+                return None
+            line = await stuck_line(handle, await handle.describe())
+            if line is not None:
+                return line
+    finally:
+        update.cancel()
+
+
+async def record(handle: WorkflowHandle[Any, Any], decision: Decision) -> None:
+    """Send a decision as the `approve` or `reject` signal: the server records it in the
+    run's history whatever state its workflow task is in, and the run applies it (or
+    ignores it, for the reasons `decide` refuses one) when a worker replays it."""
+    from boundloop.workflows.loop import BoundLoopWorkflow
+
+    signal = BoundLoopWorkflow.approve if decision.approve else BoundLoopWorkflow.reject
+    await handle.signal(signal, decision)
 
 
 async def cancel(handle: WorkflowHandle[Any, Any], reason: str | None) -> None:

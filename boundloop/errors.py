@@ -70,6 +70,19 @@ class DecisionRefused(BoundloopError):
     changed. The message says why."""
 
 
+class RunStuck(BoundloopError):
+    """The run's workflow task keeps failing (a deploy it does not replay, a missing codec
+    key, a bug): `line` says since when, the cause and what fixes it. With `recorded`, the
+    decision was delivered as a signal: it is in the run's history and takes effect once a
+    healthy worker serves the run (if the call still waits for a decision then); without,
+    nothing was sent."""
+
+    def __init__(self, message: str, *, line: str, recorded: bool) -> None:
+        super().__init__(message)
+        self.line = line
+        self.recorded = recorded
+
+
 class SessionRefused(BoundloopError):
     """The session refused a message (a turn is still running); nothing changed. The
     message says why."""

@@ -89,7 +89,8 @@ async def test_replay_check_catches_an_unpatched_change_before_the_deploy(
             assert "deploy the code it started on" in err
             code, out, err = await cli("approve", handle.id, "t1", env=env)
             assert code == 6, (out, err)
-            assert "workflow task failing since" in err and "decide again" in err
+            # Recorded (a signal): the approval already sent is applied once, below.
+            assert "workflow task failing since" in err and "decision is recorded" in err
             # The server marks it too (the Web UI's Task Failures view lists it).
             query = (f"WorkflowId = '{handle.id}' AND "
                      "TemporalReportedProblems IS NOT NULL")

@@ -14,7 +14,6 @@ from pydantic import ValidationError
 from temporalio.client import (
     WorkflowUpdateRPCTimeoutOrCancelledError,
 )
-from temporalio.service import RPCError, RPCStatusCode
 
 from boundloop import client as ops
 from boundloop.cli.common import (
@@ -58,13 +57,8 @@ def _decide(run_id: str, call_id: str, verb: str,
             await asyncio.wait_for(deciding, timeout=UPDATE_TIMEOUT)
         except ValidationError as exc:  # the decision itself (a reason too long, ...)
             raise fail("invalid decision:\n" + validation_lines(exc)) from None
-        except RPCError as exc:
-            # The server refuses an update while the run's workflow task is failing.
-            if exc.status == RPCStatusCode.FAILED_PRECONDITION:
-                await _exit_if_stuck(settings, run_id)
-            raise
         except (TimeoutError, WorkflowUpdateRPCTimeoutOrCancelledError):
-            await _exit_if_stuck(settings, run_id)
+            # (A run whose workflow task fails raises RunStuck: exit 6, decision recorded.)
             # The server keeps an update it could not deliver until a worker takes the run
             # (not across a server restart): it may still apply, so never "nothing changed".
             raise fail(f"no worker answered within {UPDATE_TIMEOUT:.0f} s (is `boundloop "
@@ -75,19 +69,6 @@ def _decide(run_id: str, call_id: str, verb: str,
                       + (f" (signed by {safe(signer.name)})" if signer is not None else ""))
 
     _run(go())
-
-
-async def _exit_if_stuck(settings: Any, run_id: str) -> None:
-    """A decision sent to a run whose workflow task keeps failing: exit 6
-    (ExitCode.STUCK), saying why and what to do."""
-    from boundloop.stuck import stuck_line
-
-    handle = (await connect(settings)).get_workflow_handle(run_id)
-    line = await stuck_line(handle, await handle.describe())
-    if line is not None:
-        raise fail(f"{run_id}: {line}. The server takes no decision while the run's "
-                   "workflow task fails: decide again once a healthy worker serves it "
-                   "(`boundloop status` then answers)", ExitCode.STUCK)
 
 
 KeyOption = Annotated[Path | None, typer.Option(

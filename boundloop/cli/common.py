@@ -33,6 +33,7 @@ from boundloop.errors import (
     RunEnded,
     RunIdTaken,
     RunNotFound,
+    RunStuck,
     SessionRefused,
 )
 from boundloop.exit_codes import ExitCode
@@ -53,7 +54,7 @@ T = TypeVar("T")
 REFUSALS: dict[type[Exception], ExitCode] = {
     RunNotFound: ExitCode.INVALID, RunIdTaken: ExitCode.INVALID,
     RunEnded: ExitCode.FAILED, DecisionRefused: ExitCode.FAILED,
-    SessionRefused: ExitCode.FAILED,
+    SessionRefused: ExitCode.FAILED, RunStuck: ExitCode.STUCK,
 }
 
 

@@ -1,0 +1,100 @@
+"""Deploys that strand a run, with real worker processes on a real dev server: a next
+release that renames `create_ticket` and, unpatched, schedules an extra activity before
+each approval wait, deployed without versioning. The parked run's workflow task fails;
+`boundloop approve` exits 6, saying the decision is recorded and waits for a healthy
+worker; once the old release is back, the run completes, the decision applied once."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from temporalio.client import Client, WorkflowHandle
+
+from boundloop.client import query_status, result_of
+from boundloop.contracts import WORKFLOW_NAME, RunInput, RunResult
+from boundloop.core.limits import RunSettings
+from boundloop.scripted.server import ScriptedModelServer
+from boundloop.testing import wait_until
+from boundloop.tools.demo import list_tickets
+from tests.conftest import DEMO_TOOLS, RUN_TIMEOUT, workflow_task_failures
+from tests.scripts import answer, call, resp
+from tests.test_cli import env_for
+from tests.test_replay_check import TICKET, cli
+from tests.test_worker_process import BOUNDLOOP, ROOT, log_has, process, worker_env
+
+#: `boundloop worker` with the next release's workflow code checked out.
+NEXT_RELEASE_WORKER = [sys.executable, "-m", "tests.support.next_release", "worker"]
+
+
+@contextmanager
+def deployed(command: list[str], env: dict[str, str], log: Path,
+             ) -> Iterator[subprocess.Popen[bytes]]:
+    """A worker process, stopped with SIGTERM (as a deploy stops it) when the block ends."""
+    with process(command, env, log) as worker:
+        yield worker
+        worker.send_signal(signal.SIGTERM)
+        worker.wait(timeout=60)
+
+
+async def parked(handle: WorkflowHandle[object, RunResult]) -> None:
+    async def waiting() -> bool:
+        return bool((await query_status(handle)).pending)
+
+    await wait_until(waiting, timeout=60)
+
+
+async def test_a_decision_for_a_stuck_run_is_recorded_and_applied_once_the_old_code_is_back(
+        temporal: Client, tmp_path: Path) -> None:
+    server = ScriptedModelServer([resp(call("create_ticket", TICKET, "t1")),
+                                  answer("Ticket opened.")])
+    queue = f"dep-{uuid.uuid4().hex[:8]}"
+    env = worker_env(tmp_path, BOUNDLOOP_TASK_QUEUE=queue, OPENAI_BASE_URL=server.start(),
+                     OPENAI_API_KEY="sk-test-not-real", PYTHONPATH=str(ROOT),
+                     TEMPORAL_ADDRESS=temporal.service_client.config.target_host,
+                     BOUNDLOOP_TOOLS="tests.support.tools:tools")
+    next_release = {**env, "BOUNDLOOP_TOOLS": "tests.support.renamed_tools:tools"}
+    cli_env = env_for(temporal, tmp_path)
+    inp = RunInput(question="open a ticket", settings=RunSettings(model="scripted-model"),
+                   tools=DEMO_TOOLS)
+    try:
+        with deployed([BOUNDLOOP, "worker"], env, tmp_path / "v1.log"):
+            await log_has(tmp_path / "v1.log", "worker started")
+            handle = await temporal.start_workflow(
+                WORKFLOW_NAME, inp, id=f"dep-{uuid.uuid4().hex[:12]}", task_queue=queue,
+                result_type=RunResult)
+            await parked(handle)
+        with deployed(NEXT_RELEASE_WORKER, next_release, tmp_path / "v2.log"):
+            await log_has(tmp_path / "v2.log", "worker started")
+            code, out, err = await cli("approve", handle.id, "t1", env=cli_env)
+            said = " ".join(err.split())
+            assert code == 6, (out, err)
+            assert "workflow task failing since" in said and "Nondeterminism" in said
+            assert "The decision is recorded in the run's history and waits for a healthy " \
+                   "worker" in said
+            # Asked again (the operator is not sure): recorded again, applied once below.
+            code, out, err = await cli("reject", handle.id, "t1", "--reason", "no", env=cli_env)
+            assert code == 6 and "decision is recorded" in " ".join(err.split()), (out, err)
+            # A signed decision needs the call as the run shows it: nothing is sent.
+            code, out, err = await cli("keys", "new", "alice", "--dir", str(tmp_path),
+                                       env=cli_env)
+            assert code == 0, err
+            code, out, err = await cli("approve", handle.id, "t1", "--as", "alice", "--key",
+                                       str(tmp_path / "alice.key"), env=cli_env)
+            assert code == 6 and "nothing was sent" in " ".join(err.split()), (out, err)
+            assert await workflow_task_failures(handle, temporal) > 0
+        with deployed([BOUNDLOOP, "worker"], env, tmp_path / "v1-again.log"):
+            result = await asyncio.wait_for(result_of(handle), timeout=RUN_TIMEOUT)
+    finally:
+        server.stop()
+    assert result.reason.value == "completed", result
+    assert len(list_tickets(tmp_path / "data")) == 1
+    decided = [(e.event, e.detail) for e in result.events if e.event.startswith("approval_")
+               and e.event != "approval_requested"]
+    assert decided == [("approval_approved", "by operator")]
