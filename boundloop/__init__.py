@@ -56,6 +56,7 @@ from boundloop.core.reasons import StopReason
 from boundloop.core.session import SessionLimits
 from boundloop.errors import (
     BoundloopError,
+    BudgetRefused,
     DecisionRefused,
     NoToolset,
     PolicyRefused,
@@ -103,6 +104,7 @@ __all__ = [
     "Approval",
     "BoundloopError",
     "BudgetLimits",
+    "BudgetRefused",
     "BudgetView",
     "DecisionRefused",
     "Event",

@@ -1,27 +1,35 @@
 """Client side of shared budgets: set a key's budget, show it.
 
 The ledger of a key is the workflow `boundloop-budget-KEY`; `set_budget` starts it (or
-changes its limits when it runs) in one call (update-with-start).
+changes its limits when it runs) in one call (update-with-start). The limits travel in
+the update, which the ledger validates: where its workers have approver keys, only a
+change signed by a budget admin (`signer=`) is taken.
 """
 
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from temporalio.client import Client, WithStartWorkflowOperation
+from temporalio.client import Client, WithStartWorkflowOperation, WorkflowUpdateFailedError
 from temporalio.common import WorkflowIDConflictPolicy
+from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
+from boundloop import errors
 from boundloop.agent import DEFAULT_TASK_QUEUE
 from boundloop.contracts import (
     BUDGET_WORKFLOW,
     BudgetView,
     LedgerInput,
+    SignedLimits,
     budget_workflow_id,
 )
 from boundloop.core.budget import Amount, BudgetLimits, LedgerState
 from boundloop.core.limits import BUDGET_KEY_PATTERN
+
+if TYPE_CHECKING:  # `cryptography` loads only where a change is signed
+    from boundloop.signing import Signer
 
 
 def check_key(key: str) -> str:
@@ -32,23 +40,39 @@ def check_key(key: str) -> str:
 
 
 async def set_budget(client: Client, key: str, limits: BudgetLimits, *,
-                     task_queue: str = DEFAULT_TASK_QUEUE, reap_seconds: float = 60.0
-                     ) -> BudgetView:
-    """Start the ledger of `key` with `limits` on the workers of `task_queue`, or replace
-    the limits of the running one (what was spent and reserved stays). Waits for a
-    worker to answer; `reap_seconds`: how often the ledger checks that the runs holding
-    reservations are still open."""
+                     task_queue: str = DEFAULT_TASK_QUEUE, reap_seconds: float = 60.0,
+                     signer: Signer | None = None) -> BudgetView:
+    """Start the ledger of `key` on the workers of `task_queue` and set its limits, or
+    replace the limits of the running one (what was spent and reserved stays). Waits for
+    a worker to answer; `reap_seconds`: how often the ledger checks that the runs holding
+    reservations are still open; `signer`: a budget admin's key, needed where the
+    workers have approver keys. Raises BudgetRefused (nothing changed) when the ledger
+    refuses the change."""
+    from boundloop.workflows.budget import BudgetLedgerWorkflow
+
     check_key(key)
+    # The start input's limits only reach workers of before the ledger ignored them.
     start: WithStartWorkflowOperation[Any, None] = WithStartWorkflowOperation(
         BUDGET_WORKFLOW, LedgerInput(state=LedgerState(key=key, limits=limits),
                                      reap_seconds=reap_seconds),
         id=budget_workflow_id(key), task_queue=task_queue,
         id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
         static_summary=f"budget {key}")
-    from boundloop.workflows.budget import BudgetLedgerWorkflow
-
-    return await client.execute_update_with_start_workflow(
-        BudgetLedgerWorkflow.set_limits, limits, start_workflow_operation=start)
+    try:
+        if signer is None:
+            return await client.execute_update_with_start_workflow(
+                BudgetLedgerWorkflow.set_limits, limits, start_workflow_operation=start)
+        nonce, signature = signer.sign_budget(namespace=client.namespace, key=key,
+                                              limits=limits.model_dump(mode="json"))
+        return await client.execute_update_with_start_workflow(
+            BudgetLedgerWorkflow.set_signed_limits,
+            SignedLimits(limits=limits, admin=signer.name, nonce=nonce, signature=signature),
+            start_workflow_operation=start)
+    except WorkflowUpdateFailedError as exc:
+        cause = exc.cause
+        if isinstance(cause, ApplicationError) and cause.type == errors.BUDGET_UNSIGNED:
+            raise errors.BudgetRefused(cause.message) from None
+        raise
 
 
 async def show_budget(client: Client, key: str) -> BudgetView | None:
@@ -69,6 +93,9 @@ async def show_budget(client: Client, key: str) -> BudgetView | None:
 def view_lines(view: BudgetView) -> list[str]:
     """`boundloop budget show` and `set`: the figures, one per line."""
     lim = view.limits
+    if lim is None:
+        return [f"budget {view.key}: no limits set (every reservation is refused until a "
+                "`budget set`)"]
 
     def amount(a: Amount) -> str:
         parts = []

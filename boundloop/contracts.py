@@ -26,7 +26,7 @@ from boundloop.core.session import (
     TurnOf,
     TurnSummary,
 )
-from boundloop.core.signatures import Signature
+from boundloop.core.signatures import ApproverName, Signature
 
 WORKFLOW_NAME = "BoundLoop"
 
@@ -251,6 +251,18 @@ class SettleRequest(BaseModel):
     amount: Amount
 
 
+class SignedLimits(BaseModel):
+    """Update `set_signed_limits`: a budget admin's signed change of the ledger's limits
+    (`boundloop.core.signatures.budget_message`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    limits: BudgetLimits
+    admin: ApproverName
+    nonce: str = Field(min_length=16, max_length=64, pattern=r"^[0-9a-f]+$")
+    signature: Signature
+
+
 class BudgetReserve(BaseModel):
     """The run workflow's reserve activity input."""
 
@@ -264,7 +276,8 @@ class BudgetView(BaseModel):
     """Query `show`: spent, reserved, left and the runs holding reservations."""
 
     key: str
-    limits: BudgetLimits
+    #: None: no limits set yet (every reservation is refused).
+    limits: BudgetLimits | None
     period: str
     spent: Amount
     reserved: Amount

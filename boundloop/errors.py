@@ -35,6 +35,8 @@ UNEXPECTED_TOOL_ERROR = "UnexpectedToolError"
 INVALID_DECISION = "InvalidDecision"
 #: A budget ledger message its validator refused.
 INVALID_BUDGET_MESSAGE = "InvalidBudgetMessage"
+#: A change of a budget's limits the ledger refused: unsigned, or not by a budget admin.
+BUDGET_UNSIGNED = "BudgetChangeRefused"
 #: A run that ended for any reason but `completed`: the workflow fails with this
 #: non-retryable type so Temporal's own status (the Web UI list) shows it; the message
 #: names the stop reason and the first detail is the RunResult (`client.result_of`).
@@ -114,6 +116,12 @@ class PolicyRefused(BoundloopError):
     def lines(self) -> list[str]:
         return [f"{r['field']}: the run asked {r['asked']}; the operator's policy: "
                 f"{r['operator']}" for r in self.refusals]
+
+
+class BudgetRefused(BoundloopError):
+    """The ledger refused a change of its limits (unsigned where approver keys are
+    configured, not signed by a budget admin, or a signature used already); nothing
+    changed. The message says why."""
 
 
 class NoToolset(BoundloopError):

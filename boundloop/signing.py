@@ -3,7 +3,8 @@
 - `new_key(name, directory)`: `boundloop keys new NAME` writes NAME.key (the private key,
   PKCS#8 PEM, mode 0600) and NAME.pub (one line `NAME ed25519:BASE64`).
 - `Signer.from_file(name, path)`: an approver's private key, to sign decisions with
-  (`Run.approve(..., signer=...)`, `boundloop approve --as NAME --key FILE`).
+  (`Run.approve(..., signer=...)`, `boundloop approve --as NAME --key FILE`), and
+  budget admins' changes of a budget (`boundloop budget set KEY --as NAME --key FILE`).
 - `load_keys_file(path)`: the worker's BOUNDLOOP_APPROVER_KEYS file: lines of
   `NAME ed25519:BASE64` (NAME.pub files put together), `#` comments and blank lines.
 
@@ -15,8 +16,10 @@ from __future__ import annotations
 
 import base64
 import os
+import secrets
 import stat
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -131,6 +134,17 @@ class Signer:
             approve=approve, approver=self.name, arguments=arguments, reason=reason,
             signed_at=at, remember=remember))
         return Signature(signed_at=at, value=base64.b64encode(raw).decode("ascii"))
+
+    def sign_budget(self, *, namespace: str, key: str, limits: Mapping[str, Any],
+                    signed_at: int | None = None) -> tuple[str, Signature]:
+        """Sign a change of budget `key`'s limits (their JSON form) in `namespace`, as a
+        budget admin: the nonce it was signed with and the signature."""
+        at = int(time.time()) if signed_at is None else signed_at
+        nonce = secrets.token_hex(16)
+        raw = self._key.sign(signatures.budget_message(
+            namespace=namespace, key=key, limits=limits, admin=self.name, nonce=nonce,
+            signed_at=at))
+        return nonce, Signature(signed_at=at, value=base64.b64encode(raw).decode("ascii"))
 
 
 # --- the worker's public keys ----------------------------------------------------------

@@ -22,10 +22,21 @@ from typing import Any
 from temporalio.client import WorkflowHandle
 
 from boundloop import client as ops
-from boundloop.contracts import CancelRequest, Decision, RunResult
+from boundloop.budgets import set_budget
+from boundloop.contracts import (
+    CancelRequest,
+    Decision,
+    ReserveRequest,
+    RunResult,
+    SettleRequest,
+    budget_workflow_id,
+)
+from boundloop.core.budget import Amount, BudgetLimits
 from boundloop.core.limits import Policy
 from boundloop.core.rules import ArgumentRule
+from boundloop.signing import Signer, new_key
 from boundloop.testing import wait_until
+from boundloop.workflows.budget import BudgetLedgerWorkflow
 from tests.scripts import answer, call, reasoning, resp
 from tests.test_crash import (
     TICKET,
@@ -208,11 +219,50 @@ RUNS["admitted"] = ([
 ], approve_by_signal)
 
 
+async def signed_ledger(c: Cluster, tmp: Path) -> WorkflowHandle[Any, Any]:
+    """A budget ledger whose limits a budget admin set by a signed change (the worker's
+    policy holds alice's key and makes her the budget admin): started without limits,
+    set by `set_signed_limits`, then a run reserves, settles and releases."""
+    alice = new_key("alice", tmp)
+    policy = tmp / "ledger.policy.toml"
+    policy.write_text(f'[approver_keys]\nalice = "{alice.public_line.split()[1]}"\n\n'
+                      '[budget]\nadmins = ["alice"]\n', encoding="utf-8")
+    c.kill(c.workers[-1])
+    c.start_worker(policy_file=policy)
+    assert c.client is not None
+    key = workflow_id("ledger")
+    await set_budget(c.client, key, BudgetLimits(usd=1.0, tokens=100_000), task_queue=c.queue,
+                     reap_seconds=3600, signer=Signer.from_file("alice", alice.private_path))
+    handle = c.client.get_workflow_handle(budget_workflow_id(key))
+    run = "history-run-1"
+    await handle.execute_update(BudgetLedgerWorkflow.reserve, ReserveRequest(
+        run=run, step=1, amount=Amount(usd=0.01, tokens=1000)), id=f"{run}/step-1/reserve")
+    await handle.signal(BudgetLedgerWorkflow.settle, SettleRequest(
+        run=run, step=1, amount=Amount(usd=0.005, tokens=500)))
+    await handle.signal(BudgetLedgerWorkflow.release, run)
+    await handle.query(BudgetLedgerWorkflow.show)  # the signals are in history
+    c.kill(c.workers[-1])
+    c.start_worker()
+    return handle
+
+
+#: name -> how the history of a budget ledger (a workflow of its own, not a run) is made.
+LEDGERS: dict[str, Callable[[Cluster, Path], Awaitable[WorkflowHandle[Any, Any]]]] = {
+    "ledger": signed_ledger,
+}
+
+
 async def record(tmp: Path, names: list[str]) -> None:
     CURRENT.mkdir(parents=True, exist_ok=True)
     async with cluster(tmp, queue="histories") as c:
         c.start_worker()
         for name in names:
+            if name in LEDGERS:
+                history = await (await LEDGERS[name](c, tmp)).fetch_history()
+                (CURRENT / f"{name}.json").write_text(history.to_json() + "\n",
+                                                      encoding="utf-8")
+                print(f"{name}: {len(history.events)} events")
+                continue
             turns, act = RUNS[name]
             if name in OPERATOR_POLICIES:
                 policy = tmp / f"{name}.policy.toml"
@@ -233,10 +283,10 @@ async def record(tmp: Path, names: list[str]) -> None:
 
 
 def main(argv: list[str]) -> None:
-    names = argv or list(RUNS)
-    unknown = sorted(set(names) - set(RUNS))
+    names = argv or [*RUNS, *LEDGERS]
+    unknown = sorted(set(names) - set(RUNS) - set(LEDGERS))
     if unknown:
-        raise SystemExit(f"unknown histories {unknown}; known: {sorted(RUNS)}")
+        raise SystemExit(f"unknown histories {unknown}; known: {sorted([*RUNS, *LEDGERS])}")
     with tempfile.TemporaryDirectory(prefix="boundloop-histories-") as tmp:
         asyncio.run(record(Path(tmp), names))
 

@@ -15,7 +15,13 @@ import pytest
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import WorkflowHistory
 from temporalio.contrib.pydantic import pydantic_data_converter
-from temporalio.worker import Replayer
+from temporalio.worker import (
+    HandleUpdateInput,
+    Interceptor,
+    Replayer,
+    WorkflowInboundInterceptor,
+    WorkflowInterceptorClassInput,
+)
 
 from boundloop import Plugin, errors
 from tests.make_histories import HISTORIES, RUNS, workflow_id
@@ -105,3 +111,61 @@ def test_history_is_the_run_it_is_named_after(name: str, reason: str,
     events = kinds(history)
     assert {kind: events.count(kind) for kind in shape} == shape
     assert E.EVENT_TYPE_WORKFLOW_TASK_FAILED not in events
+
+
+def updates(history: WorkflowHistory) -> list[str]:
+    return [e.workflow_execution_update_accepted_event_attributes.accepted_request.input.name
+            for e in history.events
+            if e.event_type == E.EVENT_TYPE_WORKFLOW_EXECUTION_UPDATE_ACCEPTED]
+
+
+def test_the_ledger_histories_before_and_after_limits_by_update() -> None:
+    """A ledger started before the patch took its start input's limits (no marker); one
+    after it starts without them, and a budget admin's signed update sets them."""
+    before, after = load("v0.3/ledger.pre_signed"), load("v0.3/ledger")
+    assert E.EVENT_TYPE_MARKER_RECORDED not in kinds(before)
+    assert updates(before) == ["set_limits", "reserve"]
+    assert kinds(after).count(E.EVENT_TYPE_MARKER_RECORDED) == 1
+    assert updates(after) == ["set_signed_limits", "reserve"]
+    # Each holds a reservation that was granted: the reap timer started.
+    for history in (before, after):
+        assert E.EVENT_TYPE_TIMER_STARTED in kinds(history)
+
+
+#: update id -> what the replayed handler returned (JSON), filled by `_Recorder`.
+REPLAYED: dict[str, Any] = {}
+
+
+class _Inbound(WorkflowInboundInterceptor):
+    async def handle_update_handler(self, input: HandleUpdateInput) -> Any:
+        result = await super().handle_update_handler(input)
+        REPLAYED[input.id] = result.model_dump(mode="json")
+        return result
+
+
+class _Recorder(Interceptor):
+    def workflow_interceptor_class(self, input: WorkflowInterceptorClassInput
+                                   ) -> type[WorkflowInboundInterceptor]:
+        return _Inbound
+
+
+@pytest.mark.parametrize("name", ["v0.3/ledger.pre_signed", "v0.3/ledger.started_with_limits",
+                                  "v0.3/ledger"])
+async def test_a_replayed_ledger_answers_its_updates_as_recorded(name: str) -> None:
+    """A ledger's state is rebuilt by replay: each update's answer (the limits it shows, a
+    reservation granted) is the recorded one. A ledger started before the limits came by
+    update keeps the limits of its start input (`started_with_limits`: started with no
+    update at all, its reservation was granted by them)."""
+    history = load(name)
+    recorded = {
+        e.workflow_execution_update_completed_event_attributes.meta.update_id: json.loads(
+            e.workflow_execution_update_completed_event_attributes.outcome.success
+            .payloads[0].data)
+        for e in history.events
+        if e.event_type == E.EVENT_TYPE_WORKFLOW_EXECUTION_UPDATE_COMPLETED}
+    REPLAYED.clear()
+    replayer = Replayer(workflows=[], data_converter=pydantic_data_converter,
+                        plugins=[Plugin(tools, deps=None)], interceptors=[_Recorder()])
+    assert (await replayer.replay_workflow(history)).replay_failure is None
+    assert recorded == REPLAYED
+    assert any(r.get("granted") for r in recorded.values())

@@ -27,7 +27,7 @@ from boundloop.connection import (
     tls_problem,
     unreachable_reason,
 )
-from boundloop.core.operator import OperatorPolicy
+from boundloop.core.operator import OperatorPolicy, budget_admin_keys
 from boundloop.errors import BoundloopError
 from boundloop.exit_codes import ExitCode
 from boundloop.logs import configure
@@ -201,10 +201,14 @@ def main(settings: Settings | None = None) -> None:
         sys.stderr.write(f"error: BOUNDLOOP_APPROVER_KEYS: {exc}\n")
         raise SystemExit(ExitCode.INVALID) from None
     try:
-        operator_policy(settings)  # a bad policy stops the worker before it connects
+        # a bad policy (or a budget admin without a key) stops the worker before it connects
+        budget_admin_keys(operator_policy(settings), approver_keys(settings) or {})
     except PolicyFileError as exc:
         for line in exc.problems:
             sys.stderr.write(f"error: BOUNDLOOP_POLICY: {line}\n")
+        raise SystemExit(ExitCode.INVALID) from None
+    except ValueError as exc:
+        sys.stderr.write(f"error: BOUNDLOOP_POLICY: {exc}\n")
         raise SystemExit(ExitCode.INVALID) from None
     try:
         # A bad file, or a server program that does not exist, is refused before

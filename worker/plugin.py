@@ -45,7 +45,7 @@ from boundloop.activities.threads import ToolThreads
 from boundloop.activities.tools import ToolActivities
 from boundloop.agent import DEFAULT_TASK_QUEUE, Agent
 from boundloop.core import signatures
-from boundloop.core.operator import OperatorPolicy
+from boundloop.core.operator import OperatorPolicy, budget_admin_keys
 from boundloop.errors import BoundloopError
 from boundloop.logs import tool_error_messages_from_env
 from boundloop.mcp import (
@@ -149,7 +149,8 @@ class Plugin(SimplePlugin, Generic[Deps]):
         if log_tool_error_messages is None:
             log_tool_error_messages = tool_error_messages_from_env()
         self.toolset = toolset
-        self.served = catalog.Served(toolset, _checked_keys(approver_keys))
+        keys = _checked_keys(approver_keys)
+        self.served = catalog.Served(toolset, keys, budget_admin_keys(policy, keys))
         check_commands(mcp_servers)  # a missing program, named, before anything starts
         self.mcp = MCPPool(mcp_servers) if mcp_servers else None
         self._mcp_listed = asyncio.Event()

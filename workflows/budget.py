@@ -6,6 +6,11 @@ the signal `settle` once the response is in, and release what they hold by the s
 `release` when they end. The rules are pure (`boundloop.core.budget`); this shell keeps
 the state, continues as new when Temporal suggests it (the state is small), and
 releases the reservations of runs that closed without releasing (terminated, timed out).
+
+Limits are set only by the validated updates `set_limits` (refused where the serving
+worker has approver keys) and `set_signed_limits` (a budget admin's signature): a new
+ledger ignores the limits of its start input, which anyone who may start a workflow
+controls, and refuses every reservation until its limits are set.
 """
 
 from __future__ import annotations
@@ -25,9 +30,15 @@ with workflow.unsafe.imports_passed_through():
         LedgerInput,
         ReserveRequest,
         SettleRequest,
+        SignedLimits,
     )
-    from boundloop.core import budget
+    from boundloop.core import budget, signatures
     from boundloop.core.budget import BudgetLimits, Grant
+    from boundloop.tools import catalog
+
+#: The patch under which a new ledger starts without limits (its start input's are
+#: ignored: only the validated updates set them).
+SIGNED_LIMITS = "budget-limits-by-update"
 
 
 @workflow.defn(name=BUDGET_WORKFLOW)
@@ -36,6 +47,8 @@ class BudgetLedgerWorkflow:
     def __init__(self, inp: LedgerInput) -> None:
         self._inp = inp
         self._state = inp.state
+        if workflow.info().continued_run_id is None and workflow.patched(SIGNED_LIMITS):
+            self._state = inp.state.model_copy(update={"limits": None})
 
     @workflow.run
     async def run(self, inp: LedgerInput) -> None:
@@ -104,9 +117,42 @@ class BudgetLedgerWorkflow:
 
     @workflow.update
     def set_limits(self, limits: BudgetLimits) -> BudgetView:
+        return self._apply(limits)
+
+    def _apply(self, limits: BudgetLimits) -> BudgetView:
         self._state.limits = limits
         budget.roll(self._state, self._today())
         return self.show()
+
+    @set_limits.validator
+    def _validate_set_limits(self, limits: BudgetLimits) -> None:
+        # Read in the validator only (it never runs on replay): the worker's own keys.
+        admins = catalog.served_on(workflow.info().task_queue).budget_admins
+        if admins is not None:
+            raise ApplicationError(signatures.unsigned_budget_change(admins, self._state.key),
+                                   type=errors.BUDGET_UNSIGNED, non_retryable=True)
+
+    @workflow.update
+    def set_signed_limits(self, req: SignedLimits) -> BudgetView:
+        now = int(workflow.now().timestamp())
+        self._state.nonces = {n: at for n, at in self._state.nonces.items()
+                              if now - at <= signatures.MAX_AGE_SECONDS}
+        self._state.nonces[req.nonce] = req.signature.signed_at
+        return self._apply(req.limits)
+
+    @set_signed_limits.validator
+    def _validate_set_signed_limits(self, req: SignedLimits) -> None:
+        admins = catalog.served_on(workflow.info().task_queue).budget_admins
+        if admins is None:
+            return  # no approver keys configured: namespace access sets limits
+        info = workflow.info()
+        problem = signatures.budget_problem(
+            admins, namespace=info.namespace, key=self._state.key,
+            limits=req.limits.model_dump(mode="json"), admin=req.admin, nonce=req.nonce,
+            signature=req.signature, now=workflow.now(), applied=self._state.nonces)
+        if problem is not None:
+            raise ApplicationError(f"budget {self._state.key!r} refused the change: {problem}",
+                                   type=errors.BUDGET_UNSIGNED, non_retryable=True)
 
     @workflow.query
     def show(self) -> BudgetView:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -54,14 +55,22 @@ def budget_set(
     usd: Annotated[float | None, typer.Option("--usd", help="USD limit")] = None,
     tokens: Annotated[int | None, typer.Option("--tokens", help="Token limit")] = None,
     period: Annotated[str, typer.Option("--period", help="total | day (UTC)")] = "total",
+    admin: Annotated[str, typer.Option("--as", help="Budget admin name")] = "operator",
+    key_file: Annotated[Path | None, typer.Option(
+        "--key", help="Sign the change with this private key (NAME.key from `keys new`)")
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object")] = False,
 ) -> None:
-    """Start the ledger of KEY with these limits, or change them (spent and reserved stay)."""
+    """Start the ledger of KEY with these limits, or change them (spent and reserved stay).
+    Where the workers have approver keys, only a budget admin's signed change counts."""
     from boundloop.budgets import set_budget
+    from boundloop.cli.approvals import load_signer
     from boundloop.core.budget import BudgetLimits
+    from boundloop.errors import BudgetRefused
 
     settings = load_settings()
     _budget_key(key)
+    signer = load_signer(admin, key_file)
     try:
         limits = BudgetLimits.model_validate({"usd": usd, "tokens": tokens, "period": period})
     except ValidationError as exc:
@@ -71,8 +80,10 @@ def budget_set(
         client = await connect(settings)
         try:
             view = await asyncio.wait_for(
-                set_budget(client, key, limits, task_queue=settings.task_queue),
-                UPDATE_TIMEOUT)
+                set_budget(client, key, limits, task_queue=settings.task_queue,
+                           signer=signer), UPDATE_TIMEOUT)
+        except BudgetRefused as exc:
+            raise fail(str(exc), ExitCode.FAILED) from None
         except TimeoutError:
             raise fail(f"no worker answered within {UPDATE_TIMEOUT:g} s: is `boundloop "
                        f"worker` running on task queue {settings.task_queue!r}? (the ledger "

@@ -76,7 +76,8 @@ class LedgerState(BaseModel):
     runs holding a reservation, not with the runs that ever spent."""
 
     key: str
-    limits: BudgetLimits
+    #: None: no limits set yet (every reservation is refused until they are).
+    limits: BudgetLimits | None
     period: str = "total"  # "total", or the UTC date the spent figures belong to
     spent: Amount = Field(default_factory=Amount)
     reservations: dict[str, Reservation] = Field(default_factory=dict)
@@ -86,6 +87,9 @@ class LedgerState(BaseModel):
     # again after continue-as-new aborted it) is not counted twice.
     refusing: dict[str, int] = Field(default_factory=dict)
     refused: int = 0
+    #: nonce -> signed_at of the signed limit changes applied lately: a signature
+    #: replayed while it is still valid changes nothing.
+    nonces: dict[str, int] = Field(default_factory=dict)
 
 
 def worst_case(price: Price | None, input_tokens: int, max_output_tokens: int) -> Amount:
@@ -118,8 +122,8 @@ def settlement(reserved: Amount, tokens: int, usd: float, usage_known: bool) -> 
     return Amount(usd=usd, tokens=tokens) if usage_known else reserved
 
 
-def period_of(limits: BudgetLimits, today: str) -> str:
-    return today if limits.period == "day" else "total"
+def period_of(limits: BudgetLimits | None, today: str) -> str:
+    return today if limits is not None and limits.period == "day" else "total"
 
 
 def roll(state: LedgerState, today: str) -> None:
@@ -143,6 +147,8 @@ def left(state: LedgerState) -> Amount:
     """What is left after spending and open reservations (negative when over)."""
     held = reserved(state)
     lim = state.limits
+    if lim is None:
+        return Amount()
     return Amount(usd=(lim.usd - state.spent.usd - held.usd) if lim.usd is not None else 0.0,
                   tokens=(lim.tokens - state.spent.tokens - held.tokens)
                   if lim.tokens is not None else 0)
@@ -163,18 +169,9 @@ def reserve(state: LedgerState, run: str, step: int, amount: Amount, today: str,
         return Grant(granted=True)  # a late duplicate of a step already settled
     others = reserved(state, excluding=run)
     lim = state.limits
-    problems: list[str] = []
-    if lim.usd is not None and not priced:
-        problems.append(f"USD budget {lim.usd:g}{_per(lim)}: the run's model has no price "
-                        "in its price table, so its cost cannot be counted")
-    if lim.usd is not None and state.spent.usd + others.usd + amount.usd > lim.usd:
-        problems.append(
-            f"USD budget {lim.usd:g}{_per(lim)}: spent {state.spent.usd:.6f}, reserved by "
-            f"other runs {others.usd:.6f}, this request needs up to {amount.usd:.6f}")
-    if lim.tokens is not None and state.spent.tokens + others.tokens + amount.tokens > lim.tokens:
-        problems.append(
-            f"token budget {lim.tokens}{_per(lim)}: spent {state.spent.tokens}, reserved by "
-            f"other runs {others.tokens}, this request needs up to {amount.tokens}")
+    problems = (["it has no limits set yet (boundloop budget set "
+                 f"{state.key} --usd AMOUNT)"] if lim is None
+                else _over(lim, state, others, amount, priced))
     if problems:
         if state.refusing.get(run) != step:
             state.refusing[run] = step
@@ -185,6 +182,24 @@ def reserve(state: LedgerState, run: str, step: int, amount: Amount, today: str,
     # the new one replaces it.
     state.reservations[run] = Reservation(run=run, step=step, amount=amount)
     return Grant(granted=True)
+
+
+def _over(lim: BudgetLimits, state: LedgerState, others: Amount, amount: Amount,
+          priced: bool) -> list[str]:
+    problems: list[str] = []
+    if lim.usd is not None and not priced:
+        problems.append(f"USD budget {lim.usd:g}{_per(lim)}: the run's model has no price "
+                        "in its price table, so its cost cannot be counted")
+    if lim.usd is not None and state.spent.usd + others.usd + amount.usd > lim.usd:
+        problems.append(
+            f"USD budget {lim.usd:g}{_per(lim)}: spent {state.spent.usd:.6f}, reserved by "
+            f"other runs {others.usd:.6f}, this request needs up to {amount.usd:.6f}")
+    if (lim.tokens is not None
+            and state.spent.tokens + others.tokens + amount.tokens > lim.tokens):
+        problems.append(
+            f"token budget {lim.tokens}{_per(lim)}: spent {state.spent.tokens}, reserved by "
+            f"other runs {others.tokens}, this request needs up to {amount.tokens}")
+    return problems
 
 
 def settle(state: LedgerState, run: str, step: int, actual: Amount, today: str) -> None:

@@ -22,7 +22,7 @@ from boundloop.core.rules import TOOL_PATTERN, ArgumentRule
 from boundloop.core.signatures import ApproverName, PublicKeyText
 
 __all__ = ["Admission", "BudgetRule", "OperatorLimits", "OperatorPolicy", "Refusal",
-           "ToolDeclared", "ToolPolicy", "resolve"]
+           "ToolDeclared", "ToolPolicy", "budget_admin_keys", "resolve"]
 
 ToolGlob = Annotated[str, Field(pattern=TOOL_PATTERN)]
 #: The Limits fields that take a ceiling: the numeric ones.
@@ -50,12 +50,15 @@ class ToolPolicy(BaseModel):
 
 class BudgetRule(BaseModel):
     """Which shared budget runs spend from: `key` fixed (a run naming another is refused),
-    `required` (a run naming none is refused)."""
+    `required` (a run naming none is refused); and who may change budgets: `admins`,
+    approvers whose signed `budget set` counts (with approver keys configured, only
+    theirs does)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     key: Annotated[str, Field(pattern=BUDGET_KEY_PATTERN)] | None = None
     required: bool = False
+    admins: list[ApproverName] = Field(default_factory=list)
 
 
 class OperatorLimits(BaseModel):
@@ -114,6 +117,20 @@ class OperatorPolicy(BaseModel):
 
     def allows(self, tool: str) -> bool:
         return self.tools is None or any(fnmatch.fnmatchcase(tool, p) for p in self.tools)
+
+
+def budget_admin_keys(policy: OperatorPolicy | None,
+                      worker_keys: Mapping[str, str]) -> dict[str, str] | None:
+    """The budget admins' public keys (only their signed changes set a budget's limits),
+    or None where no approver key is configured (namespace access sets them). Raises
+    ValueError naming an admin without a key."""
+    keys = {**worker_keys, **(policy.approver_keys if policy else {})}
+    admins = policy.budget.admins if policy else []
+    missing = [name for name in admins if name not in keys]
+    if missing:
+        raise ValueError(f"budget.admins: {', '.join(missing)} has no approver key (give "
+                         "each admin one in [approver_keys] or BOUNDLOOP_APPROVER_KEYS)")
+    return {name: keys[name] for name in admins} if keys else None
 
 
 @dataclass(frozen=True)

@@ -144,8 +144,6 @@ def problem(ctx: Context, *, call_id: str, step: int, fingerprint: str, approve:
             signature: Signature | None, remember: Remember | None = None) -> str | None:
     """Why the decision's signature does not hold, or None. With no keys configured,
     decisions are not signed and nothing is checked."""
-    from cryptography.exceptions import InvalidSignature
-
     if not ctx.keys:
         return None
     who = preview(approver, 60)
@@ -155,24 +153,75 @@ def problem(ctx: Context, *, call_id: str, step: int, fingerprint: str, approve:
     text = ctx.keys.get(approver)
     if text is None:
         return f"approver {who!r} has no public key configured for this run"
-    age = ctx.now.timestamp() - signature.signed_at
+    signed = message(workflow_id=ctx.workflow_id, call_id=call_id, step=step,
+                     fingerprint=fingerprint, approve=approve, approver=approver,
+                     arguments=arguments, reason=reason, signed_at=signature.signed_at,
+                     remember=remember)
+    return _verified(text, signature, signed, ctx.now, who,
+                     "decision (another key, run, call, decision, edited arguments or "
+                     "remembered grant)")
+
+
+def _verified(key: str, signature: Signature, signed: bytes, now: datetime, who: str,
+              what: str, clock: str = "run's") -> str | None:
+    """Why `signature` is not a fresh signature by `key` over `signed`, or None."""
+    from cryptography.exceptions import InvalidSignature
+
+    age = now.timestamp() - signature.signed_at
     if age > MAX_AGE_SECONDS:
         return (f"the signature is {age:.0f} s old: a signed decision is valid for "
                 f"{MAX_AGE_SECONDS} s (sign it again)")
     if -age > MAX_SKEW_SECONDS:
-        return (f"the signature is dated {-age:.0f} s ahead of the run's clock (at most "
+        return (f"the signature is dated {-age:.0f} s ahead of the {clock} clock (at most "
                 f"{MAX_SKEW_SECONDS} s is allowed): check the signer's clock")
     try:
         raw = base64.b64decode(signature.value, validate=True)
     except (binascii.Error, ValueError):
         return "the signature is not valid base64"
-    signed = message(workflow_id=ctx.workflow_id, call_id=call_id, step=step,
-                     fingerprint=fingerprint, approve=approve, approver=approver,
-                     arguments=arguments, reason=reason, signed_at=signature.signed_at,
-                     remember=remember)
     try:
-        public_key(text).verify(raw, signed)
+        public_key(key).verify(raw, signed)
     except InvalidSignature:
-        return (f"the signature is not {who}'s over this decision (another key, run, call, "
-                "decision, edited arguments or remembered grant)")
+        return f"the signature is not {who}'s over this {what}"
     return None
+
+
+# --- budget limits ---------------------------------------------------------------------
+
+#: Names the message of a budget change (never valid as an approval decision's).
+BUDGET_PURPOSE = "boundloop budget limits v1"
+
+
+def budget_message(*, namespace: str, key: str, limits: Mapping[str, Any], admin: str,
+                   nonce: str, signed_at: int) -> bytes:
+    """The bytes a budget admin signs to set `key`'s limits in `namespace`: another key,
+    namespace or limits, or the same change applied twice (the ledger keeps the nonces
+    it applied while they are valid), never verifies."""
+    body = {"purpose": BUDGET_PURPOSE, "namespace": namespace, "budget": key,
+            "limits": dict(limits), "admin": admin, "nonce": nonce, "signed_at": signed_at}
+    return canonical_json(body).encode("utf-8", "surrogatepass")
+
+
+def unsigned_budget_change(admins: Mapping[str, str], key: str) -> str:
+    """Why an unsigned change of `key`'s limits is refused where approver keys are set."""
+    return (f"budget {key!r} refused the change: its workers have approver keys, so only a "
+            "change signed by a budget admin "
+            f"({', '.join(admins) or 'none configured: [budget] admins in the policy'}) "
+            f"counts: `boundloop budget set {key} … --as NAME --key NAME.key`")
+
+
+def budget_problem(admins: Mapping[str, str], *, namespace: str, key: str,
+                   limits: Mapping[str, Any], admin: str, nonce: str, signature: Signature,
+                   now: datetime, applied: Mapping[str, int]) -> str | None:
+    """Why a signed change of `key`'s limits does not hold, or None. `admins`: the budget
+    admins' public keys by name; `applied`: the nonces the ledger applied."""
+    who = preview(admin, 60)
+    text = admins.get(admin)
+    if text is None:
+        return (f"{who!r} is not a budget admin of this worker (budget admins: "
+                f"{', '.join(admins) or 'none'})")
+    if nonce in applied:
+        return "this signed change was applied already (a signature counts once)"
+    signed = budget_message(namespace=namespace, key=key, limits=limits, admin=admin,
+                            nonce=nonce, signed_at=signature.signed_at)
+    return _verified(text, signature, signed, now, who,
+                     "budget change (another budget, namespace or limits)", "ledger's")

@@ -1,4 +1,5 @@
-"""What each task queue serves in this process: its toolset and approver keys.
+"""What each task queue serves in this process: its toolset, approver keys and budget
+admins.
 
 A worker registers them for its task queue (the boundloop plugin does it when the worker
 is built, and removes them when the worker stops); the workflow, which runs in
@@ -27,10 +28,14 @@ class Served:
     toolset: Toolset[Any]
     #: approver name -> Ed25519 public key (`ed25519:BASE64`); empty: none configured.
     approver_keys: Mapping[str, str] = field(default_factory=dict)
+    #: Budget admin name -> public key: only their signed changes set a budget's limits.
+    #: None: no approver keys configured, namespace access sets them.
+    budget_admins: Mapping[str, str] | None = None
 
     def same_as(self, other: Served) -> bool:
         return (self.toolset is other.toolset
-                and dict(self.approver_keys) == dict(other.approver_keys))
+                and dict(self.approver_keys) == dict(other.approver_keys)
+                and self.budget_admins == other.budget_admins)
 
 
 #: task queue (None: any, for a Replayer) -> (what it serves, how many workers registered it)
