@@ -14,7 +14,7 @@ import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import TypeAdapter
+from pydantic import TypeAdapter, ValidationError
 from temporalio.api.operatorservice.v1 import ListSearchAttributesRequest
 from temporalio.client import (
     Client,
@@ -58,7 +58,7 @@ from boundloop.core.limits import Limits, Policy
 from boundloop.core.loop import Approval, Event
 from boundloop.core.mcp_tools import MCPToolDeclaration
 from boundloop.core.session import SessionLimits
-from boundloop.settings import Settings
+from boundloop.settings import Settings, one_line
 from boundloop.stuck import stuck_line
 from boundloop.tools.registry import Toolset
 
@@ -162,24 +162,25 @@ class Run:
         with approver keys accepts only that). With `remember`, later calls of the same
         tool in this run (those whose arguments meet `when`, a condition as in argument
         rules) are approved without asking; a deny rule still denies them. Raises
-        DecisionRefused when the run refuses the decision."""
-        await self._decide(Decision(call_id=call_id, approve=True,
-                                    approver=_approver(approver, signer), arguments=args,
-                                    remember=remember, when=when),
-                           signer)
+        InvalidDecision (nothing sent) for a decision malformed in itself, DecisionRefused
+        when the run refuses it."""
+        await self.decide(approval(call_id, approver=approver, args=args, signer=signer,
+                                   remember=remember, when=when), signer)
 
     async def reject(self, call_id: str, *, reason: str, approver: str | None = None,
                      signer: Signer | None = None) -> None:
         """Reject a pending call: it never runs; the model reads `reason`. `signer` as for
-        `approve`. Raises DecisionRefused when the run refuses the decision."""
-        await self._decide(Decision(call_id=call_id, approve=False,
-                                    approver=_approver(approver, signer), reason=reason),
-                           signer)
+        `approve`. Raises InvalidDecision or DecisionRefused as `approve` does."""
+        await self.decide(rejection(call_id, reason=reason, approver=approver,
+                                    signer=signer), signer)
 
-    async def _decide(self, decision: Decision, signer: Signer | None = None) -> None:
-        """Through the validated `decide` update; to a run whose workflow task keeps
-        failing (the server refuses it updates), as the `approve`/`reject` signal, which
-        the run checks the same way once a healthy worker serves it (RunStuck)."""
+    async def decide(self, decision: Decision, signer: Signer | None = None) -> None:
+        """Send a decision made by `approval` or `rejection` (signed here with `signer`,
+        whose name must be the decision's approver): through the validated `decide`
+        update; to a run whose workflow task keeps failing (the server refuses it
+        updates), as the `approve`/`reject` signal, which the run checks the same way once
+        a healthy worker serves it (RunStuck). Raises DecisionRefused when the run refuses
+        it."""
         line = await self._stuck()
         if line is not None and signer is not None:
             # No worker can show the call while the task fails: nothing to sign over.
@@ -277,6 +278,36 @@ class Run:
         """Temporal's description of the run (status, type, task queue, search
         attributes): the server answers it, no worker needed. Raises RunNotFound."""
         return await describe(self.handle)
+
+
+def approval(call_id: str, *, approver: str | None = None,
+             args: dict[str, Any] | None = None, signer: Signer | None = None,
+             remember: bool = False, when: str | None = None) -> Decision:
+    """An approval (arguments as for `Run.approve`), checked in itself before anything is
+    sent: raises InvalidDecision, saying what is wrong in one line."""
+    return _checked(lambda: Decision(call_id=call_id, approve=True,
+                                     approver=_approver(approver, signer), arguments=args,
+                                     remember=remember, when=when))
+
+
+def rejection(call_id: str, *, reason: str, approver: str | None = None,
+              signer: Signer | None = None) -> Decision:
+    """A rejection (arguments as for `Run.reject`), checked like `approval`."""
+    return _checked(lambda: Decision(call_id=call_id, approve=False,
+                                     approver=_approver(approver, signer), reason=reason))
+
+
+def _checked(make: Callable[[], Decision]) -> Decision:
+    try:
+        decision = make()
+    except ValidationError as exc:  # a field out of bounds (an approver name too long, ...)
+        raise errors.InvalidDecision(one_line(exc)) from None
+    except ValueError as exc:  # an approver other than the signer
+        raise errors.InvalidDecision(str(exc)) from None
+    problem = approvals.form_problem(decision)
+    if problem is not None:
+        raise errors.InvalidDecision(problem)
+    return decision
 
 
 def _approver(approver: str | None, signer: Signer | None) -> str:

@@ -85,6 +85,11 @@ class RunStuck(BoundloopError):
         self.recorded = recorded
 
 
+class InvalidDecision(BoundloopError, ValueError):
+    """A decision malformed in itself (a `when` without `remember`, a condition that does
+    not parse, a name or reason too long): refused before it is sent; nothing changed."""
+
+
 class SessionRefused(BoundloopError):
     """The session refused a message (a turn is still running); nothing changed. The
     message says why."""

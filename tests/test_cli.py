@@ -335,3 +335,23 @@ async def test_exit_codes_are_one_table(temporal: Client, tmp_path: Path) -> Non
         assert code == 4, (args, out, err)
         assert "cannot reach Temporal at 127.0.0.1:1 (connection refused)" in err, (args, err)
         assert "Traceback" not in err
+
+
+async def test_a_malformed_decision_is_refused_before_connecting(tmp_path: Path) -> None:
+    """What the decision itself gets wrong is said in one line, exit 2, without Temporal
+    (nothing listens on 127.0.0.1:1: a connection error would mean it was sent)."""
+    away = env_for(None, tmp_path)
+    cases = [
+        (["approve", "r", "c1", "--when", 'priority != "high"'],
+         "a `when` condition is only accepted with `remember`"),
+        (["approve", "r", "c1", "--remember", "--when", "priority >"], "condition 'priority >'"),
+        (["approve", "r", "c1", "--remember", "--when", "x" * 501], "when: String should have"),
+        (["approve", "r", "c1", "--as", "a" * 101], "approver: String should have"),
+        (["approve", "r", "", "--as", "alice"], "call_id: String should have"),
+        (["reject", "r", "c1", "--reason", "r" * 1001], "reason: String should have"),
+    ]
+    for args, message in cases:
+        code, out, err = await cli(*args, env=away)
+        assert code == 2, (args, out, err)
+        assert err.startswith("error: invalid decision: ") and message in err, (args, err)
+        assert len(err.strip().splitlines()) == 1 and "Temporal" not in err, (args, err)

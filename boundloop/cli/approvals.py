@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from pydantic import ValidationError
 from temporalio.client import (
     WorkflowUpdateRPCTimeoutOrCancelledError,
 )
@@ -26,8 +25,9 @@ from boundloop.cli.common import (
     json_object,
     load_settings,
     print_pending_table,
-    validation_lines,
 )
+from boundloop.contracts import Decision
+from boundloop.errors import InvalidDecision
 from boundloop.exit_codes import ExitCode
 from boundloop.terminal import console, safe
 
@@ -46,17 +46,20 @@ def load_signer(approver: str, key: Path | None) -> Any:
         raise fail(str(exc)) from None
 
 
-def _decide(run_id: str, call_id: str, verb: str,
-            decide: Callable[[ops.Run], Coroutine[Any, Any, None]], signer: Any = None) -> None:
-    """Send one decision with `decide(run)` (Run.approve or Run.reject) and print it."""
+def _decide(run_id: str, verb: str, make: Callable[[], Decision], signer: Any = None) -> None:
+    """Send the decision `make()` builds and print it. A decision malformed in itself
+    is refused before connecting (nothing was sent)."""
+    try:
+        decision = make()
+    except InvalidDecision as exc:
+        raise fail(f"invalid decision: {exc}") from None
     settings = load_settings()
 
     async def go() -> None:
-        deciding = decide(await ops.get_run(await connect(settings), run_id))
+        deciding = (await ops.get_run(await connect(settings), run_id)).decide(decision,
+                                                                                signer)
         try:
             await asyncio.wait_for(deciding, timeout=UPDATE_TIMEOUT)
-        except ValidationError as exc:  # the decision itself (a reason too long, ...)
-            raise fail("invalid decision:\n" + validation_lines(exc)) from None
         except (TimeoutError, WorkflowUpdateRPCTimeoutOrCancelledError):
             # (A run whose workflow task fails raises RunStuck: exit 6, decision recorded.)
             # The server keeps an update it could not deliver until a worker takes the run
@@ -65,7 +68,7 @@ def _decide(run_id: str, call_id: str, verb: str,
                        "worker` running?); the decision may still take effect when a worker "
                        f"picks up the run: check `boundloop status {run_id}` before deciding "
                        "again", ExitCode.FAILED) from None
-        console.print(f"{safe(call_id)}: {verb}"
+        console.print(f"{safe(decision.call_id)}: {verb}"
                       + (f" (signed by {safe(signer.name)})" if signer is not None else ""))
 
     _run(go())
@@ -89,7 +92,7 @@ def approve(run_id: str, call_id: str,
     rest of the run)."""
     edited = json_object("--args", args) if args is not None else None
     signer = load_signer(approver, key)
-    _decide(run_id, call_id, "approved", lambda run: run.approve(
+    _decide(run_id, "approved", lambda: ops.approval(
         call_id, approver=approver, args=edited, signer=signer, remember=remember,
         when=when), signer)
 
@@ -101,7 +104,7 @@ def reject(run_id: str, call_id: str,
            key: KeyOption = None) -> None:
     """Reject a pending call; the model is told not to retry it."""
     signer = load_signer(approver, key)
-    _decide(run_id, call_id, "rejected", lambda run: run.reject(
+    _decide(run_id, "rejected", lambda: ops.rejection(
         call_id, reason=reason, approver=approver, signer=signer), signer)
 
 

@@ -37,7 +37,13 @@ from boundloop.console import html as h
 from boundloop.contracts import SESSION_WORKFLOW, RunResult, RunStatus, SessionStatus
 from boundloop.core.loop import Approval, Event
 from boundloop.core.reasons import StopReason
-from boundloop.errors import DecisionRefused, RunEnded, RunNotFound, SessionRefused
+from boundloop.errors import (
+    DecisionRefused,
+    InvalidDecision,
+    RunEnded,
+    RunNotFound,
+    SessionRefused,
+)
 
 if TYPE_CHECKING:
     from boundloop.signing import Signer
@@ -526,7 +532,7 @@ async def decide(request: Request, console: Console, who: auth.SignedIn) -> Resp
         else:
             return _back(back, error="unknown action")
         await asyncio.wait_for(deciding, timeout=DECISION_TIMEOUT)
-    except (DecisionRefused, RunEnded, RunNotFound) as exc:
+    except (DecisionRefused, InvalidDecision, RunEnded, RunNotFound) as exc:
         return _back(back, error=f"refused: {exc}")
     except (TimeoutError, WorkflowUpdateFailedError, RPCError) as exc:
         why = ("no worker took the decision in time; it may still apply: look before "

@@ -117,9 +117,7 @@ def check(state: LoopState, decision: DecisionLike, rules: dict[str, ToolRule],
     grant_problem = _grant_problem(approval, decision)
     if grant_problem is not None:
         return grant_problem
-    if decision.arguments is not None:
-        if not decision.approve:
-            return "edited arguments are only accepted with an approval"
+    if decision.arguments is not None:  # an approval's (form_problem refused the rest)
         rule = rules[approval.tool]
         if rule.args_model is None:  # a JSON schema tool (MCP)
             assert rule.check is not None
@@ -133,13 +131,28 @@ def check(state: LoopState, decision: DecisionLike, rules: dict[str, ToolRule],
     return None
 
 
-def _grant_problem(approval: Approval, decision: DecisionLike) -> str | None:
+def form_problem(decision: DecisionLike) -> str | None:
+    """What a decision gets wrong in itself, whatever call it decides, or None: a `when`
+    without `remember`, `remember` or edited arguments on a rejection, a `when` that does
+    not parse. The client checks it before sending; `check` again (the same words)."""
     if decision.when is not None and not decision.remember:
         return "a `when` condition is only accepted with `remember`"
-    if not decision.remember:
-        return None
-    if not decision.approve:
+    if decision.remember and not decision.approve:
         return "`remember` is only accepted with an approval"
+    if decision.arguments is not None and not decision.approve:
+        return "edited arguments are only accepted with an approval"
+    if decision.when is not None:
+        try:
+            argument_rules.parse_condition(decision.when)
+        except argument_rules.ConditionError as exc:
+            return f"remember: condition {preview(decision.when, 100)!r}: {exc}"
+    return None
+
+
+def _grant_problem(approval: Approval, decision: DecisionLike) -> str | None:
+    problem = form_problem(decision)
+    if problem is not None or not decision.remember:
+        return problem
     try:
         grant = _grant(approval, decision)
     except ValueError as exc:
