@@ -62,6 +62,9 @@ class Carried(BaseModel):
     processing_seconds: float = 0.0
     #: The run's live stream (its items and publishers), handed to the next run.
     stream: WorkflowStreamState | None = Field(default=None, exclude_if=_none)
+    #: The function tools' rules the run was admitted with (`Admission.tools`): the next
+    #: run decides a tool its worker no longer serves by these, as the first one does.
+    tools: list[MCPToolDeclaration] = Field(default_factory=list, exclude_if=_empty)
 
 
 class RunInput(BaseModel):

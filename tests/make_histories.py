@@ -252,9 +252,32 @@ LEDGERS: dict[str, Callable[[Cluster, Path], Awaitable[WorkflowHandle[Any, Any]]
 }
 
 
+# A run that continues as new (a server suggesting it after 12 events) after its first
+# step: the first run's history hands the admitted tool rules on (`carried-rules`).
+RUNS["carried_rules"] = ([
+    resp(call("lookup_stock", {"sku": "A-001"}, "c1"), rid="cr1"),
+    resp(call("create_ticket", TICKET, "c2"), rid="cr2"),
+    answer("チケットを作成しました。", rid="cr3"),
+], approve_by_signal)
+#: The histories recorded on a server that suggests continue-as-new early: the file is
+#: the first run's history (it ends continued as new).
+CONTINUED = {"carried_rules"}
+CONTINUE_AS_NEW_FLAGS = ["--dynamic-config-value", "limit.historyCount.suggestContinueAsNew=12"]
+
+
 async def record(tmp: Path, names: list[str]) -> None:
     CURRENT.mkdir(parents=True, exist_ok=True)
-    async with cluster(tmp, queue="histories") as c:
+    plain = [n for n in names if n not in CONTINUED]
+    if plain:
+        await record_on(tmp / "plain", plain)
+    continued = [n for n in names if n in CONTINUED]
+    if continued:
+        await record_on(tmp / "continued", continued, CONTINUE_AS_NEW_FLAGS)
+
+
+async def record_on(tmp: Path, names: list[str], flags: list[str] | None = None) -> None:
+    tmp.mkdir(parents=True, exist_ok=True)
+    async with cluster(tmp, queue="histories", server_flags=flags or ()) as c:
         c.start_worker()
         for name in names:
             if name in LEDGERS:
@@ -273,6 +296,10 @@ async def record(tmp: Path, names: list[str]) -> None:
                                        policy=POLICIES.get(name))
             await act(c, handle)
             result = await result_of(handle)
+            if name in CONTINUED:
+                assert c.client is not None
+                handle = c.client.get_workflow_handle(
+                    handle.id, run_id=handle.first_execution_run_id, result_type=RunResult)
             history = await handle.fetch_history()
             (CURRENT / f"{name}.json").write_text(history.to_json() + "\n", encoding="utf-8")
             print(f"{name}: {result.reason.value}, {len(history.events)} events")

@@ -21,7 +21,7 @@ import signal
 import subprocess
 import sys
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -65,10 +65,11 @@ class Cluster:
     """One dev server, one scripted model server, worker processes on one task queue."""
 
     def __init__(self, tmp: Path, *, tools_target: str = CRASH_TOOLS, queue: str | None = None,
-                 ) -> None:
+                 server_flags: Sequence[str] = ()) -> None:
         self.tmp = tmp
         self.data_dir = tmp / "data"
-        self.server = DevServer(tmp / "temporal", port=free_port(), ui_port=None)
+        self.server = DevServer(tmp / "temporal", port=free_port(), ui_port=None,
+                                extra_flags=server_flags)
         self.model = ScriptedModelServer([])
         self.queue = queue or f"crash-{uuid.uuid4().hex[:8]}"
         self.tools_target = tools_target
@@ -158,8 +159,9 @@ class Cluster:
 
 @asynccontextmanager
 async def cluster(tmp: Path, *, tools_target: str = CRASH_TOOLS,
-                  queue: str | None = None) -> AsyncIterator[Cluster]:
-    c = Cluster(tmp, tools_target=tools_target, queue=queue)
+                  queue: str | None = None, server_flags: Sequence[str] = (),
+                  ) -> AsyncIterator[Cluster]:
+    c = Cluster(tmp, tools_target=tools_target, queue=queue, server_flags=server_flags)
     try:
         yield await c.start()
     finally:

@@ -92,6 +92,9 @@ WITHDRAWN_ON_STOP = "withdrawn-on-stop"
 #: The patch under which a run is first admitted under its worker's operator policy
 #: (the `admit_run` local activity, recorded once; docs/security.md).
 OPERATOR_POLICY = "operator-policy"
+#: The patch under which continue-as-new hands the admitted tool rules to the next run
+#: (before it, the next run read them from its worker's toolset: a rename stranded it).
+CARRIED_RULES = "carried-rules"
 
 
 def _worker_lost(counted: list[str]) -> RetryPolicy:
@@ -152,6 +155,9 @@ class BoundLoopWorkflow:
                                    if t not in self._unknown and t not in self._mcp]),
             **{name: mcp_tools.tool_rule(d) for name, d in self._mcp.items()}}
         carried = inp.carried
+        # The rules the run was admitted with, handed on by continue-as-new.
+        self._admitted = list(carried.tools) if carried is not None else []
+        self._keep_admitted()
         if carried is not None:
             self._state = carried.state
             self._unsent: list[Item] = list(carried.unsent)
@@ -273,14 +279,20 @@ class BoundLoopWorkflow:
                 *[r.model_dump() for r in admission.refusals],
                 type=errors.POLICY_REFUSED, non_retryable=True)
         self._state.settings = admission.settings
-        # A tool this worker no longer serves keeps the rules it was admitted with.
-        for declared in admission.tools:
-            if declared.name in self._unknown:
-                self._rules[declared.name] = mcp_tools.tool_rule(declared)
+        self._admitted = list(admission.tools)
+        self._keep_admitted()
         self._unknown = []
         served = catalog.served_on(workflow.info().task_queue)
         self._keys = signatures.run_keys(served.approver_keys,
                                          self._state.policy.approver_keys)
+
+    def _keep_admitted(self) -> None:
+        """A tool this worker no longer serves keeps the rules it was admitted with (its
+        tool activity then stops the run with `tool_unavailable`)."""
+        for declared in self._admitted:
+            if declared.name in self._unknown:
+                self._rules[declared.name] = mcp_tools.tool_rule(declared)
+        self._unknown = [t for t in self._unknown if t not in self._rules]
 
     async def _loop(self) -> StopReason | None:
         state = self._state
@@ -788,7 +800,8 @@ class BoundLoopWorkflow:
                                meta=self._sent)
         carried = Carried(state=self._state, base=base, unsent=self._wire_items(),
                           processing_seconds=self._processing_seconds(),
-                          stream=self._stream.get_state())
+                          stream=self._stream.get_state(),
+                          tools=self._admitted if workflow.patched(CARRIED_RULES) else [])
         return self._inp.model_copy(update={"carried": carried})
 
     def _result(self) -> RunResult:
