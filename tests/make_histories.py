@@ -178,6 +178,14 @@ RUNS: dict[str, tuple[list[dict[str, Any]], Act]] = {
     ], interrupt_during_request),
 }
 
+# Three steps, two tool executions: the search attributes upserted at the status changes
+# only (the sparse-upserts patch), not at every step.
+RUNS["sparse_upserts"] = ([
+    resp(call("lookup_stock", {"sku": "A-001"}, "q1"), rid="qr1"),
+    resp(call("lookup_stock", {"sku": "B-002"}, "q2"), rid="qr2"),
+    answer("A-001は12個、B-002は在庫切れです。", rid="qr3"),
+], nothing)
+
 #: name -> the run's policy, for the histories that need one.
 POLICIES: dict[str, Policy] = {
     # An argument rule asks for approval of a call its tool does not declare (approved).

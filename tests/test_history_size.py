@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 
+from temporalio.api.enums.v1 import EventType
+
+from boundloop import search_attributes as sa
 from boundloop.core.limits import Limits
 from tests.conftest import Outcome, RunScript
 from tests.scripts import answer, call, outputs, resp
@@ -47,3 +50,21 @@ async def test_outputs_the_workflow_writes_travel_inline(run_script: RunScript) 
     out = await run_script([resp(call("lookup_stock", '{"sku": "bad"}', "c1")),
                             answer("ok")])
     assert outputs(out.bodies[1])["c1"]["status"] == "invalid_input"
+
+
+async def test_search_attributes_are_upserted_when_the_status_changes_not_every_step(
+        run_script: RunScript) -> None:
+    """Each upsert is a history event: a 4-step run upserts when it starts running and
+    when it ends (the counts ride along), not once per step."""
+    out = await run_script([resp(call("lookup_stock", {"sku": f"A-00{i}"}, f"c{i}"))
+                            for i in range(1, 4)] + [answer("ok")],
+                           limits=Limits(max_steps=6))
+    assert (out.result.reason, out.result.steps) == ("completed", 4)
+    upserts = [e async for e in out.handle.fetch_history_events()
+               if e.event_type == EventType.EVENT_TYPE_UPSERT_WORKFLOW_SEARCH_ATTRIBUTES
+               and sa.STATUS.name in e.upsert_workflow_search_attributes_event_attributes
+               .search_attributes.indexed_fields]
+    assert len(upserts) == 2
+    attrs = (await out.handle.describe()).typed_search_attributes
+    assert (attrs.get(sa.STATUS), attrs.get(sa.STEPS), attrs.get(sa.TOOL_EXECUTIONS)) == (
+        "completed", 4, 3)

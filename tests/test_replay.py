@@ -98,6 +98,10 @@ def final_result(history: WorkflowHistory) -> dict[str, Any]:
     # Two calls waiting, one update with `remember`: both ran.
     ("remembered", "completed", {E.EVENT_TYPE_WORKFLOW_EXECUTION_UPDATE_COMPLETED: 1,
                                  E.EVENT_TYPE_ACTIVITY_TASK_COMPLETED: 4}),
+    # Three steps: the Boundloop attributes upserted twice (running, completed), beside
+    # the two patches' own upserts (operator-policy, sparse-upserts).
+    ("sparse_upserts", "completed", {E.EVENT_TYPE_UPSERT_WORKFLOW_SEARCH_ATTRIBUTES: 4,
+                                     E.EVENT_TYPE_MARKER_RECORDED: 3}),
     ("interrupted", "cancelled", {E.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED: 1,
                                   E.EVENT_TYPE_WORKFLOW_EXECUTION_CANCEL_REQUESTED: 0,
                                   E.EVENT_TYPE_ACTIVITY_TASK_COMPLETED: 1}),

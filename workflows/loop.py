@@ -95,6 +95,10 @@ OPERATOR_POLICY = "operator-policy"
 #: The patch under which continue-as-new hands the admitted tool rules to the next run
 #: (before it, the next run read them from its worker's toolset: a rename stranded it).
 CARRIED_RULES = "carried-rules"
+#: The patch under which the search attributes are upserted only when the status, stop
+#: reason or pending approvals change (the counters ride along; current details show
+#: them live): before it, every step's new count was one more event in history.
+SPARSE_UPSERTS = "sparse-upserts"
 
 
 def _worker_lost(counted: list[str]) -> RetryPolicy:
@@ -183,6 +187,7 @@ class BoundLoopWorkflow:
         self._turn_returned = False  # a model turn of this run is in history
         self._waited = 0.0  # approval waits of this run (excluded from processing time)
         self._published: tuple[object, ...] = ()
+        self._sparse_upserts = False  # SPARSE_UPSERTS, decided when the run starts
         self._refs: dict[str, str] = {}  # call_id -> idempotency key of its tool output
         self._started = workflow.now()
         self._cancel_reason: str | None = None
@@ -208,6 +213,8 @@ class BoundLoopWorkflow:
     @workflow.run
     async def run(self, inp: RunInput) -> RunResult:
         cancelled_first = False
+        # Asked first, so its marker goes in the first workflow task with the others.
+        self._sparse_upserts = inp.search_attributes and workflow.patched(SPARSE_UPSERTS)
         if inp.carried is None and workflow.patched(OPERATOR_POLICY):
             # The admission (in history) says which tools were unknown when it started.
             try:
@@ -753,14 +760,18 @@ class BoundLoopWorkflow:
     def _publish(self, attributes: bool = True) -> None:
         """Search attributes and current details for the Web UI.
 
-        Each upsert is an event in history: upsert only when a value changed, and not
-        after every tool execution (current details, which cost no history, show it).
+        Each upsert is an event in history: upsert only when the status, stop reason or
+        pending approvals changed; the step and tool-execution counts go with it (so they
+        are exact from the run's end), and current details, which cost no history, show
+        them live.
         """
         s = self._state
         self._stream_events()
         pending = approvals.pending_count(s)
         status = self._status()
-        values = (status, s.reason, s.steps, s.tool_executions, pending)
+        values: tuple[object, ...] = (status, s.reason, s.steps, s.tool_executions, pending)
+        if self._sparse_upserts:
+            values = values[:2] + values[4:]
         if attributes and self._inp.search_attributes and values != self._published:
             self._published = values
             workflow.upsert_search_attributes([
