@@ -40,7 +40,7 @@ class Admissions:
         served = self.toolset.names()
         unknown = [t for t in req.tools if t not in mcp and t not in served]
         if unknown:
-            return Admission(unknown=unknown)
+            return Admission(unknown=unknown, served=served)
         specs = [self.toolset.get(t) for t in req.tools if t not in mcp]
         tools = [MCPToolDeclaration(
             name=s.name, server="boundloop", remote_name=s.name, description="",

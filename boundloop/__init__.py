@@ -69,6 +69,7 @@ from boundloop.errors import (
     ToolDefinitionError,
     ToolFailure,
     TransientToolError,
+    UnknownTools,
 )
 from boundloop.logs import configure as configure_logging
 from boundloop.process import run_client
@@ -145,6 +146,7 @@ __all__ = [
     "ToolStatus",
     "Toolset",
     "TransientToolError",
+    "UnknownTools",
     "Worker",
     "configure_logging",
     "connect",

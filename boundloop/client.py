@@ -579,6 +579,8 @@ async def result_of(handle: WorkflowHandle[Any, Any]) -> RunResult:
         if (isinstance(cause, ApplicationError) and cause.type == errors.RUN_STOPPED
                 and cause.details):
             return RunResult.model_validate(cause.details[0])
+        if isinstance(cause, ApplicationError) and cause.type == errors.UNKNOWN_TOOLS:
+            raise errors.UnknownTools(cause.message) from None
         if isinstance(cause, ApplicationError) and cause.type == errors.POLICY_REFUSED:
             raise errors.PolicyRefused(cause.message,
                                        [dict(d) for d in cause.details]) from None

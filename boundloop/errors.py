@@ -104,6 +104,11 @@ class RunEnded(BoundloopError):
     cancels; nothing changed. Its result is still there to read."""
 
 
+class UnknownTools(BoundloopError):
+    """The run named tools its worker does not serve: the worker refused it before any
+    model request. The message names them and the tools served."""
+
+
 class RunIdTaken(BoundloopError):
     """A run or session with this workflow id exists already (ids are never reused: they
     scope the idempotency keys of side effects)."""

@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from temporalio.client import WorkflowHandle
+from temporalio.client import WorkflowFailureError, WorkflowHandle
 
 from boundloop import client as ops
 from boundloop.budgets import set_budget
@@ -227,6 +227,13 @@ RUNS["admitted"] = ([
 ], approve_by_signal)
 
 
+#: name -> the tools a run names that its worker does not all serve: refused at admission
+#: (the unknown-tools-named marker), before any model request.
+REFUSED: dict[str, list[str]] = {
+    "unknown_tool": ["lookup_stock", "whisper"],
+}
+
+
 async def signed_ledger(c: Cluster, tmp: Path) -> WorkflowHandle[Any, Any]:
     """A budget ledger whose limits a budget admin set by a signed change (the worker's
     policy holds alice's key and makes her the budget admin): started without limits,
@@ -294,6 +301,17 @@ async def record_on(tmp: Path, names: list[str], flags: list[str] | None = None)
                                                       encoding="utf-8")
                 print(f"{name}: {len(history.events)} events")
                 continue
+            if name in REFUSED:
+                handle = await c.start_run([], workflow_id=workflow_id(name),
+                                           tools=REFUSED[name])
+                try:
+                    await handle.result()
+                except WorkflowFailureError as exc:
+                    print(f"{name}: {exc.cause}")
+                history = await handle.fetch_history()
+                (CURRENT / f"{name}.json").write_text(history.to_json() + "\n",
+                                                      encoding="utf-8")
+                continue
             turns, act = RUNS[name]
             if name in OPERATOR_POLICIES:
                 policy = tmp / f"{name}.policy.toml"
@@ -318,10 +336,11 @@ async def record_on(tmp: Path, names: list[str], flags: list[str] | None = None)
 
 
 def main(argv: list[str]) -> None:
-    names = argv or [*RUNS, *LEDGERS]
-    unknown = sorted(set(names) - set(RUNS) - set(LEDGERS))
+    known = [*RUNS, *LEDGERS, *REFUSED]
+    names = argv or known
+    unknown = sorted(set(names) - set(known))
     if unknown:
-        raise SystemExit(f"unknown histories {unknown}; known: {sorted([*RUNS, *LEDGERS])}")
+        raise SystemExit(f"unknown histories {unknown}; known: {sorted(known)}")
     with tempfile.TemporaryDirectory(prefix="boundloop-histories-") as tmp:
         asyncio.run(record(Path(tmp), names))
 

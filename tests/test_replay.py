@@ -173,3 +173,17 @@ async def test_a_replayed_ledger_answers_its_updates_as_recorded(name: str) -> N
     assert (await replayer.replay_workflow(history)).replay_failure is None
     assert recorded == REPLAYED
     assert any(r.get("granted") for r in recorded.values())
+
+
+def test_the_unknown_tool_history_is_refused_at_admission_in_a_sentence() -> None:
+    history = load(latest("unknown_tool"))
+    events = kinds(history)
+    # operator-policy, the admit_run local activity, unknown-tools-named; no model request.
+    assert events.count(E.EVENT_TYPE_MARKER_RECORDED) == 3
+    assert E.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED not in events
+    last = history.events[-1]
+    assert last.event_type == E.EVENT_TYPE_WORKFLOW_EXECUTION_FAILED
+    failure = last.workflow_execution_failed_event_attributes.failure
+    assert failure.application_failure_info.type == errors.UNKNOWN_TOOLS
+    assert failure.message.startswith(
+        "the worker on task queue 'histories' serves no tool named 'whisper' (it serves: ")

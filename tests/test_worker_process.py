@@ -188,3 +188,50 @@ def test_an_empty_setting_means_unset(monkeypatch: Any) -> None:
     settings = Settings()
     assert settings.openai_base_url is None and not settings.model_configured
     assert (settings.api, settings.temporal_address) == ("responses", "127.0.0.1:7233")
+
+
+USER_TOOLS = '''
+from boundloop import Toolset
+
+tools = Toolset()
+
+
+@tools.tool()
+def shout(text: str) -> str:
+    """The text in capitals."""
+    return text.upper()
+'''
+
+
+async def test_the_cli_starts_a_run_of_tools_only_its_worker_can_import(
+        temporal: Client, tmp_path: Path) -> None:
+    """`boundloop run --tools` needs no toolset on the client: the worker (which imports
+    it) checks the names, and refuses an unknown one in a sentence naming what it serves."""
+    from tests.test_cli import cli, env_for
+
+    (tmp_path / "desk").mkdir()
+    (tmp_path / "desk" / "desk_tools.py").write_text(USER_TOOLS, encoding="utf-8")
+    model = ScriptedModelServer([resp(call("shout", {"text": "hi"}, "c1")), answer("HI")])
+    queue = f"desk-{uuid.uuid4().hex[:8]}"
+    env = worker_env(tmp_path, TEMPORAL_ADDRESS=temporal.service_client.config.target_host,
+                     BOUNDLOOP_TASK_QUEUE=queue, OPENAI_BASE_URL=model.start(),
+                     OPENAI_API_KEY="sk-test-not-real", BOUNDLOOP_TOOLS="desk_tools:tools",
+                     PYTHONPATH=str(tmp_path / "desk"))
+    client_env = {**env_for(temporal, tmp_path), "BOUNDLOOP_TOOLS": "desk_tools:tools",
+                  "BOUNDLOOP_TASK_QUEUE": queue}
+    try:
+        with process([BOUNDLOOP, "worker"], env, tmp_path / "worker.log"):
+            await log_has(tmp_path / "worker.log", "worker started")
+            code, out, err = await cli("run", "shout hi", "--tools", "shout", "--model",
+                                       "scripted-model", "--wait", "--json", env=client_env)
+            assert code == 0, (out, err)
+            result = RunResult.model_validate_json(out)
+            assert (result.reason, result.tool_executions, result.text) == ("completed", 1, "HI")
+            code, out, err = await cli("run", "hi", "--tools", "shout,whisper", "--model",
+                                       "scripted-model", "--wait", env=client_env)
+    finally:
+        model.stop()
+    assert code == 2, (out, err)
+    assert (f"the worker on task queue {queue!r} serves no tool named 'whisper' "
+            "(it serves: shout)") in " ".join(err.split()), err
+    assert "Traceback" not in err

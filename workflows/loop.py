@@ -72,7 +72,7 @@ with workflow.unsafe.imports_passed_through():
     )
     from boundloop.core.envelope import Envelope, temporary_error_exhausted, tool_timed_out
     from boundloop.core.limits import MAX_PAYLOAD_VALUE_BYTES, payload_bytes
-    from boundloop.core.operator import Admission
+    from boundloop.core.operator import Admission, unknown_tools_line
     from boundloop.core.reasons import NEXT_CHECK, StopReason
     from boundloop.core.turn import FunctionCall, Turn
     from boundloop.tools import catalog
@@ -99,6 +99,9 @@ CARRIED_RULES = "carried-rules"
 #: reason or pending approvals change (the counters ride along; current details show
 #: them live): before it, every step's new count was one more event in history.
 SPARSE_UPSERTS = "sparse-upserts"
+#: The patch under which a run naming tools its worker does not serve is refused in a
+#: sentence naming them and the tools served (`operator.unknown_tools_line`).
+UNKNOWN_TOOLS_NAMED = "unknown-tools-named"
 
 
 def _worker_lost(counted: list[str]) -> RetryPolicy:
@@ -278,6 +281,11 @@ class BoundLoopWorkflow:
                                          mcp_tools=list(self._mcp.values())),
             result_type=Admission, start_to_close_timeout=timedelta(seconds=10))
         if admission.unknown:
+            if workflow.patched(UNKNOWN_TOOLS_NAMED):
+                raise ApplicationError(
+                    unknown_tools_line(admission.unknown, admission.served,
+                                       workflow.info().task_queue),
+                    type=errors.UNKNOWN_TOOLS, non_retryable=True)
             self._refuse_unknown(admission.unknown)
         if admission.settings is None:
             raise ApplicationError(

@@ -66,15 +66,21 @@ def build_agent(settings: Settings, *, model: str | None, api: str | None,
         raise fail("--model is empty")
     if task_queue is not None and not task_queue.strip():
         raise fail("--task-queue is empty")
-    toolset = load_registry()
+    mcp_tools = load_mcp_tools(settings)
+    allowed = [t.strip() for t in tools.split(",") if t.strip()] if tools else None
+    # Named tools need no toolset here: the worker that serves them checks the names when
+    # it admits the run (this machine may not have the toolset's module at all).
+    mcp_names = {d.name for d in mcp_tools}
+    toolset = ([n for n in allowed if n not in mcp_names] if allowed is not None
+               else load_registry(hint=" (to start runs without it, name their tools with "
+                                  "--tools: the worker serving them checks the names)"))
     try:
-        return Agent(toolset, model=model or settings.model, api=api or settings.api,  # type: ignore[arg-type]
+        return Agent(toolset,
+                     model=model or settings.model, api=api or settings.api,  # type: ignore[arg-type]
                      instructions=instructions, limits=Limits.model_validate(limits_raw),
                      policy=Policy.model_validate(policy_raw), budget=budget,
-                     task_queue=task_queue or settings.task_queue,
-                     mcp_tools=load_mcp_tools(settings),
-                     allowed=[t.strip() for t in tools.split(",")] if tools else None,
-                     stream=settings.stream)
+                     task_queue=task_queue or settings.task_queue, mcp_tools=mcp_tools,
+                     allowed=allowed, stream=settings.stream)
     except ValidationError as exc:
         raise fail("invalid run settings:\n" + validation_lines(exc)) from None
     except ValueError as exc:

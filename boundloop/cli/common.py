@@ -35,6 +35,7 @@ from boundloop.errors import (
     RunNotFound,
     RunStuck,
     SessionRefused,
+    UnknownTools,
 )
 from boundloop.exit_codes import ExitCode
 from boundloop.settings import Settings, one_line
@@ -53,6 +54,7 @@ T = TypeVar("T")
 #: What the client API raises, as the CLI reports it (the message is the error's own).
 REFUSALS: dict[type[Exception], ExitCode] = {
     RunNotFound: ExitCode.INVALID, RunIdTaken: ExitCode.INVALID,
+    UnknownTools: ExitCode.INVALID,
     RunEnded: ExitCode.FAILED, DecisionRefused: ExitCode.FAILED,
     SessionRefused: ExitCode.FAILED, RunStuck: ExitCode.STUCK,
 }
@@ -140,7 +142,7 @@ def json_object(flag: str, text: str | None) -> dict[str, Any]:
     return value
 
 
-def load_registry() -> Any:
+def load_registry(hint: str = "") -> Any:
     from boundloop.tools import catalog
 
     target = load_settings().tools
@@ -148,7 +150,7 @@ def load_registry() -> Any:
         return catalog.load(target)
     except (ImportError, AttributeError, TypeError, ValueError) as exc:
         raise fail(f"cannot load the toolset BOUNDLOOP_TOOLS={target!r}: "
-                   f"{type(exc).__name__}: {exc}") from None
+                   f"{type(exc).__name__}: {exc}{hint}") from None
 
 
 def load_model_script(path: Path) -> Any:

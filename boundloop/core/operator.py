@@ -163,13 +163,22 @@ class Admission(BaseModel):
 
     settings: RunSettings | None = None
     refusals: list[Refusal] = Field(default_factory=list)
-    #: The run's tools its worker's toolset does not have (the run fails at once).
+    #: The run's tools its worker's toolset does not have (the run fails at once), and
+    #: the tools it has then (`unknown_tools_line`).
     unknown: list[str] = Field(default_factory=list)
+    served: list[str] = Field(default_factory=list, exclude_if=lambda v: not v)
     #: The function tools' rules as the worker served them, as plain declarations: a
     #: worker that no longer serves one (renamed or removed by a deploy) still replays
     #: the run's decisions by these, and its tool activity stops the run with
     #: `tool_unavailable` (a predicate `needs_approval` is recorded as True).
     tools: list[MCPToolDeclaration] = Field(default_factory=list)
+
+
+def unknown_tools_line(unknown: Sequence[str], served: Sequence[str], task_queue: str) -> str:
+    """Why a run naming tools its worker does not serve is refused, in one sentence."""
+    return (f"the worker on task queue {task_queue!r} serves no tool named "
+            f"{', '.join(repr(t) for t in unknown)} (it serves: "
+            f"{', '.join(served) or 'no tools'})")
 
 
 def _asks(operator: OperatorPolicy, tool: str, declared: ToolDeclared | None,
