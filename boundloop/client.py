@@ -682,13 +682,15 @@ async def _update_unless_stuck(handle: WorkflowHandle[Any, Any],
     update = asyncio.ensure_future(decide(handle, decision))
     try:
         while True:
-            done, _ = await asyncio.wait({update}, timeout=STUCK_CHECK_SECONDS)
-            if done:
-                update.result()
-                return None
-            line = await stuck_line(handle, await handle.describe())
-            if line is not None:
-                return line
+            await asyncio.wait({update}, timeout=STUCK_CHECK_SECONDS)
+            if not update.done():
+                line = await stuck_line(handle, await handle.describe())
+                if line is None:
+                    continue
+                if not update.done():
+                    return line
+            update.result()  # its answer came first: applied, or its own error raises
+            return None
     finally:
         update.cancel()
 

@@ -129,6 +129,10 @@ class ToolRequest(BaseModel):
     timeout_seconds: float | None = Field(default=None, exclude_if=_none)
     #: For a tool from an MCP server: the run's declaration of it (without description).
     mcp: MCPToolDeclaration | None = Field(default=None, exclude_if=_none)
+    #: The digest of the argument schema the run was admitted with
+    #: (`mcp_tools.parameters_digest`): a worker serving the tool with another schema
+    #: refuses the call as `ToolUnavailable`. None: not checked (runs before it).
+    parameters_digest: str | None = Field(default=None, exclude_if=_none)
 
 
 class Decision(BaseModel):

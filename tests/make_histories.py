@@ -274,6 +274,12 @@ RUNS["carried_rules"] = ([
     resp(call("create_ticket", TICKET, "c2"), rid="cr2"),
     answer("チケットを作成しました。", rid="cr3"),
 ], approve_by_signal)
+# Admitted with its tools' argument schemas (`admitted-schemas`): each tool call carries
+# the digest of its admitted schema.
+RUNS["schemas_admitted"] = ([
+    resp(call("create_ticket", TICKET, "d1"), rid="dr1"),
+    answer("チケットを作成しました。", rid="dr2"),
+], approve_by_signal)
 #: The histories recorded on a server that suggests continue-as-new early: the file is
 #: the first run's history (it ends continued as new).
 CONTINUED = {"carried_rules"}

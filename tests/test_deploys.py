@@ -1,8 +1,12 @@
-"""Deploys that strand a run, with real worker processes on a real dev server: a next
-release that renames `create_ticket` and, unpatched, schedules an extra activity before
-each approval wait, deployed without versioning. The parked run's workflow task fails;
-`boundloop approve` exits 6, saying the decision is recorded and waits for a healthy
-worker; once the old release is back, the run completes, the decision applied once."""
+"""Deploys without worker versioning while a run waits for approval on `create_ticket`,
+with real worker processes on a real dev server.
+
+- A next release that renames, removes or reshapes `create_ticket`: the approved run
+  stops with `tool_unavailable` naming it, no workflow task fails, `status` says so.
+- One that also schedules an extra activity before each approval wait (no patch): the
+  run's workflow task fails; `boundloop approve` exits 6, saying the decision is
+  recorded and waits for a healthy worker; once the old release is back, the run
+  completes, the decision applied once."""
 
 from __future__ import annotations
 
@@ -15,6 +19,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import pytest
 from temporalio.client import Client, WorkflowHandle
 
 from boundloop.client import query_status, result_of
@@ -98,3 +103,42 @@ async def test_a_decision_for_a_stuck_run_is_recorded_and_applied_once_the_old_c
     decided = [(e.event, e.detail) for e in result.events if e.event.startswith("approval_")
                and e.event != "approval_requested"]
     assert decided == [("approval_approved", "by operator")]
+
+
+@pytest.mark.parametrize("toolset", ["tools", "removed", "reshaped"])
+async def test_a_changed_tool_stops_the_approved_run_with_a_typed_reason(
+        temporal: Client, tmp_path: Path, toolset: str) -> None:
+    """`tools` renames create_ticket, `removed` drops it, `reshaped` changes its
+    arguments (tests/support/renamed_tools.py)."""
+    server = ScriptedModelServer([resp(call("create_ticket", TICKET, "t1"))])
+    queue = f"dep-{uuid.uuid4().hex[:8]}"
+    env = worker_env(tmp_path, BOUNDLOOP_TASK_QUEUE=queue, OPENAI_BASE_URL=server.start(),
+                     OPENAI_API_KEY="sk-test-not-real", PYTHONPATH=str(ROOT),
+                     TEMPORAL_ADDRESS=temporal.service_client.config.target_host,
+                     BOUNDLOOP_TOOLS="tests.support.tools:tools")
+    cli_env = env_for(temporal, tmp_path)
+    inp = RunInput(question="open a ticket", settings=RunSettings(model="scripted-model"),
+                   tools=DEMO_TOOLS)
+    try:
+        with deployed([BOUNDLOOP, "worker"], env, tmp_path / "v1.log"):
+            await log_has(tmp_path / "v1.log", "worker started")
+            handle = await temporal.start_workflow(
+                WORKFLOW_NAME, inp, id=f"dep-{uuid.uuid4().hex[:12]}", task_queue=queue,
+                result_type=RunResult)
+            await parked(handle)
+        v2 = {**env, "BOUNDLOOP_TOOLS": f"tests.support.renamed_tools:{toolset}"}
+        with deployed([BOUNDLOOP, "worker"], v2, tmp_path / "v2.log"):
+            await log_has(tmp_path / "v2.log", "worker started")
+            code, out, err = await cli("approve", handle.id, "t1", env=cli_env)
+            assert code == 0 and "t1: approved" in out, (out, err)
+            result = await asyncio.wait_for(result_of(handle), timeout=RUN_TIMEOUT)
+            code, out, err = await cli("status", handle.id, env=cli_env)
+    finally:
+        server.stop()
+    assert result.reason.value == "tool_unavailable", result
+    assert code == 3, (out, err)
+    named = [line for line in out.splitlines() if "tool_unavailable · create_ticket" in line]
+    assert len(named) == 1, out
+    assert list_tickets(tmp_path / "data") == []
+    assert await workflow_task_failures(handle, temporal) == 0
+    assert len(server.requests) == 1  # nothing asked of the model after the stop

@@ -1,7 +1,8 @@
 """Worker versioning on a real dev server (docs/deploying.md): a run parked on approval
-on version v1 stays there when v2 — whose toolset renames the tool it waits on — is
-made current with the `temporal worker deployment` command; approved, it completes on
-v1 with one ticket, and a new run starts on v2 (a `boundloop worker` process). A
+on version v1 stays there when v2 — whose toolset renames, removes or reshapes (another
+argument schema) the tool it waits on — is made current with the `temporal worker
+deployment` command; approved, it completes on v1 with one ticket, and a new run starts
+on v2 (a `boundloop worker` process). A
 budget ledger, which never ends by itself, moves to v2 at its next workflow task."""
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import openai
+import pytest
 from temporalio.client import Client, WorkflowHandle
 
 from boundloop import Worker
@@ -67,8 +69,10 @@ async def build_id_of(handle: WorkflowHandle[object, object]) -> str:
     return info.versioning_info.deployment_version.build_id
 
 
+@pytest.mark.parametrize("v2_tools", ["tools", "removed", "reshaped"])
 async def test_a_pinned_run_drains_on_its_version_and_new_runs_start_on_the_current(
-        temporal: Client, tmp_path: Path) -> None:
+        temporal: Client, tmp_path: Path, v2_tools: str) -> None:
+    """`v2_tools`: tests/support/renamed_tools.py's toolsets."""
     server = ScriptedModelServer([resp(call("create_ticket", TICKET, "t1")),
                                   answer("Ticket opened."), answer("v2 here.")])
     base_url = server.start()
@@ -79,7 +83,7 @@ async def test_a_pinned_run_drains_on_its_version_and_new_runs_start_on_the_curr
     v2_env = worker_env(tmp_path, BOUNDLOOP_TASK_QUEUE=queue, OPENAI_BASE_URL=base_url,
                         OPENAI_API_KEY="sk-test-not-real",
                         TEMPORAL_ADDRESS=temporal.service_client.config.target_host,
-                        BOUNDLOOP_TOOLS="tests.support.renamed_tools:tools",
+                        BOUNDLOOP_TOOLS=f"tests.support.renamed_tools:{v2_tools}",
                         PYTHONPATH=str(ROOT),
                         BOUNDLOOP_DEPLOYMENT_NAME=deployment, BOUNDLOOP_BUILD_ID="v2")
     inp = RunInput(question="open a ticket", settings=RunSettings(model="scripted-model"),

@@ -102,6 +102,10 @@ SPARSE_UPSERTS = "sparse-upserts"
 #: The patch under which a run naming tools its worker does not serve is refused in a
 #: sentence naming them and the tools served (`operator.unknown_tools_line`).
 UNKNOWN_TOOLS_NAMED = "unknown-tools-named"
+#: The patch under which a tool served with another argument schema than the run was
+#: admitted with is decided by the admitted rules, and its calls carry the admitted
+#: schema's digest (the tool activity refuses a call whose schema changed).
+ADMITTED_SCHEMAS = "admitted-schemas"
 
 
 def _worker_lost(counted: list[str]) -> RetryPolicy:
@@ -164,6 +168,7 @@ class BoundLoopWorkflow:
         carried = inp.carried
         # The rules the run was admitted with, handed on by continue-as-new.
         self._admitted = list(carried.tools) if carried is not None else []
+        self._digests: dict[str, str] = {}  # tool -> its admitted schema's digest
         self._keep_admitted()
         if carried is not None:
             self._state = carried.state
@@ -218,6 +223,9 @@ class BoundLoopWorkflow:
         cancelled_first = False
         # Asked first, so its marker goes in the first workflow task with the others.
         self._sparse_upserts = inp.search_attributes and workflow.patched(SPARSE_UPSERTS)
+        # Asked first, with the run's first commands: a patch asked right after the
+        # admission's local activity is asked in another workflow task on replay.
+        own_schemas = workflow.patched(ADMITTED_SCHEMAS)
         if inp.carried is None and workflow.patched(OPERATOR_POLICY):
             # The admission (in history) says which tools were unknown when it started.
             try:
@@ -228,6 +236,8 @@ class BoundLoopWorkflow:
                 cancelled_first = True  # a cancel before the run began: it ends cancelled
         elif self._unknown:
             self._refuse_unknown(self._unknown)
+        if own_schemas:
+            self._own_schemas()
         if inp.carried is None:
             first = [user_message(inp.question)]
             self._unsent = [*self._unsent, *first]
@@ -308,6 +318,18 @@ class BoundLoopWorkflow:
             if declared.name in self._unknown:
                 self._rules[declared.name] = mcp_tools.tool_rule(declared)
         self._unknown = [t for t in self._unknown if t not in self._rules]
+
+    def _own_schemas(self) -> None:
+        """Every admitted tool's calls carry its admitted schema's digest; a tool this
+        worker serves with another schema is decided by the admitted rules (replay then
+        validates calls as the run did; the tool activity refuses them)."""
+        served = set(self._toolset.names())
+        for declared in self._admitted:
+            digest = mcp_tools.parameters_digest(declared.parameters)
+            self._digests[declared.name] = digest
+            if declared.name in served and digest != mcp_tools.parameters_digest(
+                    self._toolset.get(declared.name).json_schema()):
+                self._rules[declared.name] = mcp_tools.tool_rule(declared)
 
     async def _loop(self) -> StopReason | None:
         state = self._state
@@ -625,7 +647,8 @@ class BoundLoopWorkflow:
                           idempotency_key=p.idempotency_key,
                           max_result_bytes=state.limits.max_result_bytes,
                           timeout_seconds=timeout,
-                          mcp=mcp_tools.call_target(mcp) if mcp is not None else None)
+                          mcp=mcp_tools.call_target(mcp) if mcp is not None else None,
+                          parameters_digest=self._digests.get(p.call.name))
         too_large = core.check_payload(state, "tool_request", payload_bytes(req))
         if too_large is not None:
             return too_large

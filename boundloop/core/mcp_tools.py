@@ -13,6 +13,8 @@ to configure that server. Everything else defaults to the cautious side.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import re
 from collections.abc import Mapping, Sequence
 from functools import partial
@@ -181,6 +183,13 @@ class ListedTool(BaseModel):
     input_schema: dict[str, Any]
     read_only_hint: bool | None = None
     destructive_hint: bool | None = None
+
+
+def parameters_digest(parameters: Mapping[str, Any]) -> str:
+    """A short digest of an argument schema, the same wherever it is computed (sorted
+    keys): a run's admitted schema and a worker's current one are told apart by it."""
+    text = json.dumps(parameters, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
 
 
 class MCPToolDeclaration(BaseModel):
