@@ -23,7 +23,13 @@ from temporalio.client import Client
 from temporalio.common import WorkflowIDReusePolicy
 from temporalio.exceptions import WorkflowAlreadyStartedError
 
-from boundloop.contracts import SESSION_WORKFLOW, RunInput, SessionInput, SessionStatus
+from boundloop.contracts import (
+    SESSION_WORKFLOW,
+    RunInput,
+    SessionInput,
+    SessionStatus,
+    run_input,
+)
 from boundloop.core.limits import Limits, Policy, RunSettings
 from boundloop.core.mcp_tools import MCPToolDeclaration
 from boundloop.core.session import SessionLimits
@@ -111,12 +117,12 @@ class Agent(Generic[Deps]):
         """Another agent: this one with `changes` (validated again)."""
         return dataclasses.replace(self, **changes)
 
-    def run_input(self, question: str) -> RunInput:
-        """The workflow input of one run with `question` (the only place it is made)."""
-        allowed = set(self.tool_names)
-        return RunInput(question=question, instructions=self.instructions,
-                        settings=self.settings, tools=list(self.tool_names),
-                        mcp_tools=[d for d in self.mcp_tools if d.name in allowed])
+    def run_input(self, question: str, *, search_attributes: bool = True) -> RunInput:
+        """The workflow input of one run with `question` (`contracts.run_input`, which
+        the session workflow calls for each turn)."""
+        return run_input(question, instructions=self.instructions, settings=self.settings,
+                         tools=self.tool_names, mcp_tools=self.mcp_tools,
+                         search_attributes=search_attributes)
 
     async def start(self, client: Client, question: str, *, id: str | None = None) -> Run:
         """Start a run with `question`. `id` is its workflow id (`boundloop run --id`):
@@ -137,8 +143,11 @@ class Agent(Generic[Deps]):
         start --id`); a session's id is never reused (`RunIdTaken`)."""
         from boundloop.client import Session, id_taken, search_attributes_registered
 
+        allowed = set(self.tool_names)
         inp = SessionInput(instructions=self.instructions, settings=self.settings,
-                           tools=list(self.tool_names), limits=limits or SessionLimits(),
+                           tools=list(self.tool_names),
+                           mcp_tools=[d for d in self.mcp_tools if d.name in allowed],
+                           limits=limits or SessionLimits(),
                            search_attributes=await search_attributes_registered(client))
         wf_id = id or f"boundloop-session-{uuid.uuid4().hex[:12]}"
         try:

@@ -5,6 +5,7 @@ All are pydantic models carried by `pydantic_data_converter`.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -85,6 +86,18 @@ class RunInput(BaseModel):
     #: Set when the run is a session's turn: it continues the session's conversation and
     #: its RunResult says where the conversation goes on (`RunResult.continuation`).
     turn: TurnOf | None = Field(default=None, exclude_if=_none)
+
+
+def run_input(question: str, *, instructions: str | None, settings: RunSettings,
+              tools: Sequence[str], mcp_tools: Sequence[MCPToolDeclaration] = (),
+              search_attributes: bool = True, turn: TurnOf | None = None) -> RunInput:
+    """The workflow input of one run: the only place one is made (`Agent.run_input` for a
+    run, the session workflow for each turn). Pure and deterministic: `tools` are the
+    names the run may call; `mcp_tools` the declarations of those that are MCP tools."""
+    allowed = set(tools)
+    return RunInput(question=question, instructions=instructions, settings=settings,
+                    tools=list(tools), mcp_tools=[d for d in mcp_tools if d.name in allowed],
+                    search_attributes=search_attributes, turn=turn)
 
 
 class ModelRequest(BaseModel):
@@ -307,6 +320,8 @@ class SessionInput(BaseModel):
     instructions: PromptText | None = None
     settings: RunSettings
     tools: list[str]
+    #: The declarations of the MCP tools among `tools` (each turn carries them).
+    mcp_tools: list[MCPToolDeclaration] = Field(default_factory=list, exclude_if=_empty)
     limits: SessionLimits = Field(default_factory=SessionLimits)
     search_attributes: bool = True
     state: SessionState | None = None

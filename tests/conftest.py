@@ -22,7 +22,7 @@ from temporalio.client import Client, WorkflowHandle
 
 from boundloop import Worker
 from boundloop.client import result_of
-from boundloop.contracts import WORKFLOW_NAME, RunInput, RunResult
+from boundloop.contracts import WORKFLOW_NAME, RunResult, run_input
 from boundloop.core.limits import Limits, Policy, RunSettings
 from boundloop.scripted.server import ScriptedModelServer
 from boundloop.testing import dev_server
@@ -127,8 +127,8 @@ def run_script(temporal: Client, tmp_path: Path) -> RunScript:
         run_settings = RunSettings(model="scripted-model", api=api,  # type: ignore[arg-type]
                                    limits=limits or Limits(), policy=policy or Policy(),
                                    stream=stream)
-        inp = RunInput(question=question, instructions=instructions, settings=run_settings,
-                       tools=tools if tools is not None else DEMO_TOOLS)
+        inp = run_input(question, instructions=instructions, settings=run_settings,
+                        tools=tools if tools is not None else DEMO_TOOLS)
         try:
             async with test_worker(temporal, queue, base_url, data_dir, cache=cache):
                 handle = await temporal.start_workflow(

@@ -38,8 +38,8 @@ from boundloop.contracts import (
     TOOL_ACTIVITY,
     WORKFLOW_NAME,
     Decision,
-    RunInput,
     RunResult,
+    run_input,
 )
 from boundloop.core.limits import Limits, Policy, RunSettings
 from boundloop.devserver import DevServer
@@ -146,8 +146,8 @@ class Cluster:
             self.model.append(turn)
         settings = RunSettings(model="scripted-model", limits=limits or Limits(),
                                policy=policy or Policy())
-        inp = RunInput(question=question, settings=settings,
-                       tools=tools if tools is not None else DEMO_TOOLS)
+        inp = run_input(question, instructions=None, settings=settings,
+                        tools=tools if tools is not None else DEMO_TOOLS)
         return await self.client.start_workflow(
             WORKFLOW_NAME, inp, id=workflow_id or f"crash-{uuid.uuid4().hex[:12]}",
             task_queue=self.queue, result_type=RunResult)

@@ -307,3 +307,29 @@ async def test_a_worker_whose_mcp_server_cannot_start_is_refused_naming_it(
         boundloop.Worker(temporal, test_tools, deps=DemoDeps(data_dir=tmp_path),
                          model=client, task_queue=f"mcp-{uuid.uuid4().hex[:8]}",
                          mcp_servers=[missing])
+
+
+async def test_a_sessions_turns_call_its_mcp_tools(temporal: Client, tmp_path: Path,
+                                                   db: Path) -> None:
+    """A session's turns carry the agent's MCP declarations as a run does (each turn's
+    input is built by the same function as a run's)."""
+    model = ScriptedModelServer([resp(call("shop__lookup", {"sku": "A-001"}, "c1")),
+                                 answer("A-001: 5")])
+    queue = f"mcp-{uuid.uuid4().hex[:8]}"
+    client = openai.AsyncOpenAI(base_url=model.start(), api_key="sk-test-not-real")
+    try:
+        async with boundloop.Worker(temporal, test_tools, deps=DemoDeps(data_dir=tmp_path),
+                                    model=client, task_queue=queue, mcp_servers=[shop(db)],
+                                    sticky_timeout=timedelta(seconds=1)) as worker:
+            declared = await asyncio.wait_for(worker.mcp_tools(), WAIT)
+            agent = boundloop.Agent(["lookup_stock"], mcp_tools=declared,
+                                    allowed=["shop__lookup"], model="scripted-model",
+                                    task_queue=queue)
+            session = await agent.session(temporal)
+            turn = await asyncio.wait_for(session.say("在庫は？"), WAIT)
+            await asyncio.wait_for(session.end(), WAIT)
+    finally:
+        model.stop()
+    assert (turn.reason, turn.tool_executions, turn.text) == ("completed", 1, "A-001: 5")
+    [(key, _pid)] = calls_of(db, "lookup")
+    assert key == f"{session.id}/turn-1/step-1/call-0"

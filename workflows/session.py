@@ -26,11 +26,11 @@ with workflow.unsafe.imports_passed_through():
         SESSION_WORKFLOW,
         WORKFLOW_NAME,
         CancelRequest,
-        RunInput,
         RunResult,
         SayRequest,
         SessionInput,
         SessionStatus,
+        run_input,
     )
     from boundloop.core import session as core
     from boundloop.core.canonical import preview
@@ -99,11 +99,13 @@ class BoundloopSessionWorkflow:
         try:
             settings = self._inp.settings.model_copy(update={"limits": core.turn_limits(
                 self._inp.settings.limits, self._inp.limits, state)})
-            run = RunInput(question=req.message, instructions=self._inp.instructions,
-                           settings=settings, tools=self._inp.tools,
-                           search_attributes=self._inp.search_attributes,
-                           turn=core.TurnOf(session_id=workflow.info().workflow_id,
-                                            turn=state.turns, follows=state.follows))
+            # The child's input (not a command): built as any run's is.
+            run = run_input(req.message, instructions=self._inp.instructions,
+                            settings=settings, tools=self._inp.tools,
+                            mcp_tools=self._inp.mcp_tools,
+                            search_attributes=self._inp.search_attributes,
+                            turn=core.TurnOf(session_id=workflow.info().workflow_id,
+                                             turn=state.turns, follows=state.follows))
             handle = await workflow.start_child_workflow(
                 WORKFLOW_NAME, run, id=turn_id, result_type=RunResult,
                 static_summary=f"turn {state.turns}: {preview(req.message, 100)}")
