@@ -11,9 +11,10 @@ from typing import Any
 
 from temporalio import activity
 
+from boundloop.codec import started_encrypted
 from boundloop.contracts import ADMIT_ACTIVITY, AdmitRequest
 from boundloop.core.mcp_tools import MCPToolDeclaration
-from boundloop.core.operator import Admission, OperatorPolicy, ToolDeclared, resolve
+from boundloop.core.operator import IN_CLEAR, Admission, OperatorPolicy, ToolDeclared, resolve
 from boundloop.tools.registry import Toolset
 
 
@@ -36,6 +37,13 @@ class Admissions:
 
     @activity.defn(name=ADMIT_ACTIVITY)
     async def admit_run(self, req: AdmitRequest) -> Admission:
+        if self.policy is not None and self.policy.require_encryption:
+            # The run's input as the server holds it; the worker's own payloads (its
+            # activities, a session's turns, continue-as-new) it encrypts itself.
+            info = activity.info()
+            if not await started_encrypted(activity.client(), info.workflow_id or "",
+                                           info.workflow_run_id or ""):
+                return Admission(refusals=[IN_CLEAR])
         mcp = {d.name for d in req.mcp_tools}
         served = self.toolset.names()
         unknown = [t for t in req.tools if t not in mcp and t not in served]

@@ -23,6 +23,7 @@ from temporalio.client import (
     WorkflowExecutionStatus,
     WorkflowFailureError,
     WorkflowHandle,
+    WorkflowHistoryEventFilterType,
     WorkflowUpdateFailedError,
     WorkflowUpdateHandle,
     WorkflowUpdateStage,
@@ -36,6 +37,7 @@ from temporalio.service import RPCError, RPCStatusCode
 from boundloop import errors
 from boundloop import search_attributes as sa
 from boundloop.agent import DEFAULT_TASK_QUEUE, Agent
+from boundloop.codec import CodecKeyError
 from boundloop.contracts import (
     SESSION_WORKFLOW,
     STREAM_TOPIC,
@@ -574,6 +576,13 @@ async def result_of(handle: WorkflowHandle[Any, Any]) -> RunResult:
     """
     try:
         value = await handle.result()
+    except CodecKeyError:
+        # A client without the codec keys cannot decode the failure's details, but its
+        # message is plain: a refusal (a run started in clear) still reaches it.
+        refused = await refusal_message(handle)
+        if refused is None:
+            raise
+        raise errors.PolicyRefused(refused, []) from None
     except WorkflowFailureError as exc:
         cause = exc.cause
         if (isinstance(cause, ApplicationError) and cause.type == errors.RUN_STOPPED
@@ -586,6 +595,17 @@ async def result_of(handle: WorkflowHandle[Any, Any]) -> RunResult:
                                        [dict(d) for d in cause.details]) from None
         raise
     return value if isinstance(value, RunResult) else RunResult.model_validate(value)
+
+
+async def refusal_message(handle: WorkflowHandle[Any, Any]) -> str | None:
+    """The message of a run's PolicyRefused failure, from its close event as stored
+    (undecoded), or None when it did not end refused."""
+    async for event in handle.fetch_history_events(
+            event_filter_type=WorkflowHistoryEventFilterType.CLOSE_EVENT):
+        failure = event.workflow_execution_failed_event_attributes.failure
+        if failure.application_failure_info.type == errors.POLICY_REFUSED:
+            return failure.message
+    return None
 
 
 _STREAM_ITEM: TypeAdapter[StreamItem] = TypeAdapter(StreamItem)

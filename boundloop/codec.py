@@ -27,10 +27,12 @@ import re
 import stat
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from temporalio.api.common.v1 import Payload
+from temporalio.client import Client, WorkflowHandle
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.converter import DataConverter, PayloadCodec
 
@@ -188,3 +190,53 @@ def data_converter(codec: PayloadCodec | None) -> DataConverter:
     """The pydantic data converter boundloop's payloads need, with `codec` (None: the
     pass-through guard)."""
     return dataclasses.replace(pydantic_data_converter, payload_codec=codec or PlainGuardCodec())
+
+
+async def encrypted_encoding(client: Client) -> bytes | None:
+    """The `encoding` the client's codec gives the payloads it encodes (boundloop's
+    codec: ENCODING; another codec its own), or None when it leaves them plain."""
+    plain = Payload(metadata={"encoding": b"json/plain"}, data=b"null")
+    codec = client.data_converter.payload_codec
+    if codec is None:
+        return None
+    [probe] = await codec.encode([plain])
+    encoding = probe.metadata.get("encoding")
+    return None if encoding == plain.metadata["encoding"] else encoding
+
+
+async def started_encrypted(client: Client, workflow_id: str, run_id: str) -> bool:
+    """Whether every payload of a run's input reached Temporal encrypted by `client`'s
+    codec, and for a child (a session's turn) every message its parent accepted too.
+    Read from the histories as the server stores them: past the data converter, which
+    would decode them."""
+    encoding = await encrypted_encoding(client)
+    if encoding is None:
+        return False
+    handle = client.get_workflow_handle(workflow_id, run_id=run_id)
+    async for event in handle.fetch_history_events(page_size=1):
+        started = event.workflow_execution_started_event_attributes
+        if not _all_encoded(started.input.payloads, encoding):
+            return False
+        parent = started.parent_workflow_execution
+        return not parent.workflow_id or await _messages_encrypted(
+            client.get_workflow_handle(parent.workflow_id, run_id=parent.run_id), encoding)
+    return False
+
+
+async def _messages_encrypted(handle: WorkflowHandle[Any, Any], encoding: bytes) -> bool:
+    """The workflow's input and every update it accepted (a session's `say`) so far."""
+    async for event in handle.fetch_history_events():
+        if event.HasField("workflow_execution_started_event_attributes"):
+            payloads = event.workflow_execution_started_event_attributes.input.payloads
+        elif event.HasField("workflow_execution_update_accepted_event_attributes"):
+            accepted = event.workflow_execution_update_accepted_event_attributes
+            payloads = accepted.accepted_request.input.args.payloads
+        else:
+            continue
+        if not _all_encoded(payloads, encoding):
+            return False
+    return True
+
+
+def _all_encoded(payloads: Sequence[Payload], encoding: bytes) -> bool:
+    return all(p.metadata.get("encoding") == encoding for p in payloads)

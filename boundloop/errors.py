@@ -115,6 +115,10 @@ class RunIdTaken(BoundloopError):
 
 
 
+#: How the message of a PolicyRefused failure begins (the refusals follow).
+REFUSES = "the operator's policy refuses this run: "
+
+
 class PolicyRefused(BoundloopError):
     """The worker's operator policy refused the run's settings before it started:
     `refusals` names each field, what the run asked and the operator's value."""
@@ -124,6 +128,8 @@ class PolicyRefused(BoundloopError):
         self.refusals = refusals
 
     def lines(self) -> list[str]:
+        if not self.refusals:  # read without the codec keys: the message alone
+            return [str(self).removeprefix(REFUSES)]
         return [f"{r['field']}: the run asked {r['asked']}; the operator's policy: "
                 f"{r['operator']}" for r in self.refusals]
 

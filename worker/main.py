@@ -21,6 +21,7 @@ from temporalio.client import Client
 from boundloop.connection import (
     TLS_DROPPED,
     ConnectionSettingsError,
+    codec,
     connect,
     connect_options,
     tls_dropped,
@@ -49,7 +50,7 @@ from boundloop.settings import (
 )
 from boundloop.signing import KeyFileError, load_keys_file
 from boundloop.tools import catalog
-from boundloop.worker.plugin import Worker
+from boundloop.worker.plugin import NO_KEYS_TO_REQUIRE, Worker
 
 __all__ = ["build_worker", "connect", "main"]
 
@@ -202,7 +203,8 @@ def main(settings: Settings | None = None) -> None:
         raise SystemExit(ExitCode.INVALID) from None
     try:
         # a bad policy (or a budget admin without a key) stops the worker before it connects
-        budget_admin_keys(operator_policy(settings), approver_keys(settings) or {})
+        policy = operator_policy(settings)
+        budget_admin_keys(policy, approver_keys(settings) or {})
     except PolicyFileError as exc:
         for line in exc.problems:
             sys.stderr.write(f"error: BOUNDLOOP_POLICY: {line}\n")
@@ -210,6 +212,9 @@ def main(settings: Settings | None = None) -> None:
     except ValueError as exc:
         sys.stderr.write(f"error: BOUNDLOOP_POLICY: {exc}\n")
         raise SystemExit(ExitCode.INVALID) from None
+    if policy is not None and policy.require_encryption and codec(settings) is None:
+        sys.stderr.write(f"error: BOUNDLOOP_POLICY: {NO_KEYS_TO_REQUIRE}\n")
+        raise SystemExit(ExitCode.INVALID)
     try:
         # A bad file, or a server program that does not exist, is refused before
         # anything starts.

@@ -44,6 +44,7 @@ from boundloop.activities.model import ModelActivities
 from boundloop.activities.threads import ToolThreads
 from boundloop.activities.tools import ToolActivities
 from boundloop.agent import DEFAULT_TASK_QUEUE, Agent
+from boundloop.codec import PlainGuardCodec
 from boundloop.core import signatures
 from boundloop.core.operator import OperatorPolicy, budget_admin_keys
 from boundloop.errors import BoundloopError
@@ -84,6 +85,12 @@ def pass_boundloop_through(runner: WorkflowRunner | None) -> WorkflowRunner:
 Deps = TypeVar("Deps")
 #: Activities one worker runs at once unless told otherwise.
 ACTIVITY_SLOTS = 64
+
+#: A worker cannot require encrypted runs while writing its own payloads in clear.
+NO_KEYS_TO_REQUIRE = ("the operator's policy requires encrypted payloads (require_encryption) "
+                      "but this worker has no codec keys: set BOUNDLOOP_CODEC_KEYS or "
+                      "BOUNDLOOP_CODEC_KEY (or connect with codec=…)")
+
 
 def keep_codec(existing: DataConverter | None) -> DataConverter:
     """The pydantic data converter, keeping the payload codec (encryption) of the
@@ -149,6 +156,7 @@ class Plugin(SimplePlugin, Generic[Deps]):
         if log_tool_error_messages is None:
             log_tool_error_messages = tool_error_messages_from_env()
         self.toolset = toolset
+        self.policy = policy
         keys = _checked_keys(approver_keys)
         self.served = catalog.Served(toolset, keys, budget_admin_keys(policy, keys))
         check_commands(mcp_servers)  # a missing program, named, before anything starts
@@ -190,6 +198,9 @@ class Plugin(SimplePlugin, Generic[Deps]):
             raise BoundloopError("the client does not use the pydantic data converter: "
                                  "connect with boundloop.connect(...) or pass "
                                  "data_converter=pydantic_data_converter to Client.connect")
+        if self.policy is not None and self.policy.require_encryption and isinstance(
+                converter.payload_codec, (type(None), PlainGuardCodec)):
+            raise BoundloopError(NO_KEYS_TO_REQUIRE)
         config = super().configure_worker(config)
         # The own task queue's worker has as many activity slots again (and threads).
         self.threads.size = ((config.get("max_concurrent_activities") or ACTIVITY_SLOTS)

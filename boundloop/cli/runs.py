@@ -42,6 +42,7 @@ from boundloop.cli.common import (
     run_result,
     validation_lines,
 )
+from boundloop.codec import CodecKeyError
 from boundloop.contracts import (
     SESSION_WORKFLOW,
     CancelRequest,
@@ -165,15 +166,17 @@ def _no_worker(task_queue: str) -> None:
 
 
 async def _follow(handle: Any, settings: Settings, as_json: bool) -> int:
-    if not as_json and sys.stdout.isatty():
-        from boundloop.live import watch as live_watch
+    # Without the workers' codec keys only the end is readable (a refusal's message).
+    with contextlib.suppress(CodecKeyError):
+        if not as_json and sys.stdout.isatty():
+            from boundloop.live import watch as live_watch
 
-        await live_watch(handle)
-    else:
-        async for _status, events in ops.follow(handle, on_silence=_no_worker):
-            if not as_json:
-                for ev in events:
-                    print_event(ev)
+            await live_watch(handle)
+        else:
+            async for _status, events in ops.follow(handle, on_silence=_no_worker):
+                if not as_json:
+                    for ev in events:
+                        print_event(ev)
     result = await run_result(handle)
     if as_json:
         print(result.model_dump_json())

@@ -21,8 +21,8 @@ from boundloop.core.mcp_tools import MCPToolDeclaration
 from boundloop.core.rules import TOOL_PATTERN, ArgumentRule
 from boundloop.core.signatures import ApproverName, PublicKeyText
 
-__all__ = ["Admission", "BudgetRule", "OperatorLimits", "OperatorPolicy", "Refusal",
-           "ToolDeclared", "ToolPolicy", "budget_admin_keys", "resolve"]
+__all__ = ["IN_CLEAR", "Admission", "BudgetRule", "OperatorLimits", "OperatorPolicy",
+           "Refusal", "ToolDeclared", "ToolPolicy", "budget_admin_keys", "resolve"]
 
 ToolGlob = Annotated[str, Field(pattern=TOOL_PATTERN)]
 #: The Limits fields that take a ceiling: the numeric ones.
@@ -107,6 +107,9 @@ class OperatorPolicy(BaseModel):
     limits: OperatorLimits = Field(default_factory=OperatorLimits)
     #: Argument rules ahead of the run's own; the strictest match wins.
     rules: list[ArgumentRule] = Field(default_factory=list, max_length=100)
+    #: Refuse a run whose input reached Temporal in clear (its starter had no codec
+    #: keys), before any model request. The worker itself needs codec keys.
+    require_encryption: bool = False
 
     def tool_policy(self, tool: str) -> ToolPolicy:
         """The first entry of `approval` whose name or glob matches `tool`."""
@@ -153,6 +156,13 @@ class Refusal(BaseModel):
 
     def line(self) -> str:
         return f"{self.field}: the run asked {self.asked}; the operator's policy: {self.operator}"
+
+
+#: Why a run started in clear is refused: what to configure where it is started.
+IN_CLEAR = Refusal(
+    field="payloads", asked="its input in clear (started by a client without codec keys)",
+    operator="encrypted payloads only: start runs with the workers' codec keys "
+             "(BOUNDLOOP_CODEC_KEYS or BOUNDLOOP_CODEC_KEY)")
 
 
 class Admission(BaseModel):
