@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck docs pytest bench setup clean
+.PHONY: demo test lint typecheck docs pytest bench bench-peers setup clean
 
 setup: $(STAMP)
 
@@ -40,5 +40,21 @@ bench: $(STAMP)
 	$(BIN)/python -m bench.budget
 	$(BIN)/python -m bench.streaming
 
+# The peers of `make bench-peers` get a venv of their own: the product's stays as it is.
+PEERS_VENV := .venv-peers
+PEERS_STAMP := $(PEERS_VENV)/.installed
+
+$(PEERS_STAMP): bench/peers/requirements.txt
+	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "need $(PYTHON) (set PYTHON=...)"; exit 1; }
+	$(PYTHON) -m venv $(PEERS_VENV)
+	$(PEERS_VENV)/bin/pip install --quiet --upgrade pip
+	$(PEERS_VENV)/bin/pip install --quiet -r bench/peers/requirements.txt
+	@touch $(PEERS_STAMP)
+
+# boundloop, bare Temporal and the peers side by side, on one dev server in one run.
+bench-peers: $(STAMP) $(PEERS_STAMP)
+	$(BIN)/python -m bench.run --peers --json bench/results.new.json
+	mv bench/results.new.json bench/results.json
+
 clean:
-	rm -rf $(VENV) .boundloop
+	rm -rf $(VENV) $(PEERS_VENV) .boundloop

@@ -55,14 +55,30 @@ FIGURES: list[tuple[str, str, bool, Figure]] = [
 ]
 
 
+#: The side-by-side phase's figures (`make bench-peers`, results["peers"]): whether
+#: higher is better. Ratios against bare Temporal and the peers of the same run.
+SIDE_FIGURES: dict[str, bool] = {
+    "throughput / bare": True, "throughput / faster peer": True,
+    "step / bare step (2 activities)": False, "step / faster peer": False,
+    "server CPU a step / faster peer": False, "server CPU a step / bare": False,
+    "history bytes a step": False, "history events a step": False,
+    "worker RSS a parked run (KiB)": False,
+}
+
+
 def figures(results: Mapping[str, Any]) -> dict[str, tuple[float, str, bool]]:
     """The headline figures present in `results`: name -> (value, unit, higher_better)."""
+    from bench.side_report import figures as side_figures
+
     out: dict[str, tuple[float, str, bool]] = {}
     for name, unit, higher, get in FIGURES:
         try:
             out[name] = (get(results), unit, higher)
         except (KeyError, TypeError, ValueError, ZeroDivisionError):
             continue  # the phase did not run (--only) or has no such figure
+    if results.get("peers"):
+        for name, value in side_figures(results["peers"]).items():
+            out[f"side by side: {name}"] = (value, "", SIDE_FIGURES[name])
     return out
 
 

@@ -29,7 +29,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from bench import compare, phases
+from bench import compare, phases, side, side_report
 from bench.harness import REPO, Model, WorkerProcess, connect, now
 from bench.report import machine_facts, render_markdown, render_table
 from bench.sessions import session_growth
@@ -40,11 +40,15 @@ FULL = {"steps": 20, "reps": 5, "sizes": [10, 25, 50, 100], "runs": 100, "run_st
         "bare_acts": 10, "rounds": 4, "parked": 1000, "warmup": 20, "diag_cache": 100,
         "session_turns": 20,
         "scale_runs": 6, "scale_sizes": [25, 50], "scale_workers": 3,
-        "lever_steps": 20, "lever_rounds": 6}
+        "lever_steps": 20, "lever_rounds": 6,
+        "side_runs": 50, "side_steps": 5, "side_rounds": 4, "side_step_steps": 20,
+        "side_reps": 5, "side_parked": 1000}
 QUICK = {"steps": 5, "reps": 2, "sizes": [5, 10], "runs": 10, "run_steps": 5,
          "bare_acts": 10, "rounds": 2, "parked": 50, "warmup": 5, "diag_cache": 10,
          "session_turns": 5, "scale_runs": 2, "scale_sizes": [5, 10], "scale_workers": 3,
-         "lever_steps": 5, "lever_rounds": 2}
+         "lever_steps": 5, "lever_rounds": 2,
+         "side_runs": 3, "side_steps": 3, "side_rounds": 1, "side_step_steps": 3,
+         "side_reps": 1, "side_parked": 3}
 
 
 #: The line of docs/benchmarks.md after which `make bench` rewrites nothing.
@@ -166,6 +170,33 @@ async def measure(cfg: dict[str, Any], tmp: Path,
         server.stop()
 
 
+async def measure_side(cfg: dict[str, Any], tmp: Path) -> dict[str, Any]:
+    """The side-by-side phase (`bench.side`) on a dev server and bench worker of its own."""
+    server = DevServer(tmp / "temporal", port=free_port(), ui_port=None).start()
+    model = Model(free_port())
+    model.fresh()
+    worker: WorkerProcess | None = None
+    try:
+        client = await connect(server.address)
+        tag = uuid.uuid4().hex[:6]
+        worker = await WorkerProcess(
+            address=server.address, queue=f"bench-loop-{tag}", model_url=model.base_url,
+            data_dir=tmp / "data", log_file=tmp / "worker.log",
+            bench_queue=f"bench-bare-{tag}").start()
+        assert server.process is not None and worker.bench_queue is not None
+        pids = {"worker": worker.pid, "temporal": server.process.pid,
+                "driver+model": os.getpid()}
+        b = phases.Bench(client=client, model=model, queue=worker.queue,
+                         bench_queue=worker.bench_queue, pids=pids, data_dir=tmp / "data")
+        _say("side by side: boundloop, bare Temporal and the peers")
+        return await side.measure(b, server.address, model, tmp, cfg)
+    finally:
+        if worker is not None:
+            await worker.stop()
+        model.stop()
+        server.stop()
+
+
 async def _levers(cfg: dict[str, Any], b: phases.Bench, address: str, model_url: str,
                   tmp: Path) -> dict[str, Any]:
     """Each lever's two sides on worker processes of their own, runs interleaved."""
@@ -205,6 +236,38 @@ def _say(text: str) -> None:
     print(f"[bench] {time.strftime('%H:%M:%S')} {text}", file=sys.stderr, flush=True)
 
 
+def _load(path: Path) -> dict[str, Any]:
+    if not path.exists():
+        return {}
+    saved: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
+    return saved
+
+
+def _peers_main(args: argparse.Namespace, cfg: dict[str, Any]) -> int:
+    """`--peers`: the side-by-side phase, compared, saved and written into its block."""
+    started = now()
+    with tempfile.TemporaryDirectory(prefix="boundloop-bench-") as tmp:
+        found = asyncio.run(measure_side(cfg, Path(tmp)))
+    found["total_seconds"] = now() - started
+    command = "python -m bench.run --peers" + (" --quick" if args.quick else "")
+    found["facts"] = {**machine_facts(command), "peers": side.peer_versions()}
+    saved = _load(args.previous)
+    before = saved.get("results", {})
+    merged = {**before, "peers": found}
+    for line in compare.report(args.previous, merged):
+        print(line)
+    block = side_report.render(found, before.get("peers"))
+    print(block)
+    if args.json is not None:
+        args.json.write_text(json.dumps({"results": merged, "facts": saved.get("facts", {})},
+                                        default=str), encoding="utf-8")
+    if not args.no_write:
+        old = args.out.read_text(encoding="utf-8") if args.out.exists() else ""
+        args.out.write_text(side_report.place(old, block, KEPT), encoding="utf-8")
+        _say(f"wrote {args.out}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -220,6 +283,10 @@ def main(argv: list[str] | None = None) -> int:
                              "bench/results.json, what `make bench` saves)")
     parser.add_argument("--render", type=Path, metavar="JSON",
                         help="measure nothing: write the report from numbers saved by --json")
+    parser.add_argument("--peers", action="store_true",
+                        help="measure only the side-by-side phase (boundloop, bare Temporal "
+                             "and the peers; needs .venv-peers: make bench-peers) and merge "
+                             "it into the saved results and its block of the report")
     parser.add_argument("--only", help="comma-separated phases of " + ", ".join(PHASES)
                         + ": print their numbers as JSON, write nothing")
     args = parser.parse_args(argv)
@@ -227,6 +294,8 @@ def main(argv: list[str] | None = None) -> int:
     only = frozenset(args.only.split(",")) if args.only else frozenset(PHASES)
     if not only <= set(PHASES):
         parser.error(f"--only: unknown phases {sorted(only - set(PHASES))}")
+    if args.peers:
+        return _peers_main(args, cfg)
     if args.render is not None:
         saved = json.loads(args.render.read_text(encoding="utf-8"))
         results, facts = saved["results"], saved["facts"]
@@ -240,6 +309,10 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         command = "python -m bench.run" + (" --quick" if args.quick else "")
         facts = machine_facts(command)
+        previous = _load(args.previous)
+        if "peers" not in results and previous.get("results", {}).get("peers"):
+            # The side-by-side figures stay until `make bench-peers` measures them again.
+            results["peers"] = previous["results"]["peers"]
         for line in compare.report(args.previous, results):
             print(line)
         if args.json is not None:

@@ -12,35 +12,14 @@ from typing import Annotated, Any
 
 from pydantic import Field
 
-from boundloop.core.canonical import json_bytes
+from bench.peers.report import REPORT_BYTES as REPORT_BYTES
+from bench.peers.report import report as report
 from boundloop.tools.demo import DemoDeps, connect
 from boundloop.tools.demo import tools as demo_tools
 from boundloop.tools.registry import ToolContext, Toolset
 
-#: UTF-8 JSON bytes of `fetch_report`'s data (the envelope adds ~60 bytes).
-REPORT_BYTES = 3900
 #: A limit of `max_result_bytes` that the report's envelope stays under.
 REPORT_RESULT_CAP = 5000
-
-
-def report(part: int) -> dict[str, Any]:
-    """Rows of an inventory report, trimmed to REPORT_BYTES of compact JSON."""
-    rows: list[dict[str, Any]] = []
-    data: dict[str, Any] = {"part": part, "rows": rows}
-    i = 0
-    while True:
-        row = {"sku": f"{chr(65 + (part + i) % 26)}-{(part * 37 + i) % 1000:03d}",
-               "warehouse": f"WH-{(part + i) % 9}", "quantity": (part * 13 + i * 7) % 500,
-               "note": "restock scheduled; supplier confirmed lead time"}
-        rows.append(row)
-        if json_bytes(data) > REPORT_BYTES:
-            rows.pop()
-            break
-        i += 1
-    pad = REPORT_BYTES - json_bytes(data) - len(',"pad":""')
-    if pad > 0:
-        data["pad"] = "." * pad
-    return data
 
 
 tools = Toolset[DemoDeps]()

@@ -27,7 +27,14 @@ from typing import Any
 from temporalio.client import Client
 from temporalio.worker import Worker
 
-from bench.workflows import BareWorkflow, NaiveModel, NaiveWorkflow, bench_noop
+from bench.workflows import (
+    BarePairWorkflow,
+    BareWorkflow,
+    NaiveModel,
+    NaiveWorkflow,
+    bench_noop,
+    bench_report,
+)
 from boundloop.activities.conversation import ConversationCache
 from boundloop.activities.threads import ToolThreads
 from boundloop.activities.tools import ToolActivities
@@ -71,8 +78,9 @@ async def serve(bench_queue: str | None, max_cached_workflows: int | None = None
         tools = ToolActivities(reg, DemoDeps(data_dir=settings.data_dir),
                                threads=ToolThreads(64))
         workers.append(Worker(
-            client, task_queue=bench_queue, workflows=[BareWorkflow, NaiveWorkflow],
-            activities=[bench_noop, naive.model, tools.tool_execute],
+            client, task_queue=bench_queue,
+            workflows=[BareWorkflow, BarePairWorkflow, NaiveWorkflow],
+            activities=[bench_noop, bench_report, naive.model, tools.tool_execute],
             max_concurrent_activities=64))
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)

@@ -1,6 +1,8 @@
 """The bench's own workflows, for comparison with BoundLoop on the same server.
 
 - `BenchBare`: N trivial activities in sequence: the bare Temporal round trip.
+- `BenchBarePair`: N steps of two activities each, the second returning the bench's
+  ~4 KB report: bare Temporal doing a step's two round trips with a step's bytes.
 - `BenchNaive`: the textbook loop that sends the *whole* conversation to every model
   activity (the real tool activity runs the calls), to measure the history it writes.
 """
@@ -17,6 +19,7 @@ from temporalio import activity, workflow
 with workflow.unsafe.imports_passed_through():
     import openai
 
+    from bench.peers.report import report
     from boundloop.contracts import TOOL_ACTIVITY, ToolRequest
     from boundloop.core.conversation import Item, function_call_output, user_message
     from boundloop.core.loop import ToolChoice, ToolOutcome
@@ -24,6 +27,8 @@ with workflow.unsafe.imports_passed_through():
     from boundloop.tools.registry import Toolset
 
 BARE_WORKFLOW = "BenchBare"
+BARE_PAIR_WORKFLOW = "BenchBarePair"
+REPORT_ACTIVITY = "bench_report"
 NAIVE_WORKFLOW = "BenchNaive"
 NOOP_ACTIVITY = "bench_noop"
 NAIVE_MODEL_ACTIVITY = "bench_naive_model"
@@ -42,6 +47,24 @@ class BareWorkflow:
             await workflow.execute_activity(
                 NOOP_ACTIVITY, i, result_type=int, start_to_close_timeout=timedelta(seconds=30))
         return n
+
+
+@activity.defn(name=REPORT_ACTIVITY)
+async def bench_report(part: int) -> dict[str, Any]:
+    return report(part)
+
+
+@workflow.defn(name=BARE_PAIR_WORKFLOW)
+class BarePairWorkflow:
+    @workflow.run
+    async def run(self, steps: int) -> int:
+        timeout = timedelta(seconds=30)
+        for i in range(steps):
+            await workflow.execute_activity(NOOP_ACTIVITY, i, result_type=int,
+                                            start_to_close_timeout=timeout)
+            await workflow.execute_activity(REPORT_ACTIVITY, i, result_type=dict,
+                                            start_to_close_timeout=timeout)
+        return steps
 
 
 class NaiveModelRequest(BaseModel):
