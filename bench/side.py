@@ -42,7 +42,7 @@ from bench.harness import (
     now,
     rss_kib,
 )
-from bench.phases import Bench, _check, _no_violations, _rss, _ticket_call, _until_waiting, parked
+from bench.phases import Bench, _check, _no_violations, _rss, _ticket_call, parked
 from bench.tools import REPORT_RESULT_CAP
 from bench.workflows import BARE_PAIR_WORKFLOW
 from boundloop.client import result_of
@@ -290,6 +290,17 @@ async def per_step(b: Bench, systems: list[System], steps: int,
 # --- parked runs ---------------------------------------------------------------------
 
 
+async def _until_parked(client: Client, queue: str, n: int, seconds: float) -> None:
+    # A peer's workflow sets the status when it parks and leaves it: count open runs only.
+    query = (f'TaskQueue = "{queue}" AND BoundloopStatus = "waiting_approval" '
+             'AND ExecutionStatus = "Running"')
+    t0 = now()
+    while (count := (await client.count_workflows(query)).count) < n:
+        if now() - t0 > seconds:
+            raise RuntimeError(f"only {count} of {n} runs parked after {seconds:.0f} s")
+        await asyncio.sleep(0.5)
+
+
 async def _park_peer(b: Bench, worker: PeerWorker, runs: int, warmup: int) -> dict[str, Any]:
     """A fresh peer worker's RSS before and after `runs` runs wait for approval."""
     b.model.fresh()
@@ -303,7 +314,7 @@ async def _park_peer(b: Bench, worker: PeerWorker, runs: int, warmup: int) -> di
 
     b.model.feed([_ticket_call(b, i) for i in range(warmup)])
     handles = [await start() for _ in range(warmup)]
-    await _until_waiting(b.client, queue, warmup, 120)
+    await _until_parked(b.client, queue, warmup, 120)
     b.model.feed([b.model.answer("Ticket opened.") for _ in range(warmup)])
     for h in handles:
         await h.signal("approve")
@@ -323,7 +334,7 @@ async def _park_peer(b: Bench, worker: PeerWorker, runs: int, warmup: int) -> di
 
     t0 = now()
     await bounded(asyncio.gather(*(gated() for _ in range(runs))), 180, f"parking {name}")
-    await _until_waiting(b.client, queue, runs, 300)
+    await _until_parked(b.client, queue, runs, 300)
     park_seconds = now() - t0
     _no_violations(b)
     await asyncio.sleep(2.0)
