@@ -65,7 +65,7 @@ class Admissions:
                                        needs_approval=r.needs_approval is not False)
                     for name, r in rules.items()}
         result = resolve(policy, req.settings, tools=req.tools, declared=declared,
-                         mcp_tools=req.mcp_tools)
+                         mcp_tools=req.mcp_tools, search_attributes=req.search_attributes)
         if isinstance(result, list):
             return Admission(refusals=result)
         return Admission(settings=result, tools=tools)

@@ -124,15 +124,18 @@ class Agent(Generic[Deps]):
                          tools=self.tool_names, mcp_tools=self.mcp_tools,
                          search_attributes=search_attributes)
 
-    async def start(self, client: Client, question: str, *, id: str | None = None) -> Run:
+    async def start(self, client: Client, question: str, *, id: str | None = None,
+                    tenant: str | None = None) -> Run:
         """Start a run with `question`. `id` is its workflow id (`boundloop run --id`):
         each run needs a new one (default: a fresh `boundloop-…` id), since ids scope
         idempotency keys, so a used one is refused (`RunIdTaken`), and so is the id of a
-        session's turn (`SESSION/turn-N`)."""
+        session's turn (`SESSION/turn-N`). `tenant`: the run's `BoundloopTenant` search
+        attribute (`boundloop run --tenant`), from which an operator's policy may derive
+        the budget key it spends from."""
         from boundloop.client import Run, start_run
 
         handle = await start_run(client, self.run_input(question), workflow_id=id,
-                                 task_queue=self.task_queue)
+                                 task_queue=self.task_queue, tenant=tenant)
         return Run(handle)
 
     async def session(self, client: Client, *, limits: SessionLimits | None = None,

@@ -28,7 +28,12 @@ from temporalio.client import (
     WorkflowUpdateHandle,
     WorkflowUpdateStage,
 )
-from temporalio.common import RawValue, WorkflowIDReusePolicy
+from temporalio.common import (
+    RawValue,
+    SearchAttributePair,
+    TypedSearchAttributes,
+    WorkflowIDReusePolicy,
+)
 from temporalio.contrib.workflow_streams import WorkflowStreamClient
 from temporalio.converter import PayloadCodec
 from temporalio.exceptions import ApplicationError, WorkflowAlreadyStartedError
@@ -103,13 +108,14 @@ async def start(client: Client, question: str, *,
                 limits: Limits | None = None, policy: Policy | None = None,
                 instructions: str | None = None, id: str | None = None,
                 task_queue: str = DEFAULT_TASK_QUEUE, budget: str | None = None,
-                mcp_tools: Sequence[MCPToolDeclaration] = ()) -> Run:
+                mcp_tools: Sequence[MCPToolDeclaration] = (),
+                tenant: str | None = None) -> Run:
     """Start one run without keeping an agent: `Agent(tools, model=..., ...).start(client,
-    question, id=...)` (see `boundloop.Agent` for each argument)."""
+    question, id=..., tenant=...)` (see `boundloop.Agent` for each argument)."""
     agent: Agent[Any] = Agent(tools, model=model, api=api, limits=limits or Limits(),
                               policy=policy or Policy(), instructions=instructions,
                               task_queue=task_queue, budget=budget, mcp_tools=mcp_tools)
-    return await agent.start(client, question, id=id)
+    return await agent.start(client, question, id=id, tenant=tenant)
 
 
 async def get_run(client: Client, id: str) -> Run:
@@ -540,7 +546,8 @@ def ui_link(settings: Settings, workflow_id: str, run_id: str | None = None) -> 
 
 
 async def start_run(client: Client, inp: RunInput, *, workflow_id: str | None = None,
-                    task_queue: str = DEFAULT_TASK_QUEUE) -> WorkflowHandle[Any, RunResult]:
+                    task_queue: str = DEFAULT_TASK_QUEUE, tenant: str | None = None
+                    ) -> WorkflowHandle[Any, RunResult]:
     wf_id = workflow_id or f"boundloop-{uuid.uuid4().hex[:12]}"
     if session_core.is_turn_id(wf_id):
         # Taken now, the session's next `say` would find its turn's id used.
@@ -557,7 +564,9 @@ async def start_run(client: Client, inp: RunInput, *, workflow_id: str | None = 
         return await client.start_workflow(
             WORKFLOW_NAME, inp, id=wf_id, task_queue=task_queue,
             result_type=RunResult, static_summary=preview(inp.question, 120),
-            static_details=details, id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE)
+            static_details=details, id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
+            search_attributes=None if tenant is None else TypedSearchAttributes(
+                [SearchAttributePair(sa.TENANT, tenant)]))
     except WorkflowAlreadyStartedError:
         raise id_taken(wf_id, "run") from None
 

@@ -233,6 +233,9 @@ class AdmitRequest(BaseModel):
     settings: RunSettings
     tools: list[str]
     mcp_tools: list[MCPToolDeclaration] = Field(default_factory=list)
+    #: The run's search attributes with text values, as it was started with them (an
+    #: operator's `budget.key_from` derives the budget key from them).
+    search_attributes: dict[str, str] = Field(default_factory=dict)
 
 
 def budget_workflow_id(key: str) -> str:

@@ -160,7 +160,7 @@ async def dev_server(database: str | None = None,
     env = await WorkflowEnvironment.start_local(
         data_converter=pydantic_data_converter, dev_server_existing_path=temporal_binary(),
         dev_server_database_filename=database,
-        dev_server_extra_args=[*FAST_FLAGS, *extra_args], search_attributes=sa.ALL)
+        dev_server_extra_args=[*FAST_FLAGS, *extra_args], search_attributes=sa.REGISTERED)
     try:
         yield env.client
     finally:

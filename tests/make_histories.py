@@ -221,6 +221,25 @@ approvers = ["alice"]
 max_steps = 10
 """,
 }
+# The budget key derived from the run's tenant search attribute (the admission is given
+# the run's search attributes): the run reserves from tenant-acme's ledger.
+OPERATOR_POLICIES["tenant_budget"] = """\
+[prices.scripted-model]
+input_usd_per_mtok = 1.0
+output_usd_per_mtok = 2.0
+
+[budget]
+key_from = "tenant-{BoundloopTenant}"
+
+[limits.max]
+max_output_tokens = 100
+"""
+#: name -> the tenant its run is started with (its ledger is set first).
+TENANTS = {"tenant_budget": "acme"}
+RUNS["tenant_budget"] = ([
+    resp(call("lookup_stock", {"sku": "A-001"}, "t1"), rid="tr1"),
+    answer("A-001は12個です。", rid="tr2"),
+], nothing)
 RUNS["admitted"] = ([
     resp(call("lookup_stock", {"sku": "A-001"}, "o1"), rid="or1"),
     answer("A-001は12個です。", rid="or2"),
@@ -324,8 +343,13 @@ async def record_on(tmp: Path, names: list[str], flags: list[str] | None = None)
                 policy.write_text(OPERATOR_POLICIES[name], encoding="utf-8")
                 c.kill(c.workers[-1])
                 c.start_worker(policy_file=policy)
+            tenant = TENANTS.get(name)
+            if tenant is not None:
+                assert c.client is not None
+                await set_budget(c.client, f"tenant-{tenant}", BudgetLimits(usd=1.0),
+                                 task_queue=c.queue)
             handle = await c.start_run(turns, workflow_id=workflow_id(name),
-                                       policy=POLICIES.get(name))
+                                       policy=POLICIES.get(name), tenant=tenant)
             await act(c, handle)
             result = await result_of(handle)
             if name in CONTINUED:

@@ -182,3 +182,38 @@ def test_every_refusal_is_reported_at_once() -> None:
 def test_a_bad_operator_policy_is_refused(bad: dict[str, Any]) -> None:
     with pytest.raises(ValidationError):
         OperatorPolicy.model_validate(bad)
+
+
+def _resolve_as(op: OperatorPolicy, settings: dict[str, Any],
+                attributes: dict[str, str]) -> RunSettings | list[Refusal]:
+    return resolve(op, RunSettings.model_validate({"model": "m", **settings}), tools=TOOLS,
+                   declared=DECLARED, search_attributes=attributes)
+
+
+def test_a_budget_key_derived_from_the_runs_search_attribute() -> None:
+    op = _operator(budget={"key_from": "tenant-{BoundloopTenant}"},
+                   limits={"max": {"max_output_tokens": 100}})
+    got = _resolve_as(op, {}, {"BoundloopTenant": "acme"})
+    assert isinstance(got, RunSettings) and got.budget == "tenant-acme"
+    out = {"limits": {"max_output_tokens": 50}}
+    got = _resolve_as(op, {"budget": "tenant-acme", **out}, {"BoundloopTenant": "acme"})
+    assert isinstance(got, RunSettings) and got.budget == "tenant-acme"
+    # Missing (or empty): refused naming the attribute; another key: refused naming it.
+    for attributes in ({}, {"BoundloopTenant": ""}, {"Other": "acme"}):
+        refused = _resolve_as(op, {}, attributes)
+        assert isinstance(refused, list) and [r.line() for r in refused] == [
+            "search_attributes.BoundloopTenant: the run asked none; the operator's policy: "
+            "required: the budget key is tenant-{BoundloopTenant}"]
+    refused = _resolve_as(op, {"budget": "tenant-bigco", **out}, {"BoundloopTenant": "acme"})
+    assert isinstance(refused, list) and [r.line() for r in refused] == [
+        "budget: the run asked tenant-bigco; the operator's policy: tenant-acme (from "
+        "tenant-{BoundloopTenant})"]
+    # A value that makes no valid key is refused, never spent from.
+    assert _fields(_resolve_as(op, {}, {"BoundloopTenant": "a b"})) == ["budget"]
+
+
+@pytest.mark.parametrize("rule", [{"key_from": "tenant"}, {"key_from": "a b {X}"},
+                                  {"key_from": "{X}", "key": "team-a"}])
+def test_a_key_from_template_is_checked_when_the_policy_is_read(rule: dict[str, Any]) -> None:
+    with pytest.raises(ValidationError):
+        OperatorPolicy.model_validate({"budget": rule})

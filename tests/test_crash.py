@@ -28,6 +28,7 @@ from typing import Any
 
 from temporalio.api.enums.v1 import EventType, TimeoutType
 from temporalio.client import Client, WorkflowHandle
+from temporalio.common import SearchAttributePair, TypedSearchAttributes
 from temporalio.contrib.pydantic import pydantic_data_converter
 
 from boundloop import search_attributes as sa
@@ -138,9 +139,10 @@ class Cluster:
     async def start_run(self, turns: list[dict[str, Any]], *, workflow_id: str | None = None,
                         tools: list[str] | None = None, limits: Limits | None = None,
                         question: str = "チケットを作って", policy: Policy | None = None,
-                        ) -> WorkflowHandle[Any, RunResult]:
-        """Append the run's turns to the model script and start the workflow. Runs of one
-        cluster must run one after the other (the script is one shared sequence)."""
+                        tenant: str | None = None) -> WorkflowHandle[Any, RunResult]:
+        """Append the run's turns to the model script and start the workflow (`tenant`: its
+        BoundloopTenant search attribute). Runs of one cluster must run one after the
+        other (the script is one shared sequence)."""
         assert self.client is not None
         for turn in turns:
             self.model.append(turn)
@@ -150,7 +152,9 @@ class Cluster:
                         tools=tools if tools is not None else DEMO_TOOLS)
         return await self.client.start_workflow(
             WORKFLOW_NAME, inp, id=workflow_id or f"crash-{uuid.uuid4().hex[:12]}",
-            task_queue=self.queue, result_type=RunResult)
+            task_queue=self.queue, result_type=RunResult,
+            search_attributes=None if tenant is None else TypedSearchAttributes(
+                [SearchAttributePair(sa.TENANT, tenant)]))
 
     def tickets_of(self, workflow_id: str) -> list[dict[str, Any]]:
         return [t for t in list_tickets(self.data_dir)

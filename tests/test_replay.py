@@ -95,6 +95,10 @@ def final_result(history: WorkflowHistory) -> dict[str, Any]:
                                 E.EVENT_TYPE_WORKFLOW_EXECUTION_CANCEL_REQUESTED: 1}),
     # The operator-policy patch and the admit_run local activity: two markers.
     ("admitted", "completed", {E.EVENT_TYPE_MARKER_RECORDED: 2}),
+    # Two patches (operator policy, search attributes given to the admission) and the
+    # admit_run marker; the run reserved from its tenant's ledger, then released.
+    ("tenant_budget", "completed", {E.EVENT_TYPE_MARKER_RECORDED: 3,
+                                    E.EVENT_TYPE_SIGNAL_EXTERNAL_WORKFLOW_EXECUTION_INITIATED: 3}),
     # Two calls waiting, one update with `remember`: both ran.
     ("remembered", "completed", {E.EVENT_TYPE_WORKFLOW_EXECUTION_UPDATE_COMPLETED: 1,
                                  E.EVENT_TYPE_ACTIVITY_TASK_COMPLETED: 4}),

@@ -106,6 +106,9 @@ UNKNOWN_TOOLS_NAMED = "unknown-tools-named"
 #: admitted with is decided by the admitted rules, and its calls carry the admitted
 #: schema's digest (the tool activity refuses a call whose schema changed).
 ADMITTED_SCHEMAS = "admitted-schemas"
+#: The patch under which the admission is given the run's search attributes (an
+#: operator's `budget.key_from` derives the budget key from them).
+ADMIT_ATTRIBUTES = "admit-search-attributes"
 
 
 def _worker_lost(counted: list[str]) -> RetryPolicy:
@@ -286,9 +289,15 @@ class BoundLoopWorkflow:
         """The run's effective settings under the worker's operator policy, resolved once
         by a local activity whose result is in history (replay and continue-as-new, which
         carries the settings in the state, never ask the worker's current policy)."""
+        # As the run was started (the workflow upserts only its own Boundloop* ones).
+        attributes = ({pair.key.name: pair.value
+                       for pair in workflow.info().typed_search_attributes
+                       if isinstance(pair.value, str)}
+                      if workflow.patched(ADMIT_ATTRIBUTES) else {})
         admission = await workflow.execute_local_activity(
             ADMIT_ACTIVITY, AdmitRequest(settings=inp.settings, tools=list(inp.tools),
-                                         mcp_tools=list(self._mcp.values())),
+                                         mcp_tools=list(self._mcp.values()),
+                                         search_attributes=attributes),
             result_type=Admission, start_to_close_timeout=timedelta(seconds=10))
         if admission.unknown:
             if workflow.patched(UNKNOWN_TOOLS_NAMED):

@@ -82,6 +82,8 @@ def run(
     policy: Annotated[str | None, typer.Option("--policy", help="Policy as JSON")] = None,
     budget: Annotated[str | None, typer.Option(
         "--budget", help="Spend from this shared budget key (boundloop budget set)")] = None,
+    tenant: Annotated[str | None, typer.Option(
+        "--tenant", help="The run's BoundloopTenant search attribute")] = None,
     limit_flags: dict[str, Any] | None = None,
 ) -> None:
     """Start a run. With --model-script the run uses a scripted model and its own worker."""
@@ -97,14 +99,14 @@ def run(
                         instructions=instructions, limits_json=limits, policy_json=policy,
                         limit_flags=limit_flags or {}, budget=budget, task_queue=task_queue)
     code = _run(_run_async(settings, agent, question, wait or script is not None, as_json,
-                           script, model_script, workflow_id))
+                           script, model_script, workflow_id, tenant))
     raise typer.Exit(code)
 
 
 async def _start(client: Client, agent: Agent[Any], question: str,
-                 workflow_id: str | None) -> Any:
+                 workflow_id: str | None, tenant: str | None = None) -> Any:
     try:
-        return (await agent.start(client, question, id=workflow_id)).handle
+        return (await agent.start(client, question, id=workflow_id, tenant=tenant)).handle
     except RPCError as exc:
         if exc.status == RPCStatusCode.UNAVAILABLE:
             raise
@@ -113,10 +115,11 @@ async def _start(client: Client, agent: Agent[Any], question: str,
 
 async def _run_async(settings: Settings, agent: Agent[Any], question: str, wait: bool,
                      as_json: bool,
-                     script: Any, model_script: Path | None, workflow_id: str | None) -> int:
+                     script: Any, model_script: Path | None, workflow_id: str | None,
+                     tenant: str | None = None) -> int:
     client = await connect(settings)
     if script is None:
-        handle = await _start(client, agent, question, workflow_id)
+        handle = await _start(client, agent, question, workflow_id, tenant)
         if not as_json:
             console.print(f"started {handle.id}: {ops.ui_link(settings, handle.id)}")
         if not wait:
@@ -142,7 +145,7 @@ async def _run_async(settings: Settings, agent: Agent[Any], question: str, wait:
     try:
         async with build_worker(client, local):
             handle = await _start(client, agent.replace(task_queue=local.task_queue),
-                                  question, workflow_id)
+                                  question, workflow_id, tenant)
             if not as_json:
                 console.print(f"started {handle.id} against the scripted model "
                               f"({safe(model_script)})")

@@ -10,11 +10,19 @@ settings into the effective ones, or into the list of what the run asked that is
 from __future__ import annotations
 
 import fnmatch
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from boundloop.core.limits import BUDGET_KEY_PATTERN, Limits, Policy, Price, RunSettings
 from boundloop.core.mcp_tools import MCPToolDeclaration
@@ -48,17 +56,52 @@ class ToolPolicy(BaseModel):
     side_effects: bool | None = None
 
 
+#: `{Name}` in a `key_from` template: the run's search attribute Name.
+_PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
 class BudgetRule(BaseModel):
     """Which shared budget runs spend from: `key` fixed (a run naming another is refused),
-    `required` (a run naming none is refused); and who may change budgets: `admins`,
+    or `key_from`, a template over the run's search attributes (`"tenant-{BoundloopTenant}"`:
+    a run without the attribute, or naming another key, is refused); `required` (a run
+    naming none is refused; implied by `key_from`). And who may change budgets: `admins`,
     approvers whose signed `budget set` counts (with approver keys configured, only
     theirs does)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     key: Annotated[str, Field(pattern=BUDGET_KEY_PATTERN)] | None = None
+    key_from: str | None = Field(None, min_length=3, max_length=100)
     required: bool = False
     admins: list[ApproverName] = Field(default_factory=list)
+
+    @field_validator("key_from")
+    @classmethod
+    def _a_template(cls, template: str | None) -> str | None:
+        if template is None:
+            return None
+        if not _PLACEHOLDER.search(template):
+            raise ValueError("a template naming at least one search attribute, as "
+                             '"{BoundloopTenant}" or "tenant-{BoundloopTenant}"')
+        literal = _PLACEHOLDER.sub("x", template)
+        if not re.fullmatch(BUDGET_KEY_PATTERN, literal):
+            raise ValueError(f"{template!r} cannot make a budget key (letters, digits and "
+                             ". _ : @ - around the {Name} parts)")
+        return template
+
+    @model_validator(mode="after")
+    def _one_source(self) -> BudgetRule:
+        if self.key is not None and self.key_from is not None:
+            raise ValueError("budget: key and key_from exclude each other")
+        return self
+
+    def derived_key(self, attributes: Mapping[str, str]) -> str | list[str]:
+        """The key `key_from` makes of a run's search attributes, or the names missing."""
+        assert self.key_from is not None
+        missing = [n for n in _PLACEHOLDER.findall(self.key_from) if not attributes.get(n)]
+        if missing:
+            return missing
+        return _PLACEHOLDER.sub(lambda m: attributes[m.group(1)], self.key_from)
 
 
 class OperatorLimits(BaseModel):
@@ -220,11 +263,14 @@ def _refused_limits(operator: OperatorPolicy, asked: Limits) -> tuple[Limits, li
 
 def resolve(operator: OperatorPolicy, settings: RunSettings, *, tools: Sequence[str],
             declared: Mapping[str, ToolDeclared],
-            mcp_tools: Sequence[MCPToolDeclaration] = ()) -> RunSettings | list[Refusal]:
+            mcp_tools: Sequence[MCPToolDeclaration] = (),
+            search_attributes: Mapping[str, str] | None = None
+            ) -> RunSettings | list[Refusal]:
     """The run's effective settings under `operator`, or every field it asked looser.
 
     `tools` are the run's tool names; `declared` what the worker's code declares of its
-    function tools; `mcp_tools` the MCP declarations the run carries.
+    function tools; `mcp_tools` the MCP declarations the run carries;
+    `search_attributes` the run's own (text values), which a `budget.key_from` reads.
     """
     refusals: list[Refusal] = []
     run = settings.policy
@@ -278,7 +324,22 @@ def resolve(operator: OperatorPolicy, settings: RunSettings, *, tools: Sequence[
                                 f"{settings.model}", operator="no price for this model"))
 
     rule = operator.budget
-    if settings.budget is None and rule.required:
+    budget_key = settings.budget
+    if rule.key_from is not None:
+        derived = rule.derived_key(search_attributes or {})
+        if isinstance(derived, list):
+            refusals.extend(Refusal(field=f"search_attributes.{name}", asked="none",
+                                    operator=f"required: the budget key is {rule.key_from}")
+                            for name in derived)
+        elif not re.fullmatch(BUDGET_KEY_PATTERN, derived):
+            refusals.append(Refusal(field="budget", asked=derived[:120],
+                                    operator=f"{rule.key_from} makes no valid budget key"))
+        elif settings.budget is not None and settings.budget != derived:
+            refusals.append(Refusal(field="budget", asked=settings.budget,
+                                    operator=f"{derived} (from {rule.key_from})"))
+        else:
+            budget_key = derived  # a run naming none spends from its tenant's
+    elif settings.budget is None and rule.required:
         refusals.append(Refusal(field="budget", asked="none",
                                 operator=f"required{f': {rule.key}' if rule.key else ''}"))
     elif settings.budget is not None and rule.key is not None and settings.budget != rule.key:
@@ -301,7 +362,8 @@ def resolve(operator: OperatorPolicy, settings: RunSettings, *, tools: Sequence[
                         approval=run.approval, approvers=approvers, approver_keys=keys,
                         prices=dict(operator.prices), rules=rules)
         return RunSettings.model_validate({**settings.model_dump(), "policy": policy.model_dump(),
-                                           "limits": limits.model_dump()})
+                                           "limits": limits.model_dump(),
+                                           "budget": budget_key})
     except ValidationError as e:
         return [Refusal(field=".".join(str(p) for p in err["loc"]) or "settings",
                         asked="", operator=err["msg"]) for err in e.errors()]
