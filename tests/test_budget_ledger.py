@@ -4,6 +4,7 @@ continue-as-new with reservations held, and closed runs' reservations released."
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -12,11 +13,15 @@ import pytest
 import pytest_asyncio
 from temporalio.client import Client
 from temporalio.worker import Worker
+from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
 
 from boundloop.activities.budget import budget_closed_runs, budget_reserve
 from boundloop.budgets import set_budget, show_budget
 from boundloop.contracts import BudgetView, ReserveRequest, SettleRequest, budget_workflow_id
 from boundloop.core.budget import Amount, BudgetLimits, Grant
+from boundloop.tools import catalog
+from boundloop.tools.registry import Toolset
+from boundloop.worker.plugin import pass_boundloop_through
 from boundloop.workflows.budget import BudgetLedgerWorkflow
 from tests.conftest import continue_as_new_server
 
@@ -28,9 +33,20 @@ async def client(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Clie
         yield client
 
 
-def worker(client: Client, queue: str) -> Worker:
-    return Worker(client, task_queue=queue, workflows=[BudgetLedgerWorkflow],
-                  activities=[budget_reserve, budget_closed_runs])
+@contextlib.asynccontextmanager
+async def worker(client: Client, queue: str) -> AsyncIterator[Worker]:
+    """A bare Temporal worker for the ledger alone, with the queue registered the way
+    boundloop.Worker registers it (no approver keys: namespace access sets limits)."""
+    served = catalog.Served(Toolset())
+    catalog.register(queue, served)
+    try:
+        async with Worker(client, task_queue=queue, workflows=[BudgetLedgerWorkflow],
+                          activities=[budget_reserve, budget_closed_runs],
+                          workflow_runner=pass_boundloop_through(
+                              SandboxedWorkflowRunner())) as w:
+            yield w
+    finally:
+        catalog.unregister(queue, served)
 
 
 async def reserve(client: Client, key: str, run: str, step: int, tokens: int) -> Grant:
