@@ -22,6 +22,7 @@ from typing import Any
 from temporalio.client import WorkflowFailureError, WorkflowHandle
 
 from boundloop import client as ops
+from boundloop import errors as boundloop_errors
 from boundloop.budgets import set_budget
 from boundloop.contracts import (
     CancelRequest,
@@ -253,6 +254,25 @@ REFUSED: dict[str, list[str]] = {
 }
 
 
+async def squatted_turn(c: Cluster, tmp: Path) -> WorkflowHandle[Any, Any]:
+    """A session whose first turn's id another workflow took (a raw client): that `say`
+    is refused (the turn-id-taken marker), the next turn runs under turn-2."""
+    assert c.client is not None
+    session = await ops.start_session(c.client, tools=["lookup_stock"], model="scripted-model",
+                                      task_queue=c.queue, id=workflow_id("session_squatted"))
+    squatter = await c.client.start_workflow("Squatter", id=f"{session.id}/turn-1",
+                                             task_queue="nobody-polls-this")
+    try:
+        await session.say("こんにちは")
+    except boundloop_errors.SessionRefused as exc:
+        print(f"session_squatted: {exc}")
+    c.model.append(answer("こんにちは。", rid="qr1"))
+    await session.say("こんにちは")
+    await session.end()
+    await squatter.terminate()
+    return session.handle
+
+
 async def signed_ledger(c: Cluster, tmp: Path) -> WorkflowHandle[Any, Any]:
     """A budget ledger whose limits a budget admin set by a signed change (the worker's
     policy holds alice's key and makes her the budget admin): started without limits,
@@ -280,9 +300,11 @@ async def signed_ledger(c: Cluster, tmp: Path) -> WorkflowHandle[Any, Any]:
     return handle
 
 
-#: name -> how the history of a budget ledger (a workflow of its own, not a run) is made.
+#: name -> how the history of a workflow that is not a run (a budget ledger, a session) is
+#: made.
 LEDGERS: dict[str, Callable[[Cluster, Path], Awaitable[WorkflowHandle[Any, Any]]]] = {
     "ledger": signed_ledger,
+    "session_squatted": squatted_turn,
 }
 
 

@@ -191,3 +191,13 @@ def test_the_unknown_tool_history_is_refused_at_admission_in_a_sentence() -> Non
     assert failure.application_failure_info.type == errors.UNKNOWN_TOOLS
     assert failure.message.startswith(
         "the worker on task queue 'histories' serves no tool named 'whisper' (it serves: ")
+
+
+def test_the_squatted_session_history_refuses_that_turn_then_runs_the_next() -> None:
+    history = load(latest("session_squatted"))
+    events = kinds(history)
+    # The turn-id-taken marker; turn-1's start failed, turn-2 started and completed.
+    assert events.count(E.EVENT_TYPE_START_CHILD_WORKFLOW_EXECUTION_FAILED) == 1
+    assert events.count(E.EVENT_TYPE_CHILD_WORKFLOW_EXECUTION_COMPLETED) == 1
+    assert events.count(E.EVENT_TYPE_MARKER_RECORDED) == 1
+    assert E.EVENT_TYPE_WORKFLOW_TASK_FAILED not in events

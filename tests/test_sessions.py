@@ -343,3 +343,25 @@ async def test_a_session_stream_follows_each_turn(temporal: Client, tmp_path: Pa
         assert "".join(i.text for i in items if isinstance(i, TextDelta)) == result.text
         assert isinstance(items[-1], StreamResult) and items[-1].result == result
     assert [turn for turn, _ in seen] == sorted(turn for turn, _ in seen)
+
+
+async def test_a_turn_id_taken_by_another_workflow_refuses_that_turn_in_a_sentence(
+        temporal: Client, tmp_path: Path) -> None:
+    """Someone starts a workflow under the id the session's next turn would use (a raw
+    Temporal client: `boundloop` refuses such ids). That `say` is refused in a sentence,
+    the session goes on, and the next turn has an id of its own."""
+    async with session_env(temporal, tmp_path, [answer("hello")]) as env:
+        session = await env.start()
+        squatter = await temporal.start_workflow(
+            "Squatter", id=f"{session.id}/turn-1", task_queue=f"nobody-{uuid.uuid4().hex}")
+        with pytest.raises(boundloop.SessionRefused,
+                           match=rf"turn 1's workflow id '{session.id}/turn-1' is already "
+                                 r"used by a workflow this session did not start"):
+            await say(session, "hi")
+        turn = await say(session, "hi again")
+        status = await session.show()
+        await squatter.terminate()
+        assert await workflow_task_failures(session.handle, temporal) == 0
+    assert (turn.reason, turn.text, turn.workflow_id) == ("completed", "hello",
+                                                         f"{session.id}/turn-2")
+    assert (status.turns, status.last and status.last.workflow_id) == (2, f"{session.id}/turn-2")

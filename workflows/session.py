@@ -16,7 +16,12 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from temporalio import workflow
-from temporalio.exceptions import ApplicationError, ChildWorkflowError
+from temporalio.common import WorkflowIDReusePolicy
+from temporalio.exceptions import (
+    ApplicationError,
+    ChildWorkflowError,
+    WorkflowAlreadyStartedError,
+)
 
 from boundloop.workflows.loop import BoundLoopWorkflow
 
@@ -26,6 +31,7 @@ with workflow.unsafe.imports_passed_through():
         SESSION_WORKFLOW,
         WORKFLOW_NAME,
         CancelRequest,
+        RunInput,
         RunResult,
         SayRequest,
         SessionInput,
@@ -34,6 +40,12 @@ with workflow.unsafe.imports_passed_through():
     )
     from boundloop.core import session as core
     from boundloop.core.canonical import preview
+
+
+#: The patch under which a turn whose workflow id another workflow holds is refused in a
+#: sentence (before it, the `say` failed with Temporal's bare "already started"), and a
+#: turn's id is never reused even once that workflow has closed.
+TURN_ID_TAKEN = "turn-id-taken"
 
 
 @workflow.defn(name=SESSION_WORKFLOW)
@@ -106,9 +118,7 @@ class BoundloopSessionWorkflow:
                             search_attributes=self._inp.search_attributes,
                             turn=core.TurnOf(session_id=workflow.info().workflow_id,
                                              turn=state.turns, follows=state.follows))
-            handle = await workflow.start_child_workflow(
-                WORKFLOW_NAME, run, id=turn_id, result_type=RunResult,
-                static_summary=f"turn {state.turns}: {preview(req.message, 100)}")
+            handle = await self._start_turn(run, turn_id, req.message)
             result = await self._result_of(handle, state.turns)
         finally:
             self._running = None
@@ -200,6 +210,27 @@ class BoundloopSessionWorkflow:
             problem = "the session is ending; start a new one"
         if problem is not None:
             raise ApplicationError(problem, type=errors.SESSION_REFUSED, non_retryable=True)
+
+    async def _start_turn(self, run: RunInput, turn_id: str, message: str
+                          ) -> workflow.ChildWorkflowHandle[Any, RunResult]:
+        """Start the turn's child workflow. Its id may be taken by a workflow this session
+        did not start (a raw Temporal client; `boundloop` refuses such ids): that turn is
+        then refused in a sentence, counted, so the next one has an id of its own."""
+        summary = f"turn {self._state.turns}: {preview(message, 100)}"
+        if not workflow.patched(TURN_ID_TAKEN):
+            return await workflow.start_child_workflow(
+                WORKFLOW_NAME, run, id=turn_id, result_type=RunResult, static_summary=summary)
+        try:
+            # Never reused, even once closed: ids scope the side effects' idempotency keys.
+            return await workflow.start_child_workflow(
+                WORKFLOW_NAME, run, id=turn_id, result_type=RunResult, static_summary=summary,
+                id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE)
+        except WorkflowAlreadyStartedError:
+            raise ApplicationError(
+                f"turn {self._state.turns}'s workflow id {turn_id!r} is already used by a "
+                "workflow this session did not start; the message was not run: send it "
+                "again (the next turn has an id of its own)",
+                type=errors.TURN_FAILED, non_retryable=True) from None
 
     async def _result_of(self, handle: workflow.ChildWorkflowHandle[Any, RunResult],
                          turn: int) -> RunResult:
