@@ -24,7 +24,6 @@ import binascii
 import dataclasses
 import os
 import re
-import stat
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -37,6 +36,7 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.converter import DataConverter, PayloadCodec
 
 from boundloop.errors import BoundloopError
+from boundloop.secret_files import shared_problem
 
 #: The `encoding` metadata of an encrypted payload and the metadata key naming its key
 #: (the names Temporal's encryption samples use, so other tools recognise them).
@@ -104,10 +104,9 @@ def load_keys(*, keys_file: Path | None, keys_text: str | None) -> dict[str, byt
                                 f"{exc.strerror or exc}") from None
         # Refused like an approver's private key: keys others may read may already be
         # someone else's (the image's user is uid 10001: `chown 10001`, not `chmod 644`).
-        if mode & (stat.S_IRWXG | stat.S_IRWXO):
-            raise CodecKeyError(f"BOUNDLOOP_CODEC_KEYS: {keys_file} is readable by others "
-                                f"(mode {stat.S_IMODE(mode):04o}): `chmod 600 {keys_file}` "
-                                "and make it the reading user's own")
+        problem = shared_problem("BOUNDLOOP_CODEC_KEYS", keys_file, mode)
+        if problem is not None:
+            raise CodecKeyError(problem)
         return parse_keys(text, source=str(keys_file))
     if keys_text is not None:
         return parse_keys(keys_text, source="BOUNDLOOP_CODEC_KEY")

@@ -25,6 +25,7 @@ from temporalio.service import TLSConfig
 from boundloop.client import connect as boundloop_connect
 from boundloop.codec import CodecKeyError, EncryptionCodec, load_keys
 from boundloop.errors import BoundloopError
+from boundloop.secret_files import shared_problem
 from boundloop.settings import Settings
 from boundloop.tracing import client_interceptors
 
@@ -47,12 +48,17 @@ class ConnectOptions:
                 "codec": self.codec}
 
 
-def _read(path: Path, variable: str) -> bytes:
+def _read(path: Path, variable: str, *, secret: bool = False) -> bytes:
     try:
-        return path.read_bytes()
+        mode = path.stat().st_mode
+        data = path.read_bytes()
     except OSError as exc:
         raise ConnectionSettingsError(f"{variable}: cannot read {path}: "
                                       f"{exc.strerror or exc}") from None
+    problem = shared_problem(variable, path, mode) if secret else None
+    if problem is not None:  # the client's private key
+        raise ConnectionSettingsError(problem)
+    return data
 
 
 def tls_config(settings: Settings) -> bool | TLSConfig | None:
@@ -73,7 +79,8 @@ def tls_config(settings: Settings) -> bool | TLSConfig | None:
                                  if s.temporal_tls_ca else None),
             client_cert=(_read(s.temporal_tls_cert, "TEMPORAL_TLS_CLIENT_CERT_PATH")
                          if s.temporal_tls_cert else None),
-            client_private_key=(_read(s.temporal_tls_key, "TEMPORAL_TLS_CLIENT_KEY_PATH")
+            client_private_key=(_read(s.temporal_tls_key, "TEMPORAL_TLS_CLIENT_KEY_PATH",
+                                      secret=True)
                                 if s.temporal_tls_key else None),
             domain=s.temporal_tls_server_name)
     return s.temporal_tls

@@ -138,6 +138,24 @@ async def test_a_missing_certificate_file_is_refused_before_connecting(
         in err
 
 
+async def test_a_client_key_others_may_read_is_refused_before_connecting(
+        tmp_path: Path, proxy: TlsProxy, pki: dict[str, Path]) -> None:
+    """The client's private key is a secret like a codec key: mode 0644 is refused in
+    one line (exit 2), for the CLI and the worker alike."""
+    env = tls_env(tmp_path, proxy, pki)
+    key = pki["client_key"]
+    key.chmod(0o644)
+    line = (f"error: TEMPORAL_TLS_CLIENT_KEY_PATH: {key} is readable by others (mode "
+            f"0644): `chmod 600 {key}` and make it the reading user's own")
+    code, _out, err = await cli("list", env=env)
+    assert (code, err.strip()) == (2, line)
+    code, _out, err = await cli("worker", env=env)
+    assert (code, err.strip().splitlines()[-1]) == (2, line)
+    key.chmod(0o600)
+    code, _out, err = await cli("list", env=env)
+    assert code == 0, err
+
+
 async def test_a_client_without_its_certificate_is_refused_by_an_mtls_server(
         tmp_path: Path, proxy: TlsProxy, pki: dict[str, Path]) -> None:
     env = tls_env(tmp_path, proxy, pki)

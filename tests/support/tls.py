@@ -42,6 +42,7 @@ def _write(directory: Path, stem: str, cert: x509.Certificate,
     pair.key.write_bytes(key.private_bytes(serialization.Encoding.PEM,
                                            serialization.PrivateFormat.PKCS8,
                                            serialization.NoEncryption()))
+    pair.key.chmod(0o600)  # a private key others may read is refused
     return pair
 
 
