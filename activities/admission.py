@@ -56,7 +56,7 @@ class Admissions:
             needs_approval=s.needs_approval is not False, side_effects=s.side_effects,
             terminal=s.terminal, cost_units=s.cost_units, max_calls=s.max_calls,
             timeout_seconds=s.timeout.total_seconds(),
-            max_attempts=s.retry.maximum_attempts or 3) for s in specs]
+            max_attempts=s.retry.maximum_attempts or 3, local=s.rule.local) for s in specs]
         policy = self.policy if self.policy is not None else OperatorPolicy(
             approver_keys=self.approver_keys, prices=dict(req.settings.policy.prices))
         rules = self.toolset.rules([s.name for s in specs])

@@ -3,10 +3,11 @@
 The workflow never sends the whole conversation to the model activity, and each item
 is written to Temporal history about once:
 - model output items are the model activity's result;
-- a tool's `function_call_output` is the tool activity's result: the next
-  `ModelRequest` carries only a reference to it (`output_ref`, the call's idempotency
-  key); outputs the workflow wrote itself (invalid input, blocked, rejected) travel
-  inline in `new_items`.
+- a tool's `function_call_output` is the tool activity's result (of a short read-only
+  tool run as a local activity: the result in its marker, whose activity id is the
+  call's idempotency key): the next `ModelRequest` carries only a reference to it
+  (`output_ref`, the call's idempotency key); outputs the workflow wrote itself
+  (invalid input, blocked, rejected) travel inline in `new_items`.
 
 The activity keeps per-worker caches (memory is a cache, never the source of truth):
 conversations by workflow id, and tool outputs by idempotency key (filled by the tool
@@ -18,12 +19,15 @@ Every rebuild is checked against the digests the workflow computed.
 
 from __future__ import annotations
 
+import json
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from temporalio.api.common.v1 import Payloads
 from temporalio.api.enums.v1 import EventType
+from temporalio.api.history.v1 import MarkerRecordedEventAttributes
 from temporalio.client import Client
 from temporalio.exceptions import ApplicationError
 
@@ -166,7 +170,33 @@ async def _read_run(client: Client, workflow_id: str, run_id: str,
                 [outcome] = await converter.decode(list(done.result.payloads), [ToolOutcome])
                 assert isinstance(outcome, ToolOutcome)
                 run.outputs[tools[done.scheduled_event_id]] = outcome.envelope.to_output()
+        elif event.event_type == EventType.EVENT_TYPE_MARKER_RECORDED:
+            key, result = _local_tool_result(event.marker_recorded_event_attributes)
+            if key is not None and result is not None:
+                [outcome] = await converter.decode(list(result.payloads), [ToolOutcome])
+                assert isinstance(outcome, ToolOutcome)
+                run.outputs[key] = outcome.envelope.to_output()
     return run
+
+
+#: Temporal's marker of a local activity's outcome: `data` (JSON: its type, its id, ...)
+#: and, when it returned, `result`.
+LOCAL_ACTIVITY_MARKER = "core_local_activity"
+
+
+def _local_tool_result(marker: MarkerRecordedEventAttributes
+                       ) -> tuple[str | None, Payloads | None]:
+    """(idempotency key, result payloads) of a tool run as a local activity, whose
+    activity id is the call's idempotency key; (None, None) for any other marker or a
+    failed attempt."""
+    if marker.marker_name != LOCAL_ACTIVITY_MARKER or "result" not in marker.details:
+        return None, None
+    data = marker.details["data"].payloads
+    # Temporal writes `data` itself, always plain JSON (a codec never touches it).
+    info = json.loads(data[0].data) if data else {}
+    if info.get("activity_type") != TOOL_ACTIVITY:
+        return None, None
+    return str(info["activity_id"]), marker.details["result"]
 
 
 def _mismatch(what: str) -> ApplicationError:

@@ -27,7 +27,11 @@ HEARTBEAT_EVERY = 1.0
 @asynccontextmanager
 async def heartbeating(details: Callable[[], tuple[Any, ...]] = tuple) -> AsyncIterator[None]:
     """Heartbeat with `details()` every HEARTBEAT_EVERY seconds while the block runs,
-    the first after HEARTBEAT_EVERY."""
+    the first after HEARTBEAT_EVERY. A local activity sends none: it has no heartbeat
+    timeout (its workflow task's own timeout notices a dead worker)."""
+    if activity.info().is_local:
+        yield
+        return
 
     async def beat() -> None:
         while True:

@@ -96,8 +96,11 @@ class ToolActivities:
         def details() -> tuple[Any, ...]:
             return ({"started": started.is_set()},)
 
+        local = activity.info().is_local
+
         def beat(*extra: Any) -> None:  # a tool's own heartbeat keeps ours first
-            activity.heartbeat(*details(), *extra)
+            if not local:  # a local activity has no one to tell
+                activity.heartbeat(*details(), *extra)
 
         def failure(message: str, type_: str) -> ApplicationError:
             # A transient failure or a timeout is expected (retried, logged in one line

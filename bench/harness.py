@@ -7,6 +7,7 @@ bounded in time.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import statistics
@@ -218,12 +219,23 @@ def _ts(event: HistoryEvent) -> float:
     return event.event_time.seconds + event.event_time.nanos / 1e9
 
 
+def _stamp(value: dict[str, int]) -> float:
+    return value["seconds"] + value.get("nanos", 0) / 1e9
+
+
 def activities(events: list[HistoryEvent]) -> list[Act]:
-    """Completed activities in schedule order."""
+    """Completed activities in schedule order, local activities too (from their markers:
+    scheduled and started at once, on the worker's clock, the same machine's)."""
     sched: dict[int, tuple[str, float]] = {}
     started: dict[int, float] = {}
     done: list[Act] = []
     for e in events:
+        if e.event_type == EventType.EVENT_TYPE_MARKER_RECORDED:
+            marker = e.marker_recorded_event_attributes
+            if marker.marker_name == "core_local_activity" and "result" in marker.details:
+                data = json.loads(marker.details["data"].payloads[0].data)
+                at = _stamp(data["original_schedule_time"])
+                done.append(Act(data["activity_type"], at, at, _stamp(data["complete_time"])))
         if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
             attrs = e.activity_task_scheduled_event_attributes
             sched[e.event_id] = (attrs.activity_type.name, _ts(e))

@@ -57,6 +57,7 @@ KEPT = "<!-- kept by make bench -->"
 NO_EAGER = ["--dynamic-config-value", "system.enableActivityEagerExecution=false"]
 PHASES = ("overhead", "throughput", "history", "scale", "levers", "parked")
 LEVERS = [
+    ("short read-only tool as a local activity", "default", "tool as a regular activity"),
     ("pooled store connection (lookup_stock)", "default", "store opened per call"),
     ("eager activity execution (shared queue only)", "shared queue, eager on",
      "shared queue, eager off"),
@@ -217,6 +218,8 @@ async def _levers(cfg: dict[str, Any], b: phases.Bench, address: str, model_url:
         variants = [
             phases.Variant("default", b.client, own),
             phases.Variant("store opened per call", b.client, own, "lookup_stock_per_call"),
+            phases.Variant("tool as a regular activity", b.client, own,
+                           "lookup_stock_regular"),
             phases.Variant("shared queue, eager on", b.client,
                            await worker(address, "shared", True)),
             phases.Variant("shared queue, eager off", plain_client,

@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from contextlib import closing
 from datetime import timedelta
 from typing import Annotated, Any
@@ -32,6 +33,12 @@ def fetch_report(
 ) -> dict[str, Any]:
     """Fetch one part of the inventory report (about 4 KB)."""
     return report(part)
+
+
+#: `lookup_stock` opted out of running as a local activity: the local-tools lever
+#: compares the two.
+tools.add(dataclasses.replace(demo_tools.get("lookup_stock"), name="lookup_stock_regular",
+                              local_activity=False))
 
 
 @tools.tool(timeout=timedelta(seconds=10))

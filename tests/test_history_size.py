@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from temporalio.api.enums.v1 import EventType
 
 from boundloop import search_attributes as sa
@@ -25,22 +26,28 @@ async def events_containing(out: Outcome, text: str) -> list[str]:
     return found
 
 
-async def test_a_tool_output_is_written_to_history_once(run_script: RunScript) -> None:
-    out = await run_script([resp(call("huge", {"chars": 1000}, "c1")),
-                            resp(call("huge", {"chars": 1001}, "c2")), answer("ok")],
-                           tools=["huge"], limits=Limits(max_result_bytes=8000))
+@pytest.mark.parametrize(("tool", "where"), [
+    ("huge", "marker_recorded_event_attributes"),  # a short read-only tool: local
+    ("huge_remote", "activity_task_completed_event_attributes"),  # opted out
+])
+async def test_a_tool_output_is_written_to_history_once(run_script: RunScript, tool: str,
+                                                        where: str) -> None:
+    out = await run_script([resp(call(tool, {"chars": 1000}, "c1")),
+                            resp(call(tool, {"chars": 1001}, "c2")), answer("ok")],
+                           tools=[tool], limits=Limits(max_result_bytes=8000))
     assert out.result.reason == "completed"
     assert outputs(out.bodies[1])["c1"]["data"]["text"] == "あ" * 1000  # the model saw it
-    assert await events_containing(out, MARK) == ["activity_task_completed_event_attributes",
-                                                  "activity_task_completed_event_attributes"]
+    assert await events_containing(out, MARK) == [where, where]
 
 
+@pytest.mark.parametrize("tool", ["huge", "huge_remote"])
 async def test_outputs_are_rebuilt_from_history_when_the_cache_is_cold(
-        run_script: RunScript) -> None:
-    script = [resp(call("huge", {"chars": 500}, "c1")), resp(call("huge", {"chars": 501}, "c2")),
+        run_script: RunScript, tool: str) -> None:
+    """From the tool activity's completion, or a local activity's marker."""
+    script = [resp(call(tool, {"chars": 500}, "c1")), resp(call(tool, {"chars": 501}, "c2")),
               answer("ok")]
-    warm = await run_script(script, tools=["huge"], limits=Limits(max_result_bytes=8000))
-    cold = await run_script(script, tools=["huge"], limits=Limits(max_result_bytes=8000),
+    warm = await run_script(script, tools=[tool], limits=Limits(max_result_bytes=8000))
+    cold = await run_script(script, tools=[tool], limits=Limits(max_result_bytes=8000),
                             cache=0)
     assert cold.result.reason == "completed"
     assert [b["input"] for b in cold.bodies] == [b["input"] for b in warm.bodies]

@@ -22,6 +22,7 @@ from temporalio.contrib.workflow_streams import WorkflowStream
 from temporalio.exceptions import (
     ActivityError,
     ApplicationError,
+    FailureError,
     RetryState,
     TimeoutError,
     is_cancelled_exception,
@@ -109,6 +110,9 @@ ADMITTED_SCHEMAS = "admitted-schemas"
 #: The patch under which the admission is given the run's search attributes (an
 #: operator's `budget.key_from` derives the budget key from them).
 ADMIT_ATTRIBUTES = "admit-search-attributes"
+#: The patch under which a short read-only tool runs as a local activity
+#: (`boundloop.core.loop.runs_locally`; before it, every tool was a regular activity).
+LOCAL_TOOLS = "local-tools"
 
 
 def _worker_lost(counted: list[str]) -> RetryPolicy:
@@ -461,13 +465,29 @@ class BoundLoopWorkflow:
         failed: list[ActivityError] = []
         while True:
             remaining = state.limits.deadline_seconds - self._processing_seconds()
+            start_to_close = timedelta(seconds=a.timeout_seconds + WEDGED_MARGIN)
+            schedule_to_close = timedelta(seconds=max(remaining, 1.0))
             try:
-                result: _R = await workflow.execute_activity(
-                    a.activity, arg, result_type=result_type,
-                    start_to_close_timeout=timedelta(seconds=a.timeout_seconds + WEDGED_MARGIN),
-                    schedule_to_close_timeout=timedelta(seconds=max(remaining, 1.0)),
-                    heartbeat_timeout=HEARTBEAT_TIMEOUT, **self._route(a.lost),
-                    summary=a.summary)
+                if a.local_id is not None:
+                    # In this worker, within the workflow task: no heartbeats (the task's
+                    # own timeout notices a dead worker) and no routing. Its activity id
+                    # is the call's idempotency key: the model activity finds the result
+                    # in history by it.
+                    try:
+                        result: _R = await workflow.execute_local_activity(
+                            a.activity, arg, result_type=result_type,
+                            start_to_close_timeout=start_to_close,
+                            schedule_to_close_timeout=schedule_to_close,
+                            retry_policy=a.lost, activity_id=a.local_id, summary=a.summary)
+                    except FailureError as exc:
+                        raise _as_activity_error(exc, a.activity, a.local_id) from exc
+                else:
+                    result = await workflow.execute_activity(
+                        a.activity, arg, result_type=result_type,
+                        start_to_close_timeout=start_to_close,
+                        schedule_to_close_timeout=schedule_to_close,
+                        heartbeat_timeout=HEARTBEAT_TIMEOUT, **self._route(a.lost),
+                        summary=a.summary)
                 return result
             except ActivityError as err:
                 if a.on_failure is not None:
@@ -476,7 +496,8 @@ class BoundLoopWorkflow:
                     raise asyncio.CancelledError from None  # the run was cancelled
                 failed.append(err)
                 in_time = self._processing_seconds() < state.limits.deadline_seconds
-                if (in_time or not a.deadline_ends) and self._holder_lost(err, a.lost):
+                if (in_time or not a.deadline_ends) and a.local_id is None \
+                        and self._holder_lost(err, a.lost):
                     continue  # not a failure: the shared queue takes it (same request)
                 # Schedule-to-close is the time left before the deadline: a retry refused
                 # for lack of time is the deadline, not the provider.
@@ -661,12 +682,16 @@ class BoundLoopWorkflow:
         too_large = core.check_payload(state, "tool_request", payload_bytes(req))
         if too_large is not None:
             return too_large
+        local = core.runs_locally(rule, timeout, gated=p.needs_approval) \
+            and workflow.patched(LOCAL_TOOLS)
         workflow.logger.info("tool execution", extra={
-            "step": step, "tool": p.call.name, "fingerprint": p.fingerprint})
+            "step": step, "tool": p.call.name, "fingerprint": p.fingerprint,
+            "local": local})
         attempts = _Attempts(
             activity=TOOL_ACTIVITY, timeout_seconds=timeout, lost=TOOL_RETRY,
             backoff=rule.backoff, retryable=TOOL_RETRYABLE, deadline_ends=False,
-            summary=f"tool {p.call.name} · call {state.tool_executions + 1}")
+            summary=f"tool {p.call.name} · call {state.tool_executions + 1}",
+            local_id=p.idempotency_key if local else None)
         outcome = await self._attempts(attempts, req, core.ToolOutcome)
         if isinstance(outcome, _Failed):
             cause = outcome.error.cause
@@ -909,6 +934,8 @@ class _Attempts:
     deadline_ends: bool
     summary: str
     on_failure: Callable[[], None] | None = None  # after each failed attempt
+    #: Set: the attempts run as local activities with this activity id.
+    local_id: str | None = None
 
 
 @dataclass(frozen=True)
@@ -935,6 +962,22 @@ def _model_failure(err: ActivityError, timeout_seconds: float) -> mf.ModelFailur
         return mf.ModelFailure(kind=kind, detail=f"model activity failed: {cause.type}")
     return mf.ModelFailure(kind=mf.WORKER_ERROR,
                            detail=f"model activity failed: {type(cause).__name__}")
+
+
+def _as_activity_error(err: FailureError, activity: str, activity_id: str) -> ActivityError:
+    """A local activity's failure as the ActivityError a regular activity's failure is:
+    Temporal hands a local activity's own failure (the tool's ApplicationError, a
+    timeout, a cancel) to the workflow unwrapped. Its retry state is the one the server
+    gives a regular activity's: the counted failure types are non-retryable."""
+    if isinstance(err, ActivityError):
+        return err
+    wrapped = ActivityError(
+        f"local activity {activity} failed", scheduled_event_id=0, started_event_id=0,
+        identity="", activity_type=activity, activity_id=activity_id,
+        retry_state=RetryState.TIMEOUT if isinstance(err, TimeoutError)
+        else RetryState.NON_RETRYABLE_FAILURE)
+    wrapped.__cause__ = err  # what `ActivityError.cause` reads
+    return wrapped
 
 
 def _body_started(cause: BaseException | None) -> bool:

@@ -216,6 +216,10 @@ class MCPToolDeclaration(BaseModel):
     max_calls: int | None = None
     timeout_seconds: float = 30.0
     max_attempts: int = 3
+    #: The tool may run as a local activity (`ToolRule.local`): set only for a worker's
+    #: own read-only tools as its admission records them; a tool from an MCP server
+    #: always runs as a regular activity. Left out of the JSON when False.
+    local: bool = Field(default=False, exclude_if=lambda local: not local)
 
     def openai_tool(self, api: str) -> dict[str, Any]:
         """The function definition for a Responses (`api="responses"`) or Chat request."""
@@ -235,7 +239,8 @@ def tool_rule(declaration: MCPToolDeclaration) -> ToolRule:
                     cost_units=declaration.cost_units, max_calls=declaration.max_calls,
                     check=partial(check_arguments, declaration),
                     timeout_seconds=declaration.timeout_seconds,
-                    backoff=tool_backoff(declaration.max_attempts, TOOL_INITIAL_SECONDS))
+                    backoff=tool_backoff(declaration.max_attempts, TOOL_INITIAL_SECONDS),
+                    local=declaration.local)
 
 
 def call_target(declaration: MCPToolDeclaration) -> MCPToolDeclaration:

@@ -111,7 +111,8 @@ class ToolSpec:
     retry policy, whose attempts and backoff the workflow counts itself: an attempt lost
     to a dead worker is not one of them (docs/durability.md, "Crashes and retries").
     `needs_approval` is a bool or a pure, deterministic predicate over the validated
-    arguments: it runs inside the workflow.
+    arguments: it runs inside the workflow. `local_activity` False keeps a read-only
+    tool a regular activity (`read_only`, `boundloop.core.loop.runs_locally`).
     """
 
     name: str
@@ -129,6 +130,13 @@ class ToolSpec:
     max_calls: int | None = None
     timeout: timedelta = timedelta(seconds=30)
     retry: RetryPolicy = field(default_factory=lambda: DEFAULT_RETRY)
+    local_activity: bool = True
+
+    @property
+    def read_only(self) -> bool:
+        """No side effects, never asks for approval, not terminal: a short tool of this
+        kind runs as a local activity unless its author opted out (`local_activity`)."""
+        return not self.side_effects and self.needs_approval is False and not self.terminal
 
     @property
     def rule(self) -> ToolRule:
@@ -141,7 +149,8 @@ class ToolSpec:
                             self.retry.initial_interval.total_seconds(),
                             self.retry.backoff_coefficient,
                             self.retry.maximum_interval.total_seconds()
-                            if self.retry.maximum_interval else None))
+                            if self.retry.maximum_interval else None),
+                        local=self.local_activity and self.read_only)
 
     @property
     def strict(self) -> bool:
@@ -311,7 +320,8 @@ class Toolset(Generic[Deps]):
              needs_approval: bool | Callable[[Any], bool] = False, terminal: bool = False,
              cost_units: int = 0, max_calls: int | None = None,
              timeout: timedelta = timedelta(seconds=30),
-             retry: RetryPolicy = DEFAULT_RETRY) -> Callable[[F], F]:
+             retry: RetryPolicy = DEFAULT_RETRY,
+             local_activity: bool = True) -> Callable[[F], F]:
         """Register the decorated function as a tool; the function is returned unchanged.
 
         - name: defaults to the function's name.
@@ -326,7 +336,13 @@ class Toolset(Generic[Deps]):
         - max_calls: executions per run (a run's `per_tool_max_calls` overrides it).
         - timeout: one attempt; retry: its attempts and backoff (`maximum_attempts`
           must be set: unlimited retries are refused), counted by the workflow.
-        """
+        - local_activity: False keeps the tool a regular activity. A read-only tool (no
+          side effects, no approval, not terminal) whose timeout is at most 10 s runs
+          as a Temporal local activity in the workflow's worker. Opt out when running it
+          again costs much (a worker crash re-runs a local activity whole), when it
+          reports progress with `ctx.heartbeat` (a local activity has no heartbeats),
+          or when it should show as a pending activity while it runs
+          (docs/durability.md, "Local activities")."""
 
         def register(fn: F) -> F:
             tool_name = name if name is not None else getattr(fn, "__name__", "")
@@ -357,7 +373,8 @@ class Toolset(Generic[Deps]):
                 takes_model=takes_model,
                 is_async=inspect.iscoroutinefunction(inspect.unwrap(fn)),
                 side_effects=side_effects, needs_approval=needs_approval, terminal=terminal,
-                cost_units=cost_units, max_calls=max_calls, timeout=timeout, retry=retry))
+                cost_units=cost_units, max_calls=max_calls, timeout=timeout, retry=retry,
+                local_activity=local_activity))
             return fn
 
         return register

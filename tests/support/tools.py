@@ -74,6 +74,12 @@ def huge(chars: int) -> Any:
     return {"text": "あ" * chars}
 
 
+@tools.tool(name="huge_remote", local_activity=False, retry=retry(), **FAST)
+def huge_remote(chars: int) -> Any:
+    """Returns a large text (a regular activity: opted out of running locally)."""
+    return {"text": "あ" * chars}
+
+
 @tools.tool(retry=retry(2), **FAST)
 def flaky(x: str) -> Any:
     """Always fails transiently."""
