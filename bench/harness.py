@@ -219,13 +219,10 @@ def _ts(event: HistoryEvent) -> float:
     return event.event_time.seconds + event.event_time.nanos / 1e9
 
 
-def _stamp(value: dict[str, int]) -> float:
-    return value["seconds"] + value.get("nanos", 0) / 1e9
-
-
 def activities(events: list[HistoryEvent]) -> list[Act]:
-    """Completed activities in schedule order, local activities too (from their markers:
-    scheduled and started at once, on the worker's clock, the same machine's)."""
+    """Completed activities in schedule order, local activities too: a local activity's
+    marker is written with the workflow task that ran it, so it is scheduled, started
+    and completed at that event's time (its run time counts in the task around it)."""
     sched: dict[int, tuple[str, float]] = {}
     started: dict[int, float] = {}
     done: list[Act] = []
@@ -234,8 +231,7 @@ def activities(events: list[HistoryEvent]) -> list[Act]:
             marker = e.marker_recorded_event_attributes
             if marker.marker_name == "core_local_activity" and "result" in marker.details:
                 data = json.loads(marker.details["data"].payloads[0].data)
-                at = _stamp(data["original_schedule_time"])
-                done.append(Act(data["activity_type"], at, at, _stamp(data["complete_time"])))
+                done.append(Act(data["activity_type"], _ts(e), _ts(e), _ts(e)))
         if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
             attrs = e.activity_task_scheduled_event_attributes
             sched[e.event_id] = (attrs.activity_type.name, _ts(e))

@@ -187,6 +187,17 @@ RUNS["sparse_upserts"] = ([
     answer("A-001は12個、B-002は在庫切れです。", rid="qr3"),
 ], nothing)
 
+# A short read-only tool as a local activity (a marker with its result), and one whose
+# two counted attempts fail transiently (two markers, a backoff timer between them).
+RUNS["local_tool"] = ([
+    resp(reasoning("rs_l1"), call("lookup_stock", {"sku": "A-001"}, "l1"),
+         call("flaky", {"x": "1"}, "l2"), rid="lr1"),
+    answer("A-001は12個です。", rid="lr2"),
+], nothing)
+
+#: name -> the run's tools, for the histories that need others than the demo tools.
+TOOLS: dict[str, list[str]] = {"local_tool": ["lookup_stock", "flaky"]}
+
 #: name -> the run's policy, for the histories that need one.
 POLICIES: dict[str, Policy] = {
     # An argument rule asks for approval of a call its tool does not declare (approved).
@@ -371,7 +382,8 @@ async def record_on(tmp: Path, names: list[str], flags: list[str] | None = None)
                 await set_budget(c.client, f"tenant-{tenant}", BudgetLimits(usd=1.0),
                                  task_queue=c.queue)
             handle = await c.start_run(turns, workflow_id=workflow_id(name),
-                                       policy=POLICIES.get(name), tenant=tenant)
+                                       policy=POLICIES.get(name), tenant=tenant,
+                                       tools=TOOLS.get(name))
             await act(c, handle)
             result = await result_of(handle)
             if name in CONTINUED:

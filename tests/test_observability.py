@@ -61,7 +61,10 @@ async def test_summaries_and_search_attributes_describe_the_run(
     assert attrs.get(sa.PENDING_APPROVALS) == 0
     summaries = []
     async for event in out.handle.fetch_history_events():
-        if event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
+        # A short read-only tool runs as a local activity: its summary is on its marker.
+        if event.event_type in (EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED,
+                                EventType.EVENT_TYPE_MARKER_RECORDED) \
+                and event.user_metadata.HasField("summary"):
             payload = event.user_metadata.summary
             summaries.append(temporal.data_converter.payload_converter.from_payload(
                 payload, str))

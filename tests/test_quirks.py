@@ -121,13 +121,22 @@ async def history(handle: WorkflowHandle[Any, Any]) -> list[Any]:
 
 
 def activity_attempts(events: list[Any], activity: str) -> list[int]:
-    """Final attempt number of each `activity` execution, in schedule order."""
+    """Final attempt number of each `activity` execution, in history order (a local
+    activity's from its marker)."""
     scheduled = {e.event_id for e in events
                  if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
                  and e.activity_task_scheduled_event_attributes.activity_type.name == activity}
-    return [e.activity_task_started_event_attributes.attempt for e in events
-            if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_STARTED
-            and e.activity_task_started_event_attributes.scheduled_event_id in scheduled]
+    attempts = []
+    for e in events:
+        if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_STARTED \
+                and e.activity_task_started_event_attributes.scheduled_event_id in scheduled:
+            attempts.append(e.activity_task_started_event_attributes.attempt)
+        elif e.event_type == EventType.EVENT_TYPE_MARKER_RECORDED \
+                and e.marker_recorded_event_attributes.marker_name == "core_local_activity":
+            data = json.loads(e.marker_recorded_event_attributes.details["data"].payloads[0].data)
+            if data["activity_type"] == activity:
+                attempts.append(data["attempt"])
+    return attempts
 
 
 # --- 1. arguments as a JSON object ----------------------------------------------------------

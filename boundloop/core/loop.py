@@ -50,22 +50,25 @@ class ToolRule:
     timeout_seconds: float = 30.0
     backoff: Backoff = TOOL_BACKOFF
     #: The tool may run as a Temporal local activity: it is read-only (no side effects,
-    #: never asks for approval, not terminal) and its author did not opt out
-    #: (`runs_locally` adds the timeout and the call's own approval).
+    #: never asks for approval, not terminal), declared with a timeout of at most
+    #: LOCAL_TOOL_MAX_SECONDS, and its author did not opt out (`runs_locally` adds the
+    #: run's own timeout and the call's approval).
     local: bool = False
 
 
 #: The longest timeout of one attempt (seconds) with which a read-only tool runs as a
-#: local activity, in the workflow's worker: a local activity holds its workflow task
-#: open while it runs and is re-run whole when its worker dies, so only short tools
-#: gain (no scheduling round trip, three events instead of six) and lose little.
+#: local activity, in the workflow's worker. A local activity holds its workflow task
+#: open while it runs: a cancel, signal or update that arrives meanwhile is handled when
+#: it returns, and a worker that dies re-runs it whole. Only short tools gain (no
+#: scheduling round trip, one history event instead of six) and lose little.
 LOCAL_TOOL_MAX_SECONDS = 10.0
 
 
 def runs_locally(rule: ToolRule, timeout_seconds: float, *, gated: bool) -> bool:
-    """Whether this call of the tool runs as a local activity: the rule allows it, one
-    attempt's timeout (the run's `tool_timeout_seconds` or the tool's own) is at most
-    LOCAL_TOOL_MAX_SECONDS, and the call did not wait for an approval (`gated`)."""
+    """Whether this call of the tool runs as a local activity: the rule allows it (a
+    tool declared short: a run's shorter `tool_timeout_seconds` never makes a long tool
+    local), one attempt's timeout as the run sets it is at most LOCAL_TOOL_MAX_SECONDS,
+    and the call did not wait for an approval (`gated`)."""
     return rule.local and not gated and timeout_seconds <= LOCAL_TOOL_MAX_SECONDS
 
 

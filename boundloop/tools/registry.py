@@ -50,7 +50,7 @@ from typing import Any, Generic, TypeVar
 from pydantic import BaseModel, ConfigDict, PydanticUserError, create_model
 from temporalio.common import RetryPolicy
 
-from boundloop.core.loop import ToolRule
+from boundloop.core.loop import LOCAL_TOOL_MAX_SECONDS, ToolRule
 from boundloop.core.retries import TOOL_INITIAL_SECONDS, tool_backoff
 from boundloop.errors import ToolDefinitionError
 
@@ -150,7 +150,8 @@ class ToolSpec:
                             self.retry.backoff_coefficient,
                             self.retry.maximum_interval.total_seconds()
                             if self.retry.maximum_interval else None),
-                        local=self.local_activity and self.read_only)
+                        local=self.local_activity and self.read_only
+                        and self.timeout.total_seconds() <= LOCAL_TOOL_MAX_SECONDS)
 
     @property
     def strict(self) -> bool:
