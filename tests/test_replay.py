@@ -102,19 +102,16 @@ def final_result(history: WorkflowHistory) -> dict[str, Any]:
     # Two calls waiting, one update with `remember`: both ran.
     ("remembered", "completed", {E.EVENT_TYPE_WORKFLOW_EXECUTION_UPDATE_COMPLETED: 1,
                                  E.EVENT_TYPE_ACTIVITY_TASK_COMPLETED: 4}),
-<<<<<<< HEAD
     # Three steps: the Boundloop attributes upserted twice (running, completed), beside
     # the two patches' own upserts (operator-policy, sparse-upserts).
     ("sparse_upserts", "completed", {E.EVENT_TYPE_UPSERT_WORKFLOW_SEARCH_ATTRIBUTES: 4,
                                      E.EVENT_TYPE_MARKER_RECORDED: 3}),
-=======
-    # Two patches, admit_run, lookup_stock as a local activity (with its result), flaky's
-    # two counted local attempts (failed, a backoff timer between), the counted-retries
-    # patch: seven markers; only the two model requests are scheduled activities.
-    ("local_tool", "completed", {E.EVENT_TYPE_MARKER_RECORDED: 7,
+    # Five patches, admit_run, lookup_stock as a local activity (with its result),
+    # flaky's two counted local attempts (failed, a backoff timer between): nine markers;
+    # only the two model requests are scheduled activities.
+    ("local_tool", "completed", {E.EVENT_TYPE_MARKER_RECORDED: 9,
                                  E.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED: 2,
                                  E.EVENT_TYPE_TIMER_FIRED: 1}),
->>>>>>> 0e1d925 (local tools: timeout declared short, docs, tests)
     ("interrupted", "cancelled", {E.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED: 1,
                                   E.EVENT_TYPE_WORKFLOW_EXECUTION_CANCEL_REQUESTED: 0,
                                   E.EVENT_TYPE_ACTIVITY_TASK_COMPLETED: 1}),
