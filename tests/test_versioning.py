@@ -3,11 +3,14 @@ on version v1 stays there when v2 — whose toolset renames, removes or reshapes
 argument schema) the tool it waits on — is made current with the `temporal worker
 deployment` command; approved, it completes on v1 with one ticket, and a new run starts
 on v2 (a `boundloop worker` process). A
-budget ledger, which never ends by itself, moves to v2 at its next workflow task."""
+budget ledger, which never ends by itself, moves to v2 at its next workflow task, and
+so does a session: its next turn, arriving after the deploy, runs on v2 with v2's
+toolset (both versions `boundloop worker` processes)."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import uuid
 from datetime import timedelta
 from pathlib import Path
@@ -16,6 +19,7 @@ import openai
 import pytest
 from temporalio.client import Client, WorkflowHandle
 
+import boundloop
 from boundloop import Worker
 from boundloop.budgets import set_budget
 from boundloop.client import result_of
@@ -136,3 +140,51 @@ async def test_a_pinned_run_drains_on_its_version_and_new_runs_start_on_the_curr
     assert len(list_tickets(data)) == 1
     assert await workflow_task_failures(handle, temporal) == 0
     assert second.reason.value == "completed" and second.text == "v2 here."
+
+
+async def test_a_sessions_next_turn_after_a_deploy_runs_on_the_new_version(
+        temporal: Client, tmp_path: Path) -> None:
+    """Turn 1 on v1; v2 (its toolset adds a read-only tool) made current and v1 stopped;
+    turn 2 — the same session, its conversation so far — runs on v2."""
+    server = ScriptedModelServer([
+        resp(call("lookup_stock", {"sku": "A-001"}, "c1")), answer("A-001: 12."),
+        resp(call("lookup_stock", {"sku": "B-002"}, "c2")), answer("B-002: none.")])
+    base_url = server.start()
+    queue = f"ver-{uuid.uuid4().hex[:8]}"
+    deployment = f"dep-{uuid.uuid4().hex[:8]}"
+
+    def env(build_id: str, tools: str) -> dict[str, str]:
+        return worker_env(tmp_path, BOUNDLOOP_TASK_QUEUE=queue, OPENAI_BASE_URL=base_url,
+                          OPENAI_API_KEY="sk-test-not-real", BOUNDLOOP_TOOLS=tools,
+                          TEMPORAL_ADDRESS=temporal.service_client.config.target_host,
+                          PYTHONPATH=str(ROOT), BOUNDLOOP_DEPLOYMENT_NAME=deployment,
+                          BOUNDLOOP_BUILD_ID=build_id)
+
+    try:
+        with process([BOUNDLOOP, "worker"], env("v1", "tests.support.tools:tools"),
+                     tmp_path / "v1.log") as v1:
+            await log_has(tmp_path / "v1.log", "worker started")
+            await make_current(temporal, deployment, "v1")
+            session = await boundloop.start_session(
+                temporal, tools=DEMO_TOOLS, model="scripted-model",
+                task_queue=queue)
+            first = await asyncio.wait_for(session.say("A-001?"), timeout=RUN_TIMEOUT)
+            assert await build_id_of(session.handle) == "v1"
+            with process([BOUNDLOOP, "worker"], env("v2", "tests.support.added_tools:tools"),
+                         tmp_path / "v2.log"):
+                await log_has(tmp_path / "v2.log", "worker started")
+                await make_current(temporal, deployment, "v2")
+                v1.kill()  # v1 has drained: nothing is pinned to it
+                second = await asyncio.wait_for(session.say("and B-002?"),
+                                                timeout=RUN_TIMEOUT)
+                turn = temporal.get_workflow_handle(second.workflow_id)
+                assert await build_id_of(turn) == "v2"
+                assert await build_id_of(session.handle) == "v2"
+                await session.end()
+    finally:
+        server.stop()
+    assert (first.reason.value, first.text) == ("completed", "A-001: 12.")
+    assert (second.reason.value, second.text) == ("completed", "B-002: none."), second
+    assert [e.tool for e in second.events if e.event == "tool_success"] == ["lookup_stock"]
+    assert "A-001: 12." in json.dumps(server.requests[-1].body["input"])  # turn 1 kept
+    assert await workflow_task_failures(session.handle, temporal) == 0
