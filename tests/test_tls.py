@@ -21,6 +21,7 @@ import boundloop
 from boundloop.connection import tls_config
 from boundloop.settings import Settings
 from tests.support.tls import CertificateAuthority, Pair, TlsProxy
+from tests.test_docs_outputs import shown_block
 
 ROOT = Path(__file__).resolve().parent.parent
 CLI = [sys.executable, "-m", "boundloop.cli"]
@@ -113,6 +114,9 @@ async def test_a_wrong_ca_is_refused_in_one_line_with_exit_4(
     assert lines[0] == (f"error: cannot connect to Temporal at {proxy.address}: the server's "
                         "TLS certificate is not signed by a trusted CA: check "
                         "TEMPORAL_TLS_SERVER_CA_CERT_PATH")
+    # What docs/guide.md shows (for its address).
+    [shown] = shown_block("docs/guide.md", "boundloop list")
+    assert lines[0] == shown.replace("127.0.0.1:7443", proxy.address)
     # The worker does not retry what retrying cannot fix: it exits 4 in one line too.
     proc = await asyncio.create_subprocess_exec(
         *CLI, "worker", "--model-script", "examples/scripts/stock_two_skus.json", cwd=ROOT,

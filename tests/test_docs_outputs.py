@@ -1,0 +1,109 @@
+"""Every command output the README and the guide show comes from a test that runs it.
+
+A shown output is a fenced block whose first line is `$ boundloop …`, each command
+followed by what it printed. The commands that need no Temporal and no model are run
+here and must print what the page shows (up to a key that differs per run); RUN_ELSEWHERE
+names the tests that run the others (the README's agent and `make demo` blocks: tests/
+test_readme*.py). The blocks not yet run by
+any test are listed in UNCHECKED, so a new output cannot join the pages untested.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.test_cli import env_for
+
+ROOT = Path(__file__).resolve().parent.parent
+PAGES = ("README.md", "docs/guide.md")
+
+
+def shown_outputs(page: str) -> list[tuple[str, list[str]]]:
+    """(first command, block lines) of each block of `page` that shows a command's output."""
+    found: list[tuple[str, list[str]]] = []
+    current: list[str] | None = None
+    for line in (ROOT / page).read_text(encoding="utf-8").splitlines():
+        if line.startswith("```"):
+            if current is None:
+                current = []
+                continue
+            commands = [x for x in current if x.startswith("$ ")]
+            printed = [x for x in current if x.strip() and not x.startswith(("$ ", "#"))]
+            if commands and "boundloop" in commands[0] and printed:
+                found.append((commands[0][2:], current[current.index(commands[0]):]))
+            current = None
+        elif current is not None:
+            current.append(line)
+    return found
+
+
+#: Shown outputs this file runs: the command as the page shows it.
+RUN_HERE = [
+    'boundloop run "hi" --max-steps 0',
+    """boundloop run "hi" --limits '{"max_result_bytes": 3000000}'""",
+    "boundloop keys new alice",
+]
+
+#: Shown outputs no test runs yet (each needs a live run, session, budget, MCP server or
+#: TLS server): (page, first command).
+UNCHECKED = {
+    ("README.md", "boundloop pending"),
+    ("README.md", "boundloop console-approver alice --token >> approvers"),
+    ("docs/guide.md", 'BOUNDLOOP_MCP_CONFIG=examples/mcp/time.toml .venv/bin/boundloop run '
+     '"東京は今何時？" \\'),
+    ("docs/guide.md", "boundloop budget set team-a --usd 5 --tokens 2000000"),
+    ("docs/guide.md", 'boundloop run "A-001の在庫は？" --wait'),
+    ("docs/guide.md", "boundloop budget set team-a --usd 5 --as alice --key alice.key"),
+    ("docs/guide.md", ".venv/bin/boundloop pending"),
+    ("docs/guide.md", "boundloop approve boundloop-signed-demo call_ticket --as alice"),
+    ("docs/guide.md", ".venv/bin/boundloop session start --tools lookup_stock --idle-seconds "
+     "1800 --token-budget 50000 --id support-chat-42"),
+}
+
+#: Shown outputs a test elsewhere runs and compares with the page: (page, first command)
+#: -> that test.
+RUN_ELSEWHERE = {
+    ("docs/guide.md", "boundloop list"):
+        "tests/test_tls.py::test_a_wrong_ca_is_refused_in_one_line_with_exit_4",
+}
+
+
+def shown_block(page: str, command: str) -> list[str]:
+    """The lines of the block of `page` that starts with `$ command` (without it)."""
+    [block] = [lines for first, lines in shown_outputs(page) if first == command]
+    return block[1:]
+
+
+def test_every_shown_output_is_run_by_a_test_or_listed_as_unchecked() -> None:
+    shown = {(page, first) for page in PAGES for first, _ in shown_outputs(page)}
+    assert shown - UNCHECKED - set(RUN_ELSEWHERE) == {
+        (page, c) for page in PAGES for c in RUN_HERE if (page, c) in shown}
+    assert set(RUN_ELSEWHERE) <= shown
+    assert shown >= UNCHECKED, UNCHECKED - shown  # a block removed: drop it from the list
+    assert {c for _, c in shown} >= set(RUN_HERE)
+
+
+def key_free(lines: list[str]) -> list[str]:
+    return [re.sub(r"ed25519:[A-Za-z0-9+/=]{44}", "ed25519:KEY", x).rstrip() for x in lines]
+
+
+@pytest.mark.parametrize("command", RUN_HERE)
+def test_the_shown_output_is_what_the_command_prints(command: str, tmp_path: Path) -> None:
+    [block] = [lines for page in PAGES for first, lines in shown_outputs(page)
+               if first == command]
+    expected = block[1:]
+    nxt = next((i for i, x in enumerate(expected) if x.startswith("$ ")), len(expected))
+    expected = expected[:nxt]  # the lines after a second `$` are other commands
+    argv = shlex.split(command)
+    assert argv[0] == "boundloop"
+    done = subprocess.run([sys.executable, "-m", "boundloop.cli", *argv[1:]], cwd=tmp_path,
+                          env={**env_for(None, tmp_path), "COLUMNS": "200"},
+                          capture_output=True, text=True, timeout=120)
+    printed = (done.stdout + done.stderr).splitlines()
+    assert key_free(printed) == key_free(expected), (printed, expected)
