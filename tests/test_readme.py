@@ -63,3 +63,38 @@ def test_the_readme_agent_runs_and_prints_what_the_readme_shows(
         model.stop()
     assert done.returncode == 0, done
     assert shown and done.stdout == shown[0], (done.stdout, shown)
+
+
+async def test_the_readme_policy_refuses_the_run_it_shows(temporal: Client,
+                                                          tmp_path: Path) -> None:
+    """The README's policy file served by a real `boundloop worker`; the `boundloop run`
+    it shows prints exactly the refused lines shown, exits 2, and asks nothing of the
+    model."""
+    import shlex
+    import uuid
+
+    from tests.test_cli import cli
+    from tests.test_worker_process import BOUNDLOOP, log_has, process, worker_env
+
+    (policy_text,) = [b for b in blocks(README, "toml") if "[approval.create_ticket]" in b]
+    (shown,) = [b for b in blocks(README, "console") if "refused:" in b]
+    command = next(line for line in shown.splitlines() if line.startswith("$ boundloop run"))
+    refused = [line for line in shown.splitlines() if line.startswith("refused:")]
+    policy = tmp_path / "policy.toml"
+    policy.write_text(policy_text, encoding="utf-8")
+    queue = f"q-{uuid.uuid4().hex[:8]}"
+    model = ScriptedModelServer([])
+    env = worker_env(tmp_path, TEMPORAL_ADDRESS=temporal.service_client.config.target_host,
+                     BOUNDLOOP_TASK_QUEUE=queue, OPENAI_BASE_URL=model.start(),
+                     OPENAI_API_KEY="sk-test-not-real", BOUNDLOOP_POLICY=str(policy))
+    log = tmp_path / "worker.log"
+    try:
+        with process([BOUNDLOOP, "worker"], env, log):
+            await log_has(log, "worker started")
+            code, _out, err = await cli(*shlex.split(command)[2:], env={
+                **env_for(temporal, tmp_path), "BOUNDLOOP_TASK_QUEUE": queue})
+    finally:
+        model.stop()
+    assert code == 2, err
+    assert [line for line in err.splitlines() if line.startswith("refused:")] == refused
+    assert model.requests == []
