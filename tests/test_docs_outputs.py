@@ -69,6 +69,8 @@ UNCHECKED = {
 #: Shown outputs a test elsewhere runs and compares with the page: (page, first command)
 #: -> that test.
 RUN_ELSEWHERE = {
+    ("README.md", "BOUNDLOOP_POLICY=policy.toml boundloop worker &"):
+        "tests/test_readme.py::test_the_readme_policy_refuses_the_run_it_shows",
     ("docs/guide.md", "boundloop list"):
         "tests/test_tls.py::test_a_wrong_ca_is_refused_in_one_line_with_exit_4",
 }
