@@ -235,3 +235,17 @@ async def test_the_cli_starts_a_run_of_tools_only_its_worker_can_import(
     assert (f"the worker on task queue {queue!r} serves no tool named 'whisper' "
             "(it serves: shout)") in " ".join(err.split()), err
     assert "Traceback" not in err
+
+
+async def test_sigterm_stops_the_worker_gracefully(temporal: Client, tmp_path: Path) -> None:
+    """A deploy stops workers with SIGTERM (`docker stop`, systemd, Kubernetes): the worker
+    shuts down as it does on Ctrl-C, exit 0, not killed by the signal (exit -15)."""
+    log = tmp_path / "worker.log"
+    env = worker_env(tmp_path, TEMPORAL_ADDRESS=temporal.service_client.config.target_host,
+                     BOUNDLOOP_TASK_QUEUE=f"term-{uuid.uuid4().hex[:8]}",
+                     OPENAI_API_KEY="sk-test-not-real")
+    with process([sys.executable, "-m", "boundloop.worker.main"], env, log) as worker:
+        await log_has(log, "worker started")
+        worker.send_signal(signal.SIGTERM)
+        assert worker.wait(timeout=WAIT) == 0, log.read_text(encoding="utf-8")[-2000:]
+    assert "worker stopped" in log.read_text(encoding="utf-8")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import signal
 import socket
 import sys
 from datetime import UTC, datetime, timedelta
@@ -170,8 +171,15 @@ async def run_worker(settings: Settings) -> None:
     versioned = ({"deployment": settings.deployment_name, "build_id": settings.build_id}
                  if settings.build_id is not None else {})
     log.info("worker started", extra={"task_queue": settings.task_queue, **versioned})
+    # SIGTERM (a deploy, `docker stop`, systemd) stops as gracefully as Ctrl-C: polling
+    # ends, running activities finish within the graceful shutdown timeout.
+    loop = asyncio.get_running_loop()
+    stopping: list[asyncio.Task[None]] = []
+    loop.add_signal_handler(signal.SIGTERM,
+                            lambda: stopping.append(loop.create_task(worker.shutdown())))
     try:
         await worker.run()
+        log.info("worker stopped", extra={"task_queue": settings.task_queue})
     except (MCPServerError, MCPDeclarationError) as exc:  # a server did not start or list
         sys.stderr.write(f"error: {exc}\n")
         raise SystemExit(ExitCode.FAILED) from None
