@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import pkgutil
 import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import timedelta
@@ -34,7 +33,6 @@ from temporalio.worker import (
 )
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
 
-import boundloop
 from boundloop import signing
 from boundloop.activities.admission import Admissions
 from boundloop.activities.budget import budget_closed_runs, budget_reserve
@@ -66,21 +64,21 @@ from boundloop.workflows.versioned import VERSIONED
 
 
 def pass_boundloop_through(runner: WorkflowRunner | None) -> WorkflowRunner:
-    """The sandbox reloads a workflow's module and its parent packages for each run; our
-    workflows live in the `boundloop` package, so every other boundloop module is passed
-    through (one copy: the toolset table the worker registered, one class per model).
-    The workflow modules themselves stay sandboxed."""
+    """The sandbox re-imports a workflow's module, its parent packages and everything
+    they import that is not passed through, once for every run it holds: boundloop,
+    workflows included, is passed through, so a worker keeps one copy of it (the
+    toolset table the worker registered, one class per model) and a run costs only its
+    own state. Our workflow modules keep no state of their own at module level, and the
+    committed histories replay against this configuration (tests/test_replay.py)."""
     if runner is None:
         raise BoundloopError("no workflow runner to configure")
     if not isinstance(runner, SandboxedWorkflowRunner):
         return runner
-    modules = [f"boundloop.{m.name}" for m in pkgutil.iter_modules(boundloop.__path__)
-               if m.name != "workflows"]
     # Approval signatures are verified in the workflow: `cryptography`'s native module
     # must be the one loaded copy (re-importing it in the sandbox aborts the process).
     return dataclasses.replace(
         runner, restrictions=runner.restrictions.with_passthrough_modules(
-            *modules, "cryptography"))
+            "boundloop", "cryptography"))
 
 Deps = TypeVar("Deps")
 #: Activities one worker runs at once unless told otherwise.
