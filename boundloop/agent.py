@@ -139,12 +139,19 @@ class Agent(Generic[Deps]):
         return Run(handle)
 
     async def session(self, client: Client, *, limits: SessionLimits | None = None,
-                      id: str | None = None) -> Session:
+                      id: str | None = None, tenant: str | None = None) -> Session:
         """Start a session: one conversation whose turns each run this agent, within
         `limits` (turns, a token budget across turns, the idle time after which it
         ends). Send messages with `Session.say`. `id` is its workflow id (`boundloop session
-        start --id`); a session's id is never reused (`RunIdTaken`)."""
-        from boundloop.client import Session, id_taken, search_attributes_registered
+        start --id`); a session's id is never reused (`RunIdTaken`). `tenant`: the
+        session's `BoundloopTenant` search attribute, which each of its turns carries
+        (`boundloop session start --tenant`; as `start`'s)."""
+        from boundloop.client import (
+            Session,
+            id_taken,
+            search_attributes_registered,
+            tenant_attribute,
+        )
 
         allowed = set(self.tool_names)
         inp = SessionInput(instructions=self.instructions, settings=self.settings,
@@ -159,7 +166,8 @@ class Agent(Generic[Deps]):
                 result_type=SessionStatus,
                 static_summary=f"session · model {self.model} · tools "
                                f"{', '.join(inp.tools)}",
-                id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE)
+                id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
+                search_attributes=tenant_attribute(tenant))
         except WorkflowAlreadyStartedError:
             raise id_taken(wf_id, "session") from None
         return Session(client, handle)

@@ -368,13 +368,14 @@ async def start_session(client: Client, *,
                         limits: Limits | None = None, policy: Policy | None = None,
                         session_limits: SessionLimits | None = None,
                         instructions: str | None = None, id: str | None = None,
-                        task_queue: str = DEFAULT_TASK_QUEUE) -> Session:
+                        task_queue: str = DEFAULT_TASK_QUEUE,
+                        tenant: str | None = None) -> Session:
     """Start a session without keeping an agent: `Agent(tools, ...).session(client,
-    limits=session_limits, id=...)`."""
+    limits=session_limits, id=..., tenant=...)`."""
     agent: Agent[Any] = Agent(tools, model=model, api=api, limits=limits or Limits(),
                               policy=policy or Policy(), instructions=instructions,
                               task_queue=task_queue)
-    return await agent.session(client, limits=session_limits, id=id)
+    return await agent.session(client, limits=session_limits, id=id, tenant=tenant)
 
 
 async def get_session(client: Client, id: str) -> Session:
@@ -565,10 +566,15 @@ async def start_run(client: Client, inp: RunInput, *, workflow_id: str | None = 
             WORKFLOW_NAME, inp, id=wf_id, task_queue=task_queue,
             result_type=RunResult, static_summary=preview(inp.question, 120),
             static_details=details, id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
-            search_attributes=None if tenant is None else TypedSearchAttributes(
-                [SearchAttributePair(sa.TENANT, tenant)]))
+            search_attributes=tenant_attribute(tenant))
     except WorkflowAlreadyStartedError:
         raise id_taken(wf_id, "run") from None
+
+
+def tenant_attribute(tenant: str | None) -> TypedSearchAttributes | None:
+    """The `BoundloopTenant` search attribute a run or session is started with."""
+    return None if tenant is None else TypedSearchAttributes(
+        [SearchAttributePair(sa.TENANT, tenant)])
 
 
 def id_taken(workflow_id: str, what: str) -> errors.RunIdTaken:

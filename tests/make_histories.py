@@ -311,11 +311,34 @@ async def signed_ledger(c: Cluster, tmp: Path) -> WorkflowHandle[Any, Any]:
     return handle
 
 
+async def tenant_session(c: Cluster, tmp: Path) -> WorkflowHandle[Any, Any]:
+    """A session started with a tenant under a policy deriving the budget key from it:
+    its turn starts with the session's BoundloopTenant (the turn-tenant marker) and spends
+    from tenant-globex's ledger."""
+    policy = tmp / "session_tenant.policy.toml"
+    policy.write_text(OPERATOR_POLICIES["tenant_budget"], encoding="utf-8")
+    c.kill(c.workers[-1])
+    c.start_worker(policy_file=policy)
+    assert c.client is not None
+    await set_budget(c.client, "tenant-globex", BudgetLimits(usd=1.0), task_queue=c.queue)
+    session = await ops.start_session(
+        c.client, tools=["lookup_stock"], model="scripted-model", task_queue=c.queue,
+        id=workflow_id("session_tenant"),
+        tenant="globex")
+    c.model.append(answer("こんにちは。", rid="sr1"))
+    print(f"session_tenant: {(await session.say('こんにちは')).reason.value}")
+    await session.end()
+    c.kill(c.workers[-1])
+    c.start_worker()
+    return session.handle
+
+
 #: name -> how the history of a workflow that is not a run (a budget ledger, a session) is
 #: made.
 LEDGERS: dict[str, Callable[[Cluster, Path], Awaitable[WorkflowHandle[Any, Any]]]] = {
     "ledger": signed_ledger,
     "session_squatted": squatted_turn,
+    "session_tenant": tenant_session,
 }
 
 

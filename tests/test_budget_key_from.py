@@ -1,12 +1,14 @@
 """A budget key derived from the run's own metadata: the operator's policy says
 `[budget] key_from = "tenant-{BoundloopTenant}"`; a real `boundloop worker` reading it
 refuses a run started without the tenant, or naming another tenant's budget, before any
-model request, and a run started with `--tenant` spends from its tenant's ledger.
+model request, and a run started with `--tenant` spends from its tenant's ledger; so
+does each turn of a session started with `--tenant`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -64,19 +66,34 @@ async def worker(temporal: Client, model: ScriptedModelServer, tmp_path: Path
                "BOUNDLOOP_MODEL": "scripted-model"}
 
 
-async def test_a_run_spends_from_the_budget_its_tenant_attribute_names(
-        temporal: Client, model: ScriptedModelServer, worker: dict[str, str]) -> None:
-    queue = worker["BOUNDLOOP_TASK_QUEUE"]
-    tenant = f"acme{uuid.uuid4().hex[:6]}"
-    await set_budget(temporal, f"tenant-{tenant}", BudgetLimits(usd=1.0), task_queue=queue)
+#: The refusal of a run (or a session's turn) started without the tenant.
+NO_TENANT = ("search_attributes.BoundloopTenant: the run asked none; the operator's "
+             "policy: required: the budget key is tenant-{BoundloopTenant}")
 
+
+@pytest_asyncio.fixture
+async def tenant(temporal: Client, worker: dict[str, str]) -> str:
+    """A fresh tenant whose budget (tenant-TENANT) holds $1."""
+    name = f"acme{uuid.uuid4().hex[:6]}"
+    await set_budget(temporal, f"tenant-{name}", BudgetLimits(usd=1.0),
+                     task_queue=worker["BOUNDLOOP_TASK_QUEUE"])
+    return name
+
+
+async def spent_from(temporal: Client, tenant: str) -> bool:
+    view = await show_budget(temporal, f"tenant-{tenant}")
+    return view is not None and view.spent.usd > 0 and view.spent.tokens > 0
+
+
+async def test_a_run_spends_from_the_budget_its_tenant_attribute_names(
+        temporal: Client, model: ScriptedModelServer, worker: dict[str, str],
+        tenant: str) -> None:
+    queue = worker["BOUNDLOOP_TASK_QUEUE"]
     # No tenant: refused naming the attribute, before any model request.
     code, _out, err = await cli("run", "A-001の在庫は？", "--wait", "--tools", "lookup_stock",
                                 env=worker)
     assert code == 2, err
-    assert ("refused: search_attributes.BoundloopTenant: the run asked none; the "
-            "operator's policy: required: the budget key is tenant-{BoundloopTenant}") \
-        in " ".join(err.split()), err
+    assert f"refused: {NO_TENANT}" in " ".join(err.split()), err
     # Another tenant's budget named by the run: refused naming the run's own.
     run = await boundloop.start(temporal, "A-001の在庫は？", tools=["lookup_stock"],
                                 model="scripted-model", task_queue=queue, tenant=tenant,
@@ -94,5 +111,30 @@ async def test_a_run_spends_from_the_budget_its_tenant_attribute_names(
     code, _out, err = await cli("run", "A-001の在庫は？", "--wait", "--tools", "lookup_stock",
                                 "--tenant", tenant, env=worker)
     assert code == 0, err
-    view = await show_budget(temporal, f"tenant-{tenant}")
-    assert view is not None and view.spent.usd > 0 and view.spent.tokens > 0
+    assert await spent_from(temporal, tenant)
+
+
+async def test_a_session_turn_spends_from_the_budget_of_the_sessions_tenant(
+        temporal: Client, model: ScriptedModelServer, worker: dict[str, str],
+        tenant: str) -> None:
+    # A session without a tenant: its turn is refused naming the attribute.
+    code, out, err = await cli("session", "start", "--json", "--tools", "lookup_stock",
+                               env=worker)
+    assert code == 0, err
+    untagged = json.loads(out)["session_id"]
+    code, out, err = await cli("say", untagged, "A-001の在庫は？", env=worker)
+    assert code == 1, (out, err)
+    assert f"was refused: the operator's policy refuses this run: {NO_TENANT}" \
+        in " ".join(err.split()), err
+    assert model.requests == []
+
+    # With --tenant, the turn spends from tenant-TENANT.
+    model.append(answer("A-001は12個です。"))
+    code, out, err = await cli("session", "start", "--json", "--tools", "lookup_stock",
+                               "--tenant", tenant, env=worker)
+    assert code == 0, err
+    tagged = json.loads(out)["session_id"]
+    code, out, err = await cli("say", tagged, "A-001の在庫は？", "--json", env=worker)
+    assert code == 0, (out, err)
+    assert json.loads(out)["reason"] == "completed"
+    assert await spent_from(temporal, tenant)

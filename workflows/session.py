@@ -16,7 +16,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from temporalio import workflow
-from temporalio.common import WorkflowIDReusePolicy
+from temporalio.common import SearchAttributePair, TypedSearchAttributes, WorkflowIDReusePolicy
 from temporalio.exceptions import (
     ApplicationError,
     ChildWorkflowError,
@@ -27,6 +27,7 @@ from boundloop.workflows.loop import BoundLoopWorkflow
 
 with workflow.unsafe.imports_passed_through():
     from boundloop import errors
+    from boundloop import search_attributes as sa
     from boundloop.contracts import (
         SESSION_WORKFLOW,
         WORKFLOW_NAME,
@@ -46,6 +47,13 @@ with workflow.unsafe.imports_passed_through():
 #: sentence (before it, the `say` failed with Temporal's bare "already started"), and a
 #: turn's id is never reused even once that workflow has closed.
 TURN_ID_TAKEN = "turn-id-taken"
+#: The patch under which each turn starts with the session's `BoundloopTenant` search
+#: attribute (before it, turns started without one, so a policy deriving the budget key
+#: from it refused every turn).
+TURN_TENANT = "turn-tenant"
+#: The patch under which a turn the operator's policy refused fails its `say` with the
+#: policy's refusal (each field named), not just the failure's type.
+TURN_REFUSAL_NAMED = "turn-refusal-named"
 
 
 @workflow.defn(name=SESSION_WORKFLOW)
@@ -224,13 +232,22 @@ class BoundloopSessionWorkflow:
             # Never reused, even once closed: ids scope the side effects' idempotency keys.
             return await workflow.start_child_workflow(
                 WORKFLOW_NAME, run, id=turn_id, result_type=RunResult, static_summary=summary,
-                id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE)
+                id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
+                search_attributes=self._turn_attributes())
         except WorkflowAlreadyStartedError:
             raise ApplicationError(
                 f"turn {self._state.turns}'s workflow id {turn_id!r} is already used by a "
                 "workflow this session did not start; the message was not run: send it "
                 "again (the next turn has an id of its own)",
                 type=errors.TURN_FAILED, non_retryable=True) from None
+
+    def _turn_attributes(self) -> TypedSearchAttributes | None:
+        """The session's tenant, which each turn carries as a run started with
+        `--tenant` does (an operator's policy may derive the budget key from it)."""
+        tenant = workflow.info().typed_search_attributes.get(sa.TENANT)
+        if tenant is None or not workflow.patched(TURN_TENANT):
+            return None
+        return TypedSearchAttributes([SearchAttributePair(sa.TENANT, tenant)])
 
     async def _result_of(self, handle: workflow.ChildWorkflowHandle[Any, RunResult],
                          turn: int) -> RunResult:
@@ -243,6 +260,11 @@ class BoundloopSessionWorkflow:
             if (isinstance(cause, ApplicationError) and cause.type == errors.RUN_STOPPED
                     and cause.details):
                 return RunResult.model_validate(cause.details[0])
+            if (isinstance(cause, ApplicationError) and cause.type == errors.POLICY_REFUSED
+                    and workflow.patched(TURN_REFUSAL_NAMED)):
+                raise ApplicationError(f"turn {turn} ({handle.id}) was refused: "
+                                       f"{cause.message}", type=errors.TURN_FAILED,
+                                       non_retryable=True) from None
             kind = cause.type if isinstance(cause, ApplicationError) else type(cause).__name__
             # The turn left no RunResult (its tools are not served, it was terminated):
             # the conversation goes on from the turn before it.

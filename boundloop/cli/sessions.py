@@ -58,6 +58,8 @@ def start(
     tools: Annotated[str | None, typer.Option(help="Allowed tools, comma-separated")] = None,
     instructions: Annotated[str | None, typer.Option(help="Instructions")] = None,
     session_id: Annotated[str | None, typer.Option("--id", help="Session id")] = None,
+    tenant: Annotated[str | None, typer.Option(
+        "--tenant", help="The BoundloopTenant search attribute each turn carries")] = None,
     task_queue: Annotated[str | None, typer.Option(
         "--task-queue", help="The task queue its worker polls (default: "
         "BOUNDLOOP_TASK_QUEUE, else boundloop)")] = None,
@@ -83,7 +85,8 @@ def start(
 
     async def go() -> None:
         client = await connect(settings)
-        session = await agent.session(client, limits=session_limits, id=session_id)
+        session = await agent.session(client, limits=session_limits, id=session_id,
+                                      tenant=tenant)
         if as_json:
             print(json.dumps({"session_id": session.id}))
         else:
