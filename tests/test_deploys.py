@@ -22,9 +22,11 @@ from pathlib import Path
 import pytest
 from temporalio.client import Client, WorkflowHandle
 
+from boundloop.budgets import set_budget
 from boundloop.client import query_status, result_of
 from boundloop.contracts import WORKFLOW_NAME, RunInput, RunResult
-from boundloop.core.limits import RunSettings
+from boundloop.core.budget import BudgetLimits
+from boundloop.core.limits import Limits, RunSettings
 from boundloop.scripted.server import ScriptedModelServer
 from boundloop.testing import wait_until
 from boundloop.tools.demo import list_tickets
@@ -105,11 +107,14 @@ async def test_a_decision_for_a_stuck_run_is_recorded_and_applied_once_the_old_c
     assert decided == [("approval_approved", "by operator")]
 
 
-@pytest.mark.parametrize("toolset", ["tools", "removed", "reshaped"])
+@pytest.mark.parametrize(("toolset", "budget"), [
+    ("tools", False), ("removed", False), ("reshaped", False), ("tools", True)])
 async def test_a_changed_tool_stops_the_approved_run_with_a_typed_reason(
-        temporal: Client, tmp_path: Path, toolset: str) -> None:
+        temporal: Client, tmp_path: Path, toolset: str, budget: bool) -> None:
     """`tools` renames create_ticket, `removed` drops it, `reshaped` changes its
-    arguments (tests/support/renamed_tools.py)."""
+    arguments (tests/support/renamed_tools.py). With a shared budget, replay sizes each
+    request's reservation from the tools the run was admitted with (it read the new
+    worker's toolset: a rename failed every workflow task with KeyError)."""
     server = ScriptedModelServer([resp(call("create_ticket", TICKET, "t1"))])
     queue = f"dep-{uuid.uuid4().hex[:8]}"
     env = worker_env(tmp_path, BOUNDLOOP_TASK_QUEUE=queue, OPENAI_BASE_URL=server.start(),
@@ -117,11 +122,16 @@ async def test_a_changed_tool_stops_the_approved_run_with_a_typed_reason(
                      TEMPORAL_ADDRESS=temporal.service_client.config.target_host,
                      BOUNDLOOP_TOOLS="tests.support.tools:tools")
     cli_env = env_for(temporal, tmp_path)
-    inp = RunInput(question="open a ticket", settings=RunSettings(model="scripted-model"),
-                   tools=DEMO_TOOLS)
+    key = f"dep-{uuid.uuid4().hex[:8]}" if budget else None
+    inp = RunInput(question="open a ticket", tools=DEMO_TOOLS, settings=RunSettings(
+        model="scripted-model", budget=key,
+        limits=Limits(max_output_tokens=1024) if budget else Limits()))
     try:
         with deployed([BOUNDLOOP, "worker"], env, tmp_path / "v1.log"):
             await log_has(tmp_path / "v1.log", "worker started")
+            if key is not None:
+                await set_budget(temporal, key, BudgetLimits(tokens=1_000_000),
+                                 task_queue=queue)
             handle = await temporal.start_workflow(
                 WORKFLOW_NAME, inp, id=f"dep-{uuid.uuid4().hex[:12]}", task_queue=queue,
                 result_type=RunResult)

@@ -596,8 +596,23 @@ class BoundLoopWorkflow:
     def _fixed_bytes(self) -> int:
         """UTF-8 bytes every request carries beside the conversation: the instructions
         and the tool declarations."""
-        tools = self._toolset.openai_tools(list(self._state.allowed_tools),
-                                           self._state.settings.api)
+        api = self._state.settings.api
+        admitted = {d.name: d for d in self._admitted}
+        served = set(self._toolset.names())
+        tools: list[dict[str, Any]] = []
+        for name in self._state.allowed_tools:
+            # A tool from an MCP server, or one a deploy renamed, removed or changed, is
+            # described by the run's own declaration, not by this worker's toolset.
+            declared = self._mcp.get(name)
+            if declared is None and name in admitted and (
+                    name not in served or mcp_tools.parameters_digest(
+                        admitted[name].parameters) != mcp_tools.parameters_digest(
+                        self._toolset.get(name).json_schema())):
+                declared = admitted[name]
+            if declared is not None:
+                tools.append(declared.openai_tool(api))
+            elif name in served:
+                tools += self._toolset.openai_tools([name], api)
         instructions = self._inp.instructions or ""
         return len(instructions.encode("utf-8", "surrogatepass")) + len(
             json.dumps(tools, ensure_ascii=False).encode("utf-8", "surrogatepass"))
