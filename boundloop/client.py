@@ -24,6 +24,7 @@ from temporalio.client import (
     WorkflowFailureError,
     WorkflowHandle,
     WorkflowHistoryEventFilterType,
+    WorkflowQueryFailedError,
     WorkflowUpdateFailedError,
     WorkflowUpdateHandle,
     WorkflowUpdateStage,
@@ -653,9 +654,20 @@ async def stream_items(handle: WorkflowHandle[Any, Any],
 
 
 async def query_status(handle: WorkflowHandle[Any, Any]) -> RunStatus:
+    """The run's status query. Raises RunStuck (nothing sent) when the worker that took
+    the query could not replay the run to answer it: its code or toolset is not the one
+    the run started on (before any workflow task of the run has failed, that is how a
+    bad deploy first shows)."""
     from boundloop.workflows.loop import BoundLoopWorkflow
 
-    return await handle.query(BoundLoopWorkflow.status)
+    try:
+        return await handle.query(BoundLoopWorkflow.status)
+    except WorkflowQueryFailedError as exc:
+        cause = preview((str(exc) or type(exc).__name__).splitlines()[0], 200)
+        line = (f"the worker could not replay run {handle.id} to answer its status query "
+                f"({cause}): the code or toolset it serves is not the one the run started "
+                "on — deploy that again (`boundloop replay-check` names the divergence)")
+        raise errors.RunStuck(line, line=line, recorded=False) from None
 
 
 async def follow(handle: WorkflowHandle[Any, Any], interval: float = 0.2,

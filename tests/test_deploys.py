@@ -79,6 +79,11 @@ async def test_a_decision_for_a_stuck_run_is_recorded_and_applied_once_the_old_c
             await parked(handle)
         with deployed(NEXT_RELEASE_WORKER, next_release, tmp_path / "v2.log"):
             await log_has(tmp_path / "v2.log", "worker started")
+            # No workflow task has failed yet: the status query is the first to replay
+            # the run on the new code. One line and the stuck exit code, no traceback.
+            code, out, err = await cli("status", handle.id, env=cli_env)
+            assert code == 6 and "Traceback" not in err, (out, err)
+            assert "could not replay" in err and "replay-check" in err, err
             code, out, err = await cli("approve", handle.id, "t1", env=cli_env)
             said = " ".join(err.split())
             assert code == 6, (out, err)
