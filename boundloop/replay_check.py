@@ -16,6 +16,7 @@ from temporalio.client import Client, WorkflowHistory
 from temporalio.worker import Replayer
 
 from boundloop.contracts import BUDGET_WORKFLOW, SESSION_WORKFLOW, WORKFLOW_NAME
+from boundloop.core.canonical import preview
 
 __all__ = ["Divergence", "replay_check"]
 
@@ -87,4 +88,10 @@ def _first_line(failure: Exception) -> str:
         text = text[start:]
         end = text.find('", source')
         text = text[:end] if end > 0 else text
-    return text.splitlines()[0] if text else type(failure).__name__
+    elif (at := text.find('message: "')) >= 0:
+        # The workflow code raised (say, a tool the local toolset no longer has): the
+        # exception's own message, not the SDK's dump of the failure with its stack.
+        message = text[at + len('message: "'):]
+        end = message.find('", ')
+        text = "the workflow code raised: " + (message[:end] if end > 0 else message)
+    return preview(text.splitlines()[0], 300) if text else type(failure).__name__

@@ -139,3 +139,22 @@ async def _count(client: Client, query: str) -> bool:
 
 async def _failed(handle: object, client: Client) -> bool:
     return await workflow_task_failures(handle, client) > 0  # type: ignore[arg-type]
+
+
+def test_a_divergence_raised_by_workflow_code_is_its_message_not_the_sdks_dump() -> None:
+    """The shape the Replayer reports when the workflow code raises on replay (here a
+    KeyError for a tool the local toolset lacks): one line with the exception's message,
+    not several KB of the failure with its stack trace."""
+    from boundloop.replay_check import _first_line
+
+    dump = ('Workflow activation completion failed: Failure { failure: Some(Failure { '
+            'message: "\'create_ticket\'", source: "", stack_trace: "Traceback (most recent '
+            'call last):\\n  File \\"workflows/loop.py\\", line 599' + "x" * 4000 + '" }) }')
+    line = _first_line(RuntimeError(dump))
+    assert line == "the workflow code raised: 'create_ticket'"
+    nondeterminism = ('Failure { message: "[TMPRL1100] Nondeterminism error: Activity machine '
+                      'does not handle this event: HistoryEvent(id: 22, TimerStarted)", '
+                      'source: "" }')
+    assert _first_line(RuntimeError(nondeterminism)) == (
+        "[TMPRL1100] Nondeterminism error: Activity machine does not handle this event: "
+        "HistoryEvent(id: 22, TimerStarted)")
