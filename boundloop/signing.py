@@ -19,7 +19,7 @@ import os
 import secrets
 import stat
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -153,15 +153,8 @@ class Signer:
 def parse_keys(text: str, source: str) -> dict[str, str]:
     """`NAME ed25519:BASE64` lines; raises KeyFileError naming the line."""
     keys: dict[str, str] = {}
-    for number, raw in enumerate(text.splitlines(), start=1):
-        line = raw.strip()
-        if not line or line.startswith("#"):
-            continue
-        parts = line.split()
-        where = f"{source} line {number}"
-        if len(parts) != 2:
-            raise KeyFileError(f"{where}: expected `NAME ed25519:BASE64` (a NAME.pub line)")
-        name, key = parts
+    for where, name, key in name_lines(text, source, "`NAME ed25519:BASE64` (a NAME.pub line)",
+                                       KeyFileError):
         try:
             check_name(name)
             signatures.public_key(key)
@@ -174,14 +167,36 @@ def parse_keys(text: str, source: str) -> dict[str, str]:
 
 
 def load_keys_file(path: Path) -> dict[str, str]:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise KeyFileError(f"approver keys file {path} does not exist") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise KeyFileError(f"cannot read approver keys file {path}: {exc}") from None
-    keys = parse_keys(text, str(path))
+    keys = parse_keys(read_listing(path, "approver keys file", KeyFileError), str(path))
     if not keys:
         # An empty file would silently turn signing off: say so instead.
         raise KeyFileError(f"approver keys file {path} holds no key")
     return keys
+
+
+# --- files of `NAME VALUE` lines (approver keys, the console's approvers) -------------
+
+
+def read_listing(path: Path, what: str, error: Callable[[str], Exception]) -> str:
+    """The text of `path`; `error` says in a line (naming `what`) why it cannot be read."""
+    try:
+        return path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise error(f"{what} {path} does not exist") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise error(f"cannot read {what} {path}: {exc}") from None
+
+
+def name_lines(text: str, source: str, expected: str, error: Callable[[str], Exception]
+               ) -> Iterator[tuple[str, str, str]]:
+    """Each `NAME VALUE` line as (`SOURCE line N`, NAME, VALUE), skipping blank lines and
+    `#` comments; a line of another shape raises `error` saying it `expected` one."""
+    for number, raw in enumerate(text.splitlines(), start=1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        where = f"{source} line {number}"
+        parts = line.split()
+        if len(parts) != 2:
+            raise error(f"{where}: expected {expected}")
+        yield where, parts[0], parts[1]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Awaitable, Callable
 from typing import Annotated, Any
 
 import typer
@@ -24,9 +25,7 @@ from boundloop.cli.common import (
     print_session,
     validation_lines,
 )
-from boundloop.contracts import (
-    RunResult,
-)
+from boundloop.contracts import RunResult, SessionStatus
 from boundloop.core.session import SessionLimits
 from boundloop.errors import RunEnded
 from boundloop.exit_codes import ExitCode
@@ -133,39 +132,42 @@ def _print_turn(result: RunResult, settings: Settings, as_json: bool) -> int:
 def show(session_id: Annotated[str, typer.Argument(help="Session id")],
          as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
     """A session's turns, tokens, running or last turn, and when it ends if idle."""
-    settings = load_settings()
 
-    async def go() -> None:
-        client = await connect(settings)
-        session = await ops.get_session(client, session_id)
+    async def status(session: ops.Session) -> SessionStatus:
         try:
-            st = await asyncio.wait_for(session.show(), timeout=QUERY_TIMEOUT)
+            return await asyncio.wait_for(session.show(), timeout=QUERY_TIMEOUT)
         except (RPCError, TimeoutError):
             raise fail(f"{session_id}: no worker answered the status query — is `boundloop "
                        "worker` running?", ExitCode.FAILED) from None
-        if as_json:
-            print(st.model_dump_json())
-        else:
-            print_session(st)
 
-    _run(go())
+    _print_status(session_id, as_json, status)
 
 
 @session_app.command("end")
 def end(session_id: Annotated[str, typer.Argument(help="Session id")],
         as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
     """End a session; a running turn is cancelled first (it ends `cancelled`)."""
-    settings = load_settings()
 
-    async def go() -> None:
-        client = await connect(settings)
-        session = await ops.get_session(client, session_id)
+    async def status(session: ops.Session) -> SessionStatus:
         try:
-            st = await session.end()
+            return await session.end()
         except RunEnded:
             # Ending is idempotent: the session is ended, as asked; its final status.
             st = await session.show()
             err.print(f"note: session {safe(session_id)} had already ended")
+            return st
+
+    _print_status(session_id, as_json, status)
+
+
+def _print_status(session_id: str, as_json: bool,
+                  status: Callable[[ops.Session], Awaitable[SessionStatus]]) -> None:
+    """Print the status `status` gives of the session (one JSON object with --json)."""
+    settings = load_settings()
+
+    async def go() -> None:
+        client = await connect(settings)
+        st = await status(await ops.get_session(client, session_id))
         if as_json:
             print(st.model_dump_json())
         else:

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from boundloop.errors import BoundloopError
-from boundloop.signing import check_name
+from boundloop.signing import check_name, name_lines, read_listing
 
 #: scrypt's cost (2^14, r 8, p 1: ~16 MiB and some 50 ms a sign-in; the commonly
 #: recommended interactive setting).
@@ -91,15 +91,9 @@ class Credential:
 
 def parse_approvers(text: str, source: str) -> dict[str, Credential]:
     found: dict[str, Credential] = {}
-    for number, raw in enumerate(text.splitlines(), start=1):
-        line = raw.strip()
-        if not line or line.startswith("#"):
-            continue
-        where = f"{source} line {number}"
-        parts = line.split()
-        if len(parts) != 2:
-            raise ApproversFileError(f"{where}: expected `NAME scrypt$…` (one approver a line)")
-        name, hashed = parts
+    for where, name, hashed in name_lines(text, source,
+                                          "`NAME scrypt$…` (one approver a line)",
+                                          ApproversFileError):
         if name in found:
             raise ApproversFileError(f"{where}: {name} is listed already (one line each)")
         try:
@@ -111,13 +105,8 @@ def parse_approvers(text: str, source: str) -> dict[str, Credential]:
 
 
 def load_approvers(path: Path) -> dict[str, Credential]:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ApproversFileError(f"approvers file {path} does not exist") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ApproversFileError(f"cannot read approvers file {path}: {exc}") from None
-    approvers = parse_approvers(text, str(path))
+    approvers = parse_approvers(read_listing(path, "approvers file", ApproversFileError),
+                                str(path))
     if not approvers:
         raise ApproversFileError(f"approvers file {path} lists no approver: nobody could "
                                  "sign in")
