@@ -254,7 +254,7 @@ class Run:
         # Checked first: Temporal accepts a cancel request for a closed run, silently.
         desc = await describe(self.handle)
         if desc.status != WorkflowExecutionStatus.RUNNING:
-            state = desc.status.name.lower() if desc.status else "closed"
+            state = ended_state(desc)
             raise errors.RunEnded(f"{self.id} has ended: it takes no more cancels ({state}; "
                                   "nothing was changed)")
         try:
@@ -341,8 +341,16 @@ async def describe(handle: WorkflowHandle[Any, Any]) -> WorkflowExecutionDescrip
 
 
 async def _state(handle: WorkflowHandle[Any, Any]) -> str:
-    """The workflow's Temporal status in words (`completed`, `terminated`, ...)."""
-    desc = await describe(handle)
+    return ended_state(await describe(handle))
+
+
+def ended_state(desc: WorkflowExecutionDescription) -> str:
+    """How a closed run ended, in words: `stopped: cancelled` from its stop reason (a
+    stopped run closes as a failed workflow, which says less), else Temporal's status
+    (`completed`, `terminated`, ...)."""
+    reason = desc.typed_search_attributes.get(sa.STOP_REASON)
+    if reason and reason != "completed":
+        return f"stopped: {reason}"
     return desc.status.name.lower() if desc.status else "closed"
 
 
