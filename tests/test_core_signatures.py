@@ -86,6 +86,10 @@ def test_unsigned_unknown_and_forged_decisions_are_refused(alice: Signer,
         approvals.check(state, signed_over(mallory), RULES, ctx(alice)) or "")
     forged = signed_over(mallory, approver="alice")  # mallory's key, alice's name
     assert "not alice's" in (approvals.check(state, forged, RULES, ctx(alice)) or "")
+    # Unsigned from someone without a key: told that, not to sign as themselves.
+    why = approvals.check(state, Decision(call_id="call_t", approve=False, approver="mallory",
+                                          reason="x"), RULES, ctx(alice)) or ""
+    assert "'mallory' has no public key" in why and "--as mallory" not in why, why
 
 
 def test_freshness_is_judged_against_the_runs_clock(alice: Signer) -> None:

@@ -147,12 +147,16 @@ def problem(ctx: Context, *, call_id: str, step: int, fingerprint: str, approve:
     if not ctx.keys:
         return None
     who = preview(approver, 60)
+    text = ctx.keys.get(approver)
+    if text is None:  # first: telling a non-approver to sign as themselves leads nowhere
+        if signature is None:
+            return (f"this run accepts only signed decisions, and approver {who!r} has no "
+                    "public key configured for it: sign as an approver who has one "
+                    "(`--as NAME --key NAME.key`)")
+        return f"approver {who!r} has no public key configured for this run"
     if signature is None:
         return ("this run accepts only signed decisions: sign it with "
                 f"`--as {who} --key {who}.key` (or `signer=` in the client API)")
-    text = ctx.keys.get(approver)
-    if text is None:
-        return f"approver {who!r} has no public key configured for this run"
     signed = message(workflow_id=ctx.workflow_id, call_id=call_id, step=step,
                      fingerprint=fingerprint, approve=approve, approver=approver,
                      arguments=arguments, reason=reason, signed_at=signature.signed_at,
