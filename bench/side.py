@@ -18,6 +18,7 @@ and events per step; worker RSS per run parked on an approval, on fresh workers.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import os
 import signal
@@ -201,13 +202,22 @@ async def throughput(b: Bench, systems: list[System], runs: int, steps: int,
             _feed(b, s, runs, steps, answer=False)
             pids = {"worker": s.worker_pid, **{k: v for k, v in b.pids.items()
                                                  if k != "worker"}}
+            if "failed" in out[s.name]:
+                continue
             meter = CpuMeter(pids).start()
             t0 = now()
             handles = await bounded(asyncio.gather(*(s.start(b, steps, False)
                                                      for _ in range(runs))), 120,
                                     f"starting {s.name} runs")
-            results = await bounded(asyncio.gather(*(_result(s, h) for h in handles)), 600,
-                                    f"{s.name} runs")
+            try:
+                results = await bounded(asyncio.gather(*(_result(s, h) for h in handles)),
+                                        ROUND_SECONDS, f"{s.name} runs")
+            except RuntimeError as e:
+                # Said in the report, and its runs ended so they load no later round.
+                out[s.name]["failed"] = f"{e} (round {i + 1}; load {os.getloadavg()[0]:.1f})"
+                await _terminate(handles)
+                b.model.fresh()
+                continue
             out[s.name]["seconds"].append(now() - t0)
             out[s.name]["cpu"].append(meter.stop())
             out[s.name]["load"].append(os.getloadavg()[0])
@@ -217,6 +227,9 @@ async def throughput(b: Bench, systems: list[System], runs: int, steps: int,
     rows: dict[str, Any] = {}
     for s in systems:
         o = out[s.name]
+        if "failed" in o:
+            rows[s.name] = {"failed": o["failed"], "seconds_all": o["seconds"]}
+            continue
         model, tool = s.calls_per_run(steps, answer=False)
         t = median(o["seconds"])
         cpu = {k: median(c[k] for c in o["cpu"]) for k in o["cpu"][0]}
@@ -229,6 +242,17 @@ async def throughput(b: Bench, systems: list[System], runs: int, steps: int,
             "cpu_per_step": {k: v / runs / ((model + tool) / 2) for k, v in cpu.items()},
         }
     return {"runs": runs, "steps": steps, "rounds": rounds, "systems": rows}
+
+
+#: A throughput round that takes longer is reported as not finished.
+ROUND_SECONDS = 180.0
+
+
+async def _terminate(handles: list[WorkflowHandle[Any, Any]]) -> None:
+    async def one(h: WorkflowHandle[Any, Any]) -> None:
+        with contextlib.suppress(Exception):  # it may have finished meanwhile
+            await h.terminate("bench: the round did not finish in time")
+    await asyncio.gather(*(one(h) for h in handles))
 
 
 # --- one step, history -------------------------------------------------------------
@@ -386,6 +410,9 @@ async def measure(b: Bench, address: str, model: Model, tmp: Path,
                              model.base_url, tmp / f"peer-park-{peer}.log").start()
         try:
             parked_out[peer] = await _park_peer(b, w, cfg["side_parked"], cfg["warmup"])
+        except RuntimeError as e:
+            parked_out[peer] = {"failed": f"{e} (load {os.getloadavg()[0]:.1f})"}
+            b.model.fresh()
         finally:
             await w.stop()
     out["parked"] = parked_out

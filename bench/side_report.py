@@ -20,7 +20,9 @@ PARKED_KIB = 64.0
 
 
 def _peers(side: Mapping[str, Any]) -> list[str]:
-    return [n for n in side["throughput"]["systems"] if n in PEER_NAMES]
+    """The peers whose throughput rounds all finished."""
+    return [n for n, row in side["throughput"]["systems"].items()
+            if n in PEER_NAMES and "failed" not in row]
 
 
 def figures(side: Mapping[str, Any]) -> dict[str, float]:
@@ -29,7 +31,7 @@ def figures(side: Mapping[str, Any]) -> dict[str, float]:
     peers = _peers(side)
     fast_tp = max(peers, key=lambda n: tp[n]["steps_per_s"])
     fast_step = min(peers, key=lambda n: st[n]["step"])
-    cpu = {n: tp[n]["cpu_per_step"]["temporal"] for n in tp}
+    cpu = {n: tp[n]["cpu_per_step"]["temporal"] for n in tp if "failed" not in tp[n]}
     fast_cpu = min(peers, key=lambda n: cpu[n])
     out = {
         "throughput / bare": tp["boundloop"]["steps_per_s"] / tp["bare"]["steps_per_s"],
@@ -43,7 +45,7 @@ def figures(side: Mapping[str, Any]) -> dict[str, float]:
         "history events a step": st["boundloop"]["events_per_step"],
     }
     parked = side.get("parked", {})
-    if "boundloop" in parked:
+    if "per_run_kib" in parked.get("boundloop", {}):
         out["worker RSS a parked run (KiB)"] = parked["boundloop"]["per_run_kib"]
     return out
 
@@ -147,6 +149,13 @@ def render(side: Mapping[str, Any], previous: Mapping[str, Any] | None = None) -
     rows = []
     for n in names:
         t, s = tp[n], st[n]
+        if "failed" in t:
+            rows.append([LABELS[n], f"did not finish: {t['failed']}", "", _ms(s["step"]),
+                         _ms(s["wall_step"]), "", "", "",
+                         f"{s['bytes_per_step'] / 1000:,.1f} KB", f"{s['events_per_step']:.2f}",
+                         (f"{parked[n]['per_run_kib']:.1f} KiB"
+                          if "per_run_kib" in parked.get(n, {}) else "—")])
+            continue
         rows.append([
             LABELS[n], f"{t['steps_per_s']:.1f}",
             f"{t['steps_per_s'] / tp['bare']['steps_per_s']:.2f}x",
@@ -155,7 +164,8 @@ def render(side: Mapping[str, Any], previous: Mapping[str, Any] | None = None) -
             f"{t['cpu_per_run']['temporal']:.2f} s",
             f"{1000 * t['cpu_per_step']['worker']:.1f} ms",
             f"{s['bytes_per_step'] / 1000:,.1f} KB", f"{s['events_per_step']:.2f}",
-            (f"{parked[n]['per_run_kib']:.1f} KiB" if n in parked else "—"),
+            (f"{parked[n]['per_run_kib']:.1f} KiB" if "per_run_kib" in parked.get(n, {})
+             else "—"),
         ])
     lines += _table(["system", "steps/s", "vs bare", "one step (history)", "wall / step",
                      "server CPU a step", "server CPU a run", "worker CPU a step",
@@ -163,8 +173,8 @@ def render(side: Mapping[str, Any], previous: Mapping[str, Any] | None = None) -
     rounds = {n: ", ".join(f"{x:.1f}" for x in tp[n]["seconds_all"]) for n in names}
     lines += ["", "Throughput wall time of each round (s): "
               + "; ".join(f"{LABELS[n]} {rounds[n]}" for n in names) + ".", ""]
-    if parked:
-        p0 = next(iter(parked.values()))
+    if "per_run_kib" in parked.get("boundloop", {}):
+        p0 = parked["boundloop"]
         lines += [f"Parked: a fresh worker process for each system; {p0['warmup']} runs reach "
                   "the approval, are approved and answered (warm-up); then `VmRSS` before and "
                   f"after {p0['runs']:,} runs wait on a `create_ticket` approval (each peer's "
@@ -178,7 +188,9 @@ def render(side: Mapping[str, Any], previous: Mapping[str, Any] | None = None) -
                          "time to park"],
                         [[LABELS[n], f"{p['rss_before_kib'] / 1024:.1f} MiB",
                           f"{p['rss_after_kib'] / 1024:.1f} MiB", f"{p['per_run_kib']:.1f} KiB",
-                          f"{p['park_seconds']:.1f} s"] for n, p in parked.items()])
+                          f"{p['park_seconds']:.1f} s"] if "failed" not in p
+                         else [LABELS[n], f"did not park: {p['failed']}", "", "", ""]
+                         for n, p in parked.items()])
         lines.append("")
     lines += ["Activity types a run schedules: "
               + "; ".join(f"{LABELS[n]}: " + ", ".join(f"`{a}`" for a in st[n]["activity_types"])
