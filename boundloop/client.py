@@ -165,16 +165,19 @@ class Run:
 
     async def approve(self, call_id: str, *, approver: str | None = None,
                       args: dict[str, Any] | None = None, signer: Signer | None = None,
-                      remember: bool = False, when: str | None = None) -> None:
+                      remember: bool = False, when: str | None = None,
+                      scope: Literal["run", "session"] = "run") -> None:
         """Approve a pending call, optionally with edited arguments (validated against
         the tool's schema). With `signer` the decision is signed as `signer.name` (a run
         with approver keys accepts only that). With `remember`, later calls of the same
         tool in this run (those whose arguments meet `when`, a condition as in argument
-        rules) are approved without asking; a deny rule still denies them. Raises
+        rules) are approved without asking; a deny rule still denies them. With `scope`
+        "session" (a session's turn only), so are those of the session's later turns,
+        within each turn's own policy; the signature covers the scope. Raises
         InvalidDecision (nothing sent) for a decision malformed in itself, DecisionRefused
         when the run refuses it."""
         await self.decide(approval(call_id, approver=approver, args=args, signer=signer,
-                                   remember=remember, when=when), signer)
+                                   remember=remember, when=when, scope=scope), signer)
 
     async def reject(self, call_id: str, *, reason: str, approver: str | None = None,
                      signer: Signer | None = None) -> None:
@@ -291,12 +294,13 @@ class Run:
 
 def approval(call_id: str, *, approver: str | None = None,
              args: dict[str, Any] | None = None, signer: Signer | None = None,
-             remember: bool = False, when: str | None = None) -> Decision:
+             remember: bool = False, when: str | None = None,
+             scope: Literal["run", "session"] = "run") -> Decision:
     """An approval (arguments as for `Run.approve`), checked in itself before anything is
     sent: raises InvalidDecision, saying what is wrong in one line."""
     return _checked(lambda: Decision(call_id=call_id, approve=True,
                                      approver=_approver(approver, signer), arguments=args,
-                                     remember=remember, when=when))
+                                     remember=remember, when=when, scope=scope))
 
 
 def rejection(call_id: str, *, reason: str, approver: str | None = None,

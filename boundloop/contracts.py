@@ -165,6 +165,9 @@ class Decision(BaseModel):
     #: those whose arguments meet `when` (a condition as in argument rules) if given.
     remember: bool = Field(default=False, exclude_if=lambda v: not v)
     when: str | None = Field(default=None, max_length=CONDITION_MAX, exclude_if=_none)
+    #: With `remember`: for the rest of this run, or of the session this run is a turn of
+    #: (its later turns approve such calls too, within their own policy).
+    scope: Literal["run", "session"] = Field(default="run", exclude_if=lambda v: v == "run")
 
 
 class CancelRequest(BaseModel):
@@ -198,6 +201,8 @@ class RunResult(BaseModel):
     cancel_reason: str | None = Field(default=None, exclude_if=_none)
     #: A session turn's conversation, for the next turn (only runs that are turns).
     continuation: Continuation | None = Field(default=None, exclude_if=_none)
+    #: A session turn's approvals remembered for the session, for its next turns.
+    session_grants: list[Grant] = Field(default_factory=list, exclude_if=_empty)
 
 
 class RunStatus(BaseModel):
@@ -214,7 +219,7 @@ class RunStatus(BaseModel):
     question: str
     model: str
     limits: Limits | None = None
-    #: The approvals remembered for the rest of this run.
+    #: The approvals remembered for the rest of this run (or of its session).
     grants: list[Grant] = Field(default_factory=list)
 
 
@@ -361,6 +366,8 @@ class SessionStatus(BaseModel):
     model: str
     #: Messages waiting for a turn (busy `queue` / `interrupt`).
     waiting: int = 0
+    #: The approvals remembered for the rest of the session.
+    grants: list[Grant] = Field(default_factory=list)
 
 
 # --- the live stream of a run (docs/streaming.md) --------------------------------------

@@ -333,12 +333,43 @@ async def tenant_session(c: Cluster, tmp: Path) -> WorkflowHandle[Any, Any]:
     return session.handle
 
 
+async def remembered_session(c: Cluster, tmp: Path) -> WorkflowHandle[Any, Any]:
+    """A session whose first turn's approval is remembered for the session (the
+    session-grants marker): its second turn's identical-tool call runs without asking."""
+    assert c.client is not None
+    session = await ops.start_session(c.client, tools=["create_ticket"],
+                                      model="scripted-model", task_queue=c.queue,
+                                      id=workflow_id("session_remembered"))
+    for scripted in [resp(call("create_ticket", TICKET, "g1"), rid="gr1"),
+                     answer("チケットを作成しました。", rid="gr2"),
+                     resp(call("create_ticket", TICKET, "g2"), rid="gr3"),
+                     answer("もう一枚作成しました。", rid="gr4")]:
+        c.model.append(scripted)
+    first = asyncio.create_task(session.say("チケットを作って"))
+    turn = session.turn(1)
+
+    async def waiting() -> bool:
+        try:
+            return bool(await turn.pending())
+        except Exception:  # the turn has not started yet
+            return False
+    await wait_until(waiting, timeout=60)
+    await turn.approve("g1", approver="alice", remember=True, scope="session")
+    await first
+    second = await session.say("もう一枚")
+    print(f"session_remembered: {second.reason.value}, "
+          f"{[e.event for e in second.events if e.event.startswith('approval_')]}")
+    await session.end()
+    return session.handle
+
+
 #: name -> how the history of a workflow that is not a run (a budget ledger, a session) is
 #: made.
 LEDGERS: dict[str, Callable[[Cluster, Path], Awaitable[WorkflowHandle[Any, Any]]]] = {
     "ledger": signed_ledger,
     "session_squatted": squatted_turn,
     "session_tenant": tenant_session,
+    "session_remembered": remembered_session,
 }
 
 

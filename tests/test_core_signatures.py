@@ -171,3 +171,26 @@ def test_keys_files_name_the_bad_line(tmp_path: Path, alice: Signer) -> None:
         load_keys_file(empty)
     with pytest.raises(KeyFileError, match="does not exist"):
         load_keys_file(tmp_path / "missing.keys")
+
+
+def test_a_signed_grant_for_the_run_cannot_be_widened_to_the_session(alice: Signer) -> None:
+    state, plan = pending_state()
+    run_grant = signatures.Remember(when=None, scope="run")
+    signature = alice.sign(workflow_id="wf-approve", call_id="call_t", step=1,
+                           fingerprint=plan.fingerprint, approve=True, arguments=None,
+                           reason=None, signed_at=int(NOW.timestamp()), remember=run_grant)
+    signed = Decision(call_id="call_t", approve=True, approver="alice", signature=signature,
+                      remember=True)
+    assert approvals.check(state, signed, RULES, ctx(alice)) is None
+    widened = signed.model_copy(update={"scope": "session"})
+    why = approvals.check(state, widened, RULES, ctx(alice), in_session=True)
+    assert why is not None and "not alice's over this decision" in why
+    # Signed for the session, it holds in a session's turn and nowhere else.
+    session = alice.sign(workflow_id="wf-approve", call_id="call_t", step=1,
+                         fingerprint=plan.fingerprint, approve=True, arguments=None,
+                         reason=None, signed_at=int(NOW.timestamp()),
+                         remember=signatures.Remember(when=None, scope="session"))
+    for_session = widened.model_copy(update={"signature": session})
+    assert approvals.check(state, for_session, RULES, ctx(alice), in_session=True) is None
+    why = approvals.check(state, for_session, RULES, ctx(alice))
+    assert why is not None and "not a session's turn" in why

@@ -113,6 +113,10 @@ ADMIT_ATTRIBUTES = "admit-search-attributes"
 #: The patch under which a short read-only tool runs as a local activity
 #: (`boundloop.core.loop.runs_locally`; before it, every tool was a regular activity).
 LOCAL_TOOLS = "local-tools"
+#: The patch under which a session's turn takes the approvals remembered for the session
+#: by its earlier turns (within its own policy), accepts decisions remembered for the
+#: session, and hands them back in its RunResult.
+SESSION_GRANTS = "session-grants"
 
 
 def _worker_lost(counted: list[str]) -> RetryPolicy:
@@ -203,6 +207,7 @@ class BoundLoopWorkflow:
         self._waited = 0.0  # approval waits of this run (excluded from processing time)
         self._published: tuple[object, ...] = ()
         self._sparse_upserts = False  # SPARSE_UPSERTS, decided when the run starts
+        self._session_grants = False  # SESSION_GRANTS, decided when the run starts
         self._refs: dict[str, str] = {}  # call_id -> idempotency key of its tool output
         self._started = workflow.now()
         self._cancel_reason: str | None = None
@@ -233,6 +238,8 @@ class BoundLoopWorkflow:
         # Asked first, with the run's first commands: a patch asked right after the
         # admission's local activity is asked in another workflow task on replay.
         own_schemas = workflow.patched(ADMITTED_SCHEMAS)
+        # Asked of turns only: runs that are no session's turn never see this patch.
+        self._session_grants = inp.turn is not None and workflow.patched(SESSION_GRANTS)
         if inp.carried is None and workflow.patched(OPERATOR_POLICY):
             # The admission (in history) says which tools were unknown when it started.
             try:
@@ -245,6 +252,8 @@ class BoundLoopWorkflow:
             self._refuse_unknown(self._unknown)
         if own_schemas:
             self._own_schemas()
+        if inp.carried is None and self._session_grants:
+            self._inherit_grants(inp)
         if inp.carried is None:
             first = [user_message(inp.question)]
             self._unsent = [*self._unsent, *first]
@@ -323,6 +332,23 @@ class BoundLoopWorkflow:
         served = catalog.served_on(workflow.info().task_queue)
         self._keys = signatures.run_keys(served.approver_keys,
                                          self._state.policy.approver_keys)
+
+    def _inherit_grants(self, inp: RunInput) -> None:
+        """The session's remembered approvals, as far as this turn's policy allows. Taken
+        only from the session that started this turn as its child: a run's own starter
+        cannot hand itself approvals."""
+        parent = workflow.info().parent
+        if inp.turn is None or not inp.turn.grants or parent is None \
+                or parent.workflow_id != inp.turn.session_id:
+            return
+        kept = sessions.session_grants(inp.turn.grants, tools=self._state.allowed_tools,
+                                       approvers=self._state.policy.approvers,
+                                       keys=self._keys)
+        for grant in kept:
+            self._state.grants.append(grant)
+            self._state.log("approval_inherited", tool=grant.tool, call_id=grant.call_id,
+                            detail=f"remembered for the session by "
+                                   f"{preview(grant.approver, 100)}: {grant.text}")
 
     def _keep_admitted(self) -> None:
         """A tool this worker no longer serves keeps the rules it was admitted with (its
@@ -754,7 +780,8 @@ class BoundLoopWorkflow:
                                   now=workflow.now())
 
     def _signal_decision(self, decision: Decision) -> None:
-        problem = approvals.check(self._state, decision, self._rules, self._signed())
+        problem = approvals.check(self._state, decision, self._rules, self._signed(),
+                                  in_session=self._session_grants)
         if problem is not None:
             workflow.logger.warning("approval signal ignored", extra={
                 "call_id": preview(decision.call_id, 60), "problem": problem})
@@ -782,7 +809,8 @@ class BoundLoopWorkflow:
 
     @decide.validator
     def _validate_decide(self, decision: Decision) -> None:
-        problem = approvals.check(self._state, decision, self._rules, self._signed())
+        problem = approvals.check(self._state, decision, self._rules, self._signed(),
+                                  in_session=self._session_grants)
         if problem is not None:
             raise ApplicationError(problem, type=errors.INVALID_DECISION, non_retryable=True)
 
@@ -909,7 +937,9 @@ class BoundLoopWorkflow:
             answer_looks_like_tool_call=s.answer_looks_like_tool_call,
             cancel_reason=(self._cancel_reason or self._interrupted
                            if s.reason == StopReason.CANCELLED else None),
-            continuation=self._continuation() if self._inp.turn is not None else None)
+            continuation=self._continuation() if self._inp.turn is not None else None,
+            session_grants=[g for g in s.grants if g.scope == "session"]
+            if self._session_grants else [])
         excess = payload_bytes(result) - MAX_PAYLOAD_VALUE_BYTES
         if excess <= 0:
             return result

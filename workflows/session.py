@@ -41,6 +41,7 @@ with workflow.unsafe.imports_passed_through():
     )
     from boundloop.core import session as core
     from boundloop.core.canonical import preview
+    from boundloop.core.rules import Grant
 
 
 #: The patch under which a turn whose workflow id another workflow holds is refused in a
@@ -54,6 +55,9 @@ TURN_TENANT = "turn-tenant"
 #: The patch under which a turn the operator's policy refused fails its `say` with the
 #: policy's refusal (each field named), not just the failure's type.
 TURN_REFUSAL_NAMED = "turn-refusal-named"
+#: The patch under which the approvals a turn remembered for the session are kept by it
+#: and handed to each next turn (each applies those its own policy allows).
+SESSION_GRANTS = "session-grants"
 
 
 @workflow.defn(name=SESSION_WORKFLOW)
@@ -62,6 +66,9 @@ class BoundloopSessionWorkflow:
     def __init__(self, inp: SessionInput) -> None:
         self._inp = inp
         self._state = inp.state or core.SessionState(idle_since=workflow.now().isoformat())
+        if self._state.grants and workflow.info().continued_run_id is None:
+            # Only continue-as-new hands grants on: a session's starter cannot bring any.
+            self._state = self._state.model_copy(update={"grants": []})
         self._running: str | None = None  # the running turn's workflow id
         self._end_asked = False
         #: Messages waiting for a turn (busy `queue` / `interrupt`), by arrival number.
@@ -119,19 +126,23 @@ class BoundloopSessionWorkflow:
         try:
             settings = self._inp.settings.model_copy(update={"limits": core.turn_limits(
                 self._inp.settings.limits, self._inp.limits, state)})
+            grants = workflow.patched(SESSION_GRANTS)
             # The child's input (not a command): built as any run's is.
             run = run_input(req.message, instructions=self._inp.instructions,
                             settings=settings, tools=self._inp.tools,
                             mcp_tools=self._inp.mcp_tools,
                             search_attributes=self._inp.search_attributes,
                             turn=core.TurnOf(session_id=workflow.info().workflow_id,
-                                             turn=state.turns, follows=state.follows))
+                                             turn=state.turns, follows=state.follows,
+                                             grants=state.grants if grants else []))
             handle = await self._start_turn(run, turn_id, req.message)
             result = await self._result_of(handle, state.turns)
         finally:
             self._running = None
             state.idle_since = workflow.now().isoformat()
         assert result.continuation is not None  # every turn's RunResult carries one
+        if grants:  # the turn's own, and those it was given that it still applied
+            state.grants = _merged(state.grants, result.session_grants)
         core.record_turn(state, core.TurnSummary(
             turn=state.turns, workflow_id=turn_id, reason=result.reason, steps=result.steps,
             tool_executions=result.tool_executions, total_tokens=result.total_tokens),
@@ -181,7 +192,7 @@ class BoundloopSessionWorkflow:
             input_tokens=s.input_tokens, output_tokens=s.output_tokens,
             total_tokens=s.total_tokens, tokens_left=core.tokens_left(s, limits),
             cost_usd=s.cost_usd, idle_until=idle_until, model=self._inp.settings.model,
-            waiting=len(self._waiting))
+            waiting=len(self._waiting), grants=list(s.grants))
 
     # --- helpers ----------------------------------------------------------------------
 
@@ -271,6 +282,12 @@ class BoundloopSessionWorkflow:
             raise ApplicationError(f"turn {turn} ({handle.id}) ended without a RunResult: "
                                    f"{kind}", type=errors.TURN_FAILED,
                                    non_retryable=True) from None
+
+
+def _merged(kept: list[Grant], new: list[Grant]) -> list[Grant]:
+    """The session's grants after a turn: those it had (a turn whose policy applies fewer
+    does not take them from later turns) and the turn's new ones, each once."""
+    return [*kept, *(g for g in new if g not in kept)]
 
 
 def _at(iso: str) -> datetime:

@@ -87,14 +87,19 @@ def approve(run_id: str, call_id: str,
                 "--remember", help="Approve later calls of this tool in this run too")] = False,
             when: Annotated[str | None, typer.Option(
                 "--when", help="With --remember: only later calls meeting this condition "
-                "(as in argument rules, e.g. 'priority != \"high\"')")] = None) -> None:
+                "(as in argument rules, e.g. 'priority != \"high\"')")] = None,
+            scope: Annotated[str, typer.Option(
+                "--for", help="With --remember: 'run' (this run) or 'session' (this "
+                "session's later turns too)")] = "run") -> None:
     """Approve a pending call (optionally with edited arguments, or remembered for the
-    rest of the run)."""
+    rest of the run or session)."""
+    if scope not in ("run", "session"):
+        raise typer.BadParameter("must be 'run' or 'session'", param_hint="--for")
     edited = json_object("--args", args) if args is not None else None
     signer = load_signer(approver, key)
     _decide(run_id, "approved", lambda: ops.approval(
         call_id, approver=approver, args=edited, signer=signer, remember=remember,
-        when=when), signer)
+        when=when, scope="session" if scope == "session" else "run"), signer)
 
 
 @app.command()

@@ -211,6 +211,9 @@ def print_session(st: SessionStatus) -> None:
     if st.last is not None:
         console.print(f"last turn: {safe(st.last.workflow_id)} · {st.last.reason.value} · "
                       f"steps {st.last.steps} · tokens {st.last.total_tokens}")
+    for g in st.grants:
+        console.print(f"remembered for the session: {safe(g.text)} (approved by "
+                      f"{safe(g.approver)} on `{safe(g.call_id)}`)")
     if st.idle_until:
         console.print(f"ends if idle until {st.idle_until}")
 

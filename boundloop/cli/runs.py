@@ -59,7 +59,7 @@ def print_grants(status: RunStatus) -> None:
     """The approvals remembered for the rest of the run, one line each."""
     for g in status.grants:
         console.print(f"remembered: {safe(g.text)} (approved by {safe(g.approver)} on "
-                      f"`{safe(g.call_id)}`; this run only)")
+                      f"`{safe(g.call_id)}`; this {g.scope} only)")
 
 
 @app.command()

@@ -40,10 +40,14 @@ class DecisionLike(Protocol):
     remember: bool
     when: str | None
 
+    @property
+    def scope(self) -> str: ...
+
 
 def remembered(decision: DecisionLike) -> signatures.Remember | None:
     """The grant a decision asks for, as its signature covers it."""
-    return signatures.Remember(when=decision.when) if decision.remember else None
+    return (signatures.Remember(when=decision.when, scope=decision.scope)
+            if decision.remember else None)
 
 
 def request(state: LoopState, plan: Execute, step: int, now: datetime) -> Approval:
@@ -85,7 +89,8 @@ def time_left(approval: Approval, now: datetime, limit: timedelta) -> timedelta:
 
 
 def check(state: LoopState, decision: DecisionLike, rules: dict[str, ToolRule],
-          signed: signatures.Context | None = None) -> str | None:
+          signed: signatures.Context | None = None, *, in_session: bool = False
+          ) -> str | None:
     """Why the decision must be refused, or None. Never changes state.
 
     Refused: unknown call ids, calls already decided (a repeat is harmless: refused and
@@ -93,7 +98,8 @@ def check(state: LoopState, decision: DecisionLike, rules: dict[str, ToolRule],
     of its approver over this run, call and decision, approvers outside the tool's
     allow-list, edited arguments that fail the tool's schema, edited arguments on a
     rejection, `remember` on a rejection, a `when` without `remember`, a `when` that does
-    not parse or does not cover the call it approves.
+    not parse or does not cover the call it approves, a grant for the session in a run
+    that is not a session's turn (`in_session`).
     """
     approval = find(state, decision.call_id)
     if approval is None:
@@ -117,6 +123,9 @@ def check(state: LoopState, decision: DecisionLike, rules: dict[str, ToolRule],
     grant_problem = _grant_problem(approval, decision)
     if grant_problem is not None:
         return grant_problem
+    if decision.scope == "session" and not in_session:
+        return ("remember for the session: this run is not a session's turn "
+                "(remember it for the run)")
     if decision.arguments is not None:  # an approval's (form_problem refused the rest)
         rule = rules[approval.tool]
         if rule.args_model is None:  # a JSON schema tool (MCP)
@@ -137,6 +146,8 @@ def form_problem(decision: DecisionLike) -> str | None:
     not parse. The client checks it before sending; `check` again (the same words)."""
     if decision.when is not None and not decision.remember:
         return "a `when` condition is only accepted with `remember`"
+    if decision.scope != "run" and not decision.remember:
+        return "a scope (for the session) is only accepted with `remember`"
     if decision.remember and not decision.approve:
         return "`remember` is only accepted with an approval"
     if decision.arguments is not None and not decision.approve:
@@ -171,8 +182,9 @@ def _grant(approval: Approval, decision: DecisionLike) -> Grant:
             argument_rules.parse_condition(decision.when)
         except argument_rules.ConditionError as exc:
             raise ValueError(f"condition {preview(decision.when, 100)!r}: {exc}") from None
+    scope = "session" if decision.scope == "session" else "run"
     return Grant(tool=approval.tool, when=decision.when, approver=decision.approver,
-                 call_id=approval.call_id)
+                 call_id=approval.call_id, scope=scope)
 
 
 def edited(rule: ToolRule, arguments: dict[str, Any]) -> dict[str, Any]:
@@ -201,7 +213,7 @@ def apply(state: LoopState, decision: DecisionLike, now: datetime,
     # Who decided, and whether the arguments were edited: the audit trail of a side effect.
     detail = f"by {preview(approval.approver, 100)}" + (
         ", edited arguments" if decision.arguments is not None else "") + (
-        f", remembered for this run: {grant.text}" if grant is not None else "")
+        f", remembered for this {grant.scope}: {grant.text}" if grant is not None else "")
     state.log(f"approval_{approval.status}", tool=approval.tool, call_id=approval.call_id,
               fp=approval.fingerprint, detail=detail)
     if grant is not None:

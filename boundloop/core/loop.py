@@ -24,6 +24,7 @@ from boundloop.core.fingerprint import fingerprint, invalid_fingerprint
 from boundloop.core.limits import Limits, Policy, RunSettings, fits_payload
 from boundloop.core.reasons import StopReason
 from boundloop.core.retries import TOOL_BACKOFF, Backoff
+from boundloop.core.rules import Grant as Grant
 from boundloop.core.turn import FunctionCall, Turn, Usage
 
 ToolChoice = Literal["auto", "none"]
@@ -115,27 +116,6 @@ class Approval(BaseModel):
     asked_because: str | None = Field(default=None, exclude_if=lambda v: v is None)
 
 
-class Grant(BaseModel):
-    """A remembered approval: later calls of `tool` in this run whose validated arguments
-    meet `when` (every call when None) are approved as `approver` approved `call_id`."""
-
-    model_config = ConfigDict(frozen=True)
-
-    tool: str
-    when: str | None = Field(default=None, exclude_if=lambda v: v is None)
-    approver: str
-    call_id: str
-
-    @property
-    def text(self) -> str:
-        return self.tool if self.when is None else f"{self.tool} when {self.when}"
-
-    def covers(self, tool: str, arguments: dict[str, Any]) -> bool:
-        # Judged like an `allow` rule: an undecidable condition does not cover the call.
-        rule = argument_rules.ArgumentRule(tool=self.tool, when=self.when, action="allow")
-        return tool == self.tool and argument_rules.matches(rule, tool, arguments)
-
-
 class LoopState(BaseModel):
     """Everything the loop carries between events (and across continue-as-new)."""
 
@@ -158,7 +138,8 @@ class LoopState(BaseModel):
     conversation: ConversationMeta = Field(default_factory=ConversationMeta)
     events: list[Event] = Field(default_factory=list)
     approvals: list[Approval] = Field(default_factory=list)
-    #: Approvals remembered for the rest of this run (never carried to another run).
+    #: Approvals remembered for the rest of this run; those scoped to its session (when
+    #: it is a session's turn) are handed to the session's next turns.
     grants: list[Grant] = Field(default_factory=list, exclude_if=lambda v: not v)
     text: str = ""
     answer_looks_like_tool_call: bool = False

@@ -26,7 +26,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-__all__ = ["Action", "ArgumentRule", "ConditionError", "Verdict", "evaluate", "matches",
+__all__ = ["Action", "ArgumentRule", "ConditionError", "Grant", "Verdict", "evaluate", "matches",
            "parse_condition"]
 
 Action = Literal["allow", "ask", "deny"]
@@ -288,3 +288,26 @@ def evaluate(rules: Iterable[ArgumentRule], tool: str,
                 best is None or _STRICTNESS[rule.action] > _STRICTNESS[best.action]):
             best = rule
     return None if best is None else Verdict(action=best.action, rule=best)
+
+
+class Grant(BaseModel):
+    """A remembered approval: later calls of `tool` whose validated arguments meet `when`
+    (every call when None) are approved as `approver` approved `call_id`, for the rest of
+    the run (`scope` "run") or of the session whose turn the run is ("session")."""
+
+    model_config = ConfigDict(frozen=True)
+
+    tool: str
+    when: str | None = Field(default=None, exclude_if=lambda v: v is None)
+    approver: str
+    call_id: str
+    scope: Literal["run", "session"] = Field(default="run", exclude_if=lambda v: v == "run")
+
+    @property
+    def text(self) -> str:
+        return self.tool if self.when is None else f"{self.tool} when {self.when}"
+
+    def covers(self, tool: str, arguments: dict[str, Any]) -> bool:
+        # Judged like an `allow` rule: an undecidable condition does not cover the call.
+        rule = ArgumentRule(tool=self.tool, when=self.when, action="allow")
+        return tool == self.tool and matches(rule, tool, arguments)

@@ -22,6 +22,7 @@ from boundloop.core.conversation import ConversationMeta, ConversationRef, Item
 from boundloop.core.envelope import Envelope
 from boundloop.core.limits import Limits, PositiveInt, Seconds
 from boundloop.core.reasons import StopReason
+from boundloop.core.rules import Grant
 from boundloop.core.turn import FunctionCall
 
 #: Why a session ended: `boundloop session end` (requested), no message for `idle_seconds`, its
@@ -82,6 +83,9 @@ class TurnOf(BaseModel):
     session_id: str
     turn: int = Field(ge=1)
     follows: Continuation | None = None
+    #: The approvals remembered for the session by its earlier turns; the turn applies
+    #: those its own policy lets approvers decide (`session_grants`).
+    grants: list[Grant] = Field(default_factory=list, exclude_if=lambda v: not v)
 
 
 class TurnSummary(BaseModel):
@@ -109,10 +113,22 @@ class SessionState(BaseModel):
     cost_usd: float | None = None
     last: TurnSummary | None = None
     follows: Continuation | None = None
+    #: The approvals remembered for the session (by its turns), handed to each next turn.
+    grants: list[Grant] = Field(default_factory=list, exclude_if=lambda v: not v)
     #: When the session became idle (ISO 8601 UTC, workflow time): its start, or the end
     #: of its last turn.
     idle_since: str
     ended: SessionEnd | None = None
+
+
+def session_grants(grants: list[Grant], *, tools: list[str],
+                   approvers: dict[str, list[str]], keys: dict[str, str]) -> list[Grant]:
+    """The session's grants a turn applies: never wider than the turn's own policy, so
+    only for its tools, by an approver it lets decide the tool, and (when decisions must
+    be signed) one holding a key it accepts. A deny rule still denies, whatever is here."""
+    return [g for g in grants if g.scope == "session" and g.tool in tools
+            and (not approvers.get(g.tool) or g.approver in approvers[g.tool])
+            and (not keys or g.approver in keys)]
 
 
 def turn_id(session_id: str, turn: int) -> str:

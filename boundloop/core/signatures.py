@@ -81,9 +81,11 @@ def key_text(key: Ed25519PublicKey) -> str:
 
 @dataclass(frozen=True)
 class Remember:
-    """The grant a remembered approval asks for: later calls meeting `when` (all if None)."""
+    """The grant a remembered approval asks for: later calls meeting `when` (all if None),
+    for the rest of the run or of its session (`scope`)."""
 
     when: str | None
+    scope: str = "run"
 
 
 class Signature(BaseModel):
@@ -109,8 +111,9 @@ def message(*, workflow_id: str, call_id: str, step: int, fingerprint: str, appr
             approver: str, arguments: dict[str, Any] | None, reason: str | None,
             signed_at: int, remember: Remember | None = None) -> bytes:
     """The bytes an approver signs: canonical JSON, one text per decision. A remembered
-    approval signs its grant too (`{"when": ...}`); without one the text is as before, so
-    signatures made before grants existed still verify."""
+    approval signs its grant too (`{"when": ...}`, with `"scope": "session"` when it is for
+    the session), so a run's grant cannot be widened to the session; without one the text
+    is as before, so signatures made before grants existed still verify."""
     body = {
         "purpose": PURPOSE, "workflow_id": workflow_id, "call_id": call_id, "step": step,
         "fingerprint": fingerprint, "decision": "approve" if approve else "reject",
@@ -118,7 +121,8 @@ def message(*, workflow_id: str, call_id: str, step: int, fingerprint: str, appr
         "reason_sha256": digest(reason), "signed_at": signed_at,
     }
     if remember is not None:
-        body["remember"] = {"when": remember.when}
+        body["remember"] = {"when": remember.when} | (
+            {"scope": remember.scope} if remember.scope != "run" else {})
     # surrogatepass: ids come from JSON and may hold lone surrogate escapes.
     return canonical_json(body).encode("utf-8", "surrogatepass")
 
