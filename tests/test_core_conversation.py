@@ -305,6 +305,7 @@ class Decision:
     arguments: dict[str, Any] | None = None
     remember: bool = False  # a grant for the rest of the run (remembered approvals)
     when: str | None = None
+    scope: str = "run"  # or "session" (a session's turn)
 
 
 def turn_with(*calls: tuple[str, str, dict[str, Any]]) -> Turn:
