@@ -333,13 +333,14 @@ async def tenant_session(c: Cluster, tmp: Path) -> WorkflowHandle[Any, Any]:
     return session.handle
 
 
-async def remembered_session(c: Cluster, tmp: Path) -> WorkflowHandle[Any, Any]:
+async def remembered_session(c: Cluster, tmp: Path, name: str = "session_remembered"
+                             ) -> WorkflowHandle[Any, Any]:
     """A session whose first turn's approval is remembered for the session (the
     session-grants marker): its second turn's identical-tool call runs without asking."""
     assert c.client is not None
     session = await ops.start_session(c.client, tools=["create_ticket"],
                                       model="scripted-model", task_queue=c.queue,
-                                      id=workflow_id("session_remembered"))
+                                      id=workflow_id(name))
     for scripted in [resp(call("create_ticket", TICKET, "g1"), rid="gr1"),
                      answer("チケットを作成しました。", rid="gr2"),
                      resp(call("create_ticket", TICKET, "g2"), rid="gr3"),
@@ -357,10 +358,18 @@ async def remembered_session(c: Cluster, tmp: Path) -> WorkflowHandle[Any, Any]:
     await turn.approve("g1", approver="alice", remember=True, scope="session")
     await first
     second = await session.say("もう一枚")
-    print(f"session_remembered: {second.reason.value}, "
+    print(f"{name}: {second.reason.value}, "
           f"{[e.event for e in second.events if e.event.startswith('approval_')]}")
     await session.end()
     return session.handle
+
+
+async def remembered_turn(c: Cluster, tmp: Path) -> WorkflowHandle[Any, Any]:
+    """The second turn of such a session: it takes the session's grant (the loop's
+    session-grants marker, an `approval_inherited` event) and runs its call unasked."""
+    session = await remembered_session(c, tmp, "turn_remembered")
+    assert c.client is not None
+    return c.client.get_workflow_handle(f"{session.id}/turn-2")
 
 
 #: name -> how the history of a workflow that is not a run (a budget ledger, a session) is
@@ -370,6 +379,7 @@ LEDGERS: dict[str, Callable[[Cluster, Path], Awaitable[WorkflowHandle[Any, Any]]
     "session_squatted": squatted_turn,
     "session_tenant": tenant_session,
     "session_remembered": remembered_session,
+    "turn_remembered": remembered_turn,
 }
 
 
