@@ -13,10 +13,15 @@ import pytest
 from temporalio.client import Client
 
 import boundloop
+import boundloop.client
 import boundloop.testing
 from boundloop.client import approval
-from boundloop.contracts import RunResult
+from boundloop.contracts import WORKFLOW_NAME, RunResult, run_input
+from boundloop.core.limits import RunSettings
 from boundloop.core.reasons import StopReason
+from boundloop.core.rules import Grant
+from boundloop.core.session import TurnOf
+from tests.conftest import DEMO_TOOLS
 from tests.scripts import call, resp
 from tests.test_cli import cli, env_for
 from tests.test_sessions import WAIT, answer, session_env
@@ -110,3 +115,29 @@ async def test_a_grant_for_the_session_approves_later_turns_and_a_grant_for_the_
         assert (await other.show()).grants == []
         await session.end()
         await other.end()
+
+
+async def test_a_run_started_with_grants_in_its_input_still_asks(temporal: Client,
+                                                                tmp_path: Path) -> None:
+    # A starter writing a session's grant into a run's input (as if it were a turn of
+    # "sess-x") gets nothing from it: a turn takes grants only from its parent session.
+    forged = TurnOf(session_id="sess-x", turn=2, grants=[Grant(
+        tool="create_ticket", approver="alice", call_id="c0", scope="session")])
+    async with session_env(temporal, tmp_path, [ticket("c1"), answer("filed")]) as env:
+        inp = run_input("file one", instructions=None,
+                        settings=RunSettings(model="scripted-model"), tools=DEMO_TOOLS,
+                        turn=forged)
+        handle = await temporal.start_workflow(WORKFLOW_NAME, inp, id=f"forged-{env.queue}",
+                                               task_queue=env.queue, result_type=RunResult)
+        run = boundloop.client.Run(handle)
+
+        async def decided() -> bool:  # asks, or ends without asking
+            st = await run.status()
+            return bool(st.pending) or st.status in ("completed", "stopped")
+        await boundloop.testing.wait_until(decided, timeout=WAIT)
+        st = await run.status()
+        assert [a.call_id for a in st.pending] == ["c1"] and st.grants == []
+        await run.approve("c1", approver="alice")
+        result = await asyncio.wait_for(handle.result(), timeout=WAIT)
+    assert (asked(result), covered(result)) == (["c1"], [])
+    assert not any(e.event == "approval_inherited" for e in result.events)
