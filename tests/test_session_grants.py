@@ -6,6 +6,7 @@ does not meet asks again."""
 from __future__ import annotations
 
 import asyncio
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -16,11 +17,17 @@ import boundloop
 import boundloop.client
 import boundloop.testing
 from boundloop.client import approval
-from boundloop.contracts import WORKFLOW_NAME, RunResult, run_input
+from boundloop.contracts import (
+    SESSION_WORKFLOW,
+    WORKFLOW_NAME,
+    RunResult,
+    SessionInput,
+    run_input,
+)
 from boundloop.core.limits import RunSettings
 from boundloop.core.reasons import StopReason
 from boundloop.core.rules import Grant
-from boundloop.core.session import TurnOf
+from boundloop.core.session import SessionState, TurnOf
 from tests.conftest import DEMO_TOOLS
 from tests.scripts import call, resp
 from tests.test_cli import cli, env_for
@@ -141,3 +148,26 @@ async def test_a_run_started_with_grants_in_its_input_still_asks(temporal: Clien
         result = await asyncio.wait_for(handle.result(), timeout=WAIT)
     assert (asked(result), covered(result)) == (["c1"], [])
     assert not any(e.event == "approval_inherited" for e in result.events)
+
+
+async def test_a_session_started_with_grants_in_its_state_still_asks(
+        temporal: Client, tmp_path: Path) -> None:
+    # Only continue-as-new hands a session's grants on: a starter's are dropped.
+    state = SessionState(idle_since=datetime.now(UTC).isoformat(), grants=[Grant(
+        tool="create_ticket", approver="alice", call_id="c0", scope="session")])
+    async with session_env(temporal, tmp_path, [ticket("c1"), answer("filed")]) as env:
+        inp = SessionInput(settings=RunSettings(model="scripted-model"), tools=DEMO_TOOLS,
+                           state=state)
+        sid = f"forged-session-{env.queue}"
+        await temporal.start_workflow(SESSION_WORKFLOW, inp, id=sid, task_queue=env.queue)
+        session = await boundloop.client.get_session(temporal, sid)
+        assert (await session.show()).grants == []
+        first = asyncio.create_task(session.say("file one"))
+        asks = await turn_waits(session, 1, first)
+        if not asks:
+            first.result()  # a failed `say` raises its reason here
+        assert asks
+        await session.turn(1).approve("c1", approver="alice")
+        result = await asyncio.wait_for(first, timeout=WAIT)
+        await session.end()
+    assert (asked(result), covered(result)) == (["c1"], [])
