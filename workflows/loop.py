@@ -73,7 +73,7 @@ with workflow.unsafe.imports_passed_through():
     )
     from boundloop.core.envelope import Envelope, temporary_error_exhausted, tool_timed_out
     from boundloop.core.limits import MAX_PAYLOAD_VALUE_BYTES, payload_bytes
-    from boundloop.core.operator import Admission, unknown_tools_line
+    from boundloop.core.operator import Admission, Refusal, unknown_tools_line
     from boundloop.core.reasons import NEXT_CHECK, StopReason
     from boundloop.core.turn import FunctionCall, Turn
     from boundloop.tools import catalog
@@ -96,6 +96,8 @@ OPERATOR_POLICY = "operator-policy"
 #: The patch under which continue-as-new hands the admitted tool rules to the next run
 #: (before it, the next run read them from its worker's toolset: a rename stranded it).
 CARRIED_RULES = "carried-rules"
+#: A run whose input carries state it was not handed by continue-as-new is refused.
+CARRIED_BY_CONTINUE = "carried-by-continue"
 #: The patch under which the search attributes are upserted only when the status, stop
 #: reason or pending approvals change (the counters ride along; current details show
 #: them live): before it, every step's new count was one more event in history.
@@ -233,6 +235,16 @@ class BoundLoopWorkflow:
     @workflow.run
     async def run(self, inp: RunInput) -> RunResult:
         cancelled_first = False
+        if (inp.carried is not None and workflow.info().continued_run_id is None
+                and workflow.patched(CARRIED_BY_CONTINUE)):
+            # Carried state skips the admission (it was admitted before continue-as-new):
+            # only the server's continue-as-new may hand it over, never a starter.
+            forged = Refusal(field="carried", asked="a run state of its own",
+                             operator="carried state comes only from the run's own "
+                                      "continue-as-new: start the run without it")
+            raise ApplicationError("the operator's policy refuses this run: " + forged.line(),
+                                   forged.model_dump(), type=errors.POLICY_REFUSED,
+                                   non_retryable=True)
         # Asked first, so its marker goes in the first workflow task with the others.
         self._sparse_upserts = inp.search_attributes and workflow.patched(SPARSE_UPSERTS)
         # Asked first, with the run's first commands: a patch asked right after the
