@@ -105,7 +105,8 @@ async def test_a_session_message_sent_in_clear_refuses_its_turn(
                           task_queue=queue, policy=policy):
             told = await boundloop.start_session(keyed, tools=["lookup_stock"],
                                                  model="scripted-model", task_queue=queue)
-            with pytest.raises(BoundloopError, match="PolicyRefused"):
+            with pytest.raises(BoundloopError, match="refused: the operator's policy refuses "
+                               "this run: payloads: the run asked its input in clear"):
                 await asyncio.wait_for((await boundloop.get_session(
                     keyless, told.id)).say("在庫は?"), RUN_TIMEOUT)
             with pytest.raises(PolicyRefused) as refused:
