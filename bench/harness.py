@@ -72,6 +72,16 @@ class Model:
         for t in turns:
             self.server.append(t)
 
+    def feed_calls(self, name: str, args: list[dict[str, Any]]) -> int:
+        """A fresh server with one call turn for each of `args`, plus spares; returns the
+        number of spares. Every turn is a call, served to any run in arrival order, so a
+        model request retried after a lost attempt (it consumes a turn of its own) takes
+        a spare one instead of leaving the last run without a turn."""
+        spare = max(5, len(args) // 10)
+        self.fresh()
+        self.feed([self.call(name, a) for a in [*args, *args[:spare]]])
+        return spare
+
     def call(self, name: str, args: dict[str, Any]) -> dict[str, Any]:
         """A turn with a reasoning item and one function call (unique ids)."""
         self._n += 1
