@@ -20,8 +20,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import faulthandler
 import json
 import os
+import signal
 import sys
 import tempfile
 import time
@@ -272,6 +274,8 @@ def _peers_main(args: argparse.Namespace, cfg: dict[str, Any]) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # A phase that hangs says where: `kill -USR1 <pid>` prints every thread's stack.
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     parser = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true",
