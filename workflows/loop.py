@@ -98,6 +98,9 @@ OPERATOR_POLICY = "operator-policy"
 CARRIED_RULES = "carried-rules"
 #: A run whose input carries state it was not handed by continue-as-new is refused.
 CARRIED_BY_CONTINUE = "carried-by-continue"
+#: A run whose input continues a conversation (`turn.follows`) is refused unless the
+#: session that owns that turn started it as its child.
+TURN_FOLLOWS_OWNED = "turn-follows-owned"
 #: The patch under which the search attributes are upserted only when the status, stop
 #: reason or pending approvals change (the counters ride along; current details show
 #: them live): before it, every step's new count was one more event in history.
@@ -235,16 +238,24 @@ class BoundLoopWorkflow:
     @workflow.run
     async def run(self, inp: RunInput) -> RunResult:
         cancelled_first = False
-        if (inp.carried is not None and workflow.info().continued_run_id is None
+        info = workflow.info()
+        if (inp.carried is not None and info.continued_run_id is None
                 and workflow.patched(CARRIED_BY_CONTINUE)):
             # Carried state skips the admission (it was admitted before continue-as-new):
             # only the server's continue-as-new may hand it over, never a starter.
-            forged = Refusal(field="carried", asked="a run state of its own",
-                             operator="carried state comes only from the run's own "
-                                      "continue-as-new: start the run without it")
-            raise ApplicationError("the operator's policy refuses this run: " + forged.line(),
-                                   forged.model_dump(), type=errors.POLICY_REFUSED,
-                                   non_retryable=True)
+            _refuse(Refusal(field="carried", asked="a run state of its own",
+                            operator="carried state comes only from the run's own "
+                                     "continue-as-new: start the run without it"))
+        if (inp.carried is None and inp.turn is not None and inp.turn.follows is not None
+                and not sessions.owns_turn(inp.turn, info.parent.workflow_id
+                                           if info.parent is not None else None,
+                                           info.workflow_id)
+                and workflow.patched(TURN_FOLLOWS_OWNED)):
+            # The model would read the conversation it names (another run's, another
+            # tenant's): only the session that owns the turn hands one on.
+            _refuse(Refusal(field="turn.follows", asked="a conversation to continue",
+                            operator="only a session continues a conversation, in the "
+                                     "turns it starts: start the run without `turn`"))
         # Asked first, so its marker goes in the first workflow task with the others.
         self._sparse_upserts = inp.search_attributes and workflow.patched(SPARSE_UPSERTS)
         # Asked first, with the run's first commands: a patch asked right after the
@@ -1048,6 +1059,14 @@ def _body_started(cause: BaseException | None) -> bool:
         return False
     first = details[0] if details else None
     return isinstance(first, dict) and first.get("started") is True
+
+
+def _refuse(refusal: Refusal) -> NoReturn:
+    """Fail the run as refused by the operator's policy (`PolicyRefused` for its starter),
+    before any command of its own."""
+    raise ApplicationError("the operator's policy refuses this run: " + refusal.line(),
+                           refusal.model_dump(), type=errors.POLICY_REFUSED,
+                           non_retryable=True)
 
 
 def _no_ref(out: Envelope | StopReason) -> tuple[Envelope, str | None] | StopReason:

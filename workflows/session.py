@@ -66,9 +66,11 @@ class BoundloopSessionWorkflow:
     def __init__(self, inp: SessionInput) -> None:
         self._inp = inp
         self._state = inp.state or core.SessionState(idle_since=workflow.now().isoformat())
-        if self._state.grants and workflow.info().continued_run_id is None:
-            # Only continue-as-new hands grants on: a session's starter cannot bring any.
-            self._state = self._state.model_copy(update={"grants": []})
+        if workflow.info().continued_run_id is None and (self._state.grants
+                                                         or self._state.follows):
+            # Only continue-as-new hands grants and the conversation on: a session's
+            # starter cannot bring approvals, nor another conversation for the model.
+            self._state = self._state.model_copy(update={"grants": [], "follows": None})
         self._running: str | None = None  # the running turn's workflow id
         self._end_asked = False
         #: Messages waiting for a turn (busy `queue` / `interrupt`), by arrival number.

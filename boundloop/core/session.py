@@ -136,6 +136,18 @@ def turn_id(session_id: str, turn: int) -> str:
     return f"{session_id}/turn-{turn}"
 
 
+def owns_turn(turn: TurnOf, parent_id: str | None, workflow_id: str) -> bool:
+    """Whether the run `workflow_id`, started as a child of `parent_id` (None: by a client),
+    is the turn `turn` names: the session's own child under the session's turn id, whose
+    conversation is held by a turn of the same session. Only such a run may continue a
+    conversation (a starter naming another run's would have the model read it)."""
+    if parent_id != turn.session_id or workflow_id != turn_id(turn.session_id, turn.turn):
+        return False
+    base = turn.follows.base if turn.follows is not None else None
+    return base is None or (is_turn_id(base.workflow_id)
+                            and base.workflow_id.rpartition("/turn-")[0] == turn.session_id)
+
+
 def is_turn_id(workflow_id: str) -> bool:
     """Whether `workflow_id` has the form of a session's turn (`SESSION/turn-N`): such ids
     belong to the session, which starts its turns under them, so no run may take one."""
