@@ -17,6 +17,7 @@ from pydantic import Field, SecretStr, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from boundloop.core.operator import OperatorPolicy
+from boundloop.secret_files import writable_problem
 
 
 class Settings(BaseSettings):
@@ -172,11 +173,15 @@ def load_policy(path: Path) -> OperatorPolicy:
     dependency). Raises PolicyFileError with one line per problem."""
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
+        mode = path.stat().st_mode
     except OSError as exc:
         raise PolicyFileError([f"{path}: cannot read it "
                                f"({exc.strerror or type(exc).__name__})"]) from None
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise PolicyFileError([f"{path}: not valid TOML ({exc})"]) from None
+    problem = writable_problem("policy file", path, mode)
+    if problem is not None:
+        raise PolicyFileError([problem])
     try:
         return OperatorPolicy.model_validate(data)
     except ValidationError as exc:

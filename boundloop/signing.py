@@ -35,6 +35,7 @@ from cryptography.hazmat.primitives.serialization import (
 from boundloop.core import signatures
 from boundloop.core.signatures import NAME_MAX, Signature
 from boundloop.errors import BoundloopError
+from boundloop.secret_files import writable_problem
 
 
 class KeyFileError(BoundloopError, ValueError):
@@ -178,13 +179,19 @@ def load_keys_file(path: Path) -> dict[str, str]:
 
 
 def read_listing(path: Path, what: str, error: Callable[[str], Exception]) -> str:
-    """The text of `path`; `error` says in a line (naming `what`) why it cannot be read."""
+    """The text of `path`; `error` says in a line (naming `what`) why it cannot be read,
+    or is refused: a file of names to trust that others may write."""
     try:
-        return path.read_text(encoding="utf-8")
+        text = path.read_text(encoding="utf-8")
+        mode = path.stat().st_mode
     except FileNotFoundError:
         raise error(f"{what} {path} does not exist") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise error(f"cannot read {what} {path}: {exc}") from None
+    problem = writable_problem(what, path, mode)
+    if problem is not None:
+        raise error(problem)
+    return text
 
 
 def name_lines(text: str, source: str, expected: str, error: Callable[[str], Exception]
