@@ -7,15 +7,25 @@ so replay and continue-as-new use it, never the worker's policy or toolset of la
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from temporalio import activity
 
 from boundloop.codec import started_encrypted
 from boundloop.contracts import ADMIT_ACTIVITY, AdmitRequest
 from boundloop.core.mcp_tools import MCPToolDeclaration
-from boundloop.core.operator import IN_CLEAR, Admission, OperatorPolicy, ToolDeclared, resolve
+from boundloop.core.operator import (
+    IN_CLEAR,
+    Admission,
+    OperatorPolicy,
+    ToolDeclared,
+    mcp_refusals,
+    resolve,
+)
 from boundloop.tools.registry import Toolset
+
+if TYPE_CHECKING:
+    from boundloop.mcp.pool import MCPPool
 
 
 class Admissions:
@@ -29,11 +39,14 @@ class Admissions:
     """
 
     def __init__(self, policy: OperatorPolicy | None, toolset: Toolset[Any],
-                 approver_keys: Mapping[str, str]) -> None:
+                 approver_keys: Mapping[str, str], mcp: MCPPool | None = None) -> None:
         self.policy = policy if policy is None else policy.model_copy(
             update={"approver_keys": {**approver_keys, **policy.approver_keys}})
         self.approver_keys = dict(approver_keys)
         self.toolset = toolset
+        #: The worker's MCP servers: a run's declarations of their tools are checked
+        #: against the worker's own (allow-list, overrides).
+        self.mcp = mcp
 
     @activity.defn(name=ADMIT_ACTIVITY)
     async def admit_run(self, req: AdmitRequest) -> Admission:
@@ -66,6 +79,10 @@ class Admissions:
                     for name, r in rules.items()}
         result = resolve(policy, req.settings, tools=req.tools, declared=declared,
                          mcp_tools=req.mcp_tools, search_attributes=req.search_attributes)
-        if isinstance(result, list):
-            return Admission(refusals=result)
+        loose = ([] if self.mcp is None else
+                 mcp_refusals(req.mcp_tools, servers=self.mcp.servers(),
+                              served=self.mcp.declarations()))
+        if isinstance(result, list) or loose:
+            return Admission(refusals=[*(result if isinstance(result, list) else []),
+                                       *loose])
         return Admission(settings=result, tools=tools)

@@ -175,8 +175,8 @@ class Plugin(SimplePlugin, Generic[Deps]):
         activities: list[Callable[..., Any]] = [tools.tool_execute, budget_reserve,
                                                 budget_closed_runs,
                                                 Admissions(policy, toolset,
-                                                           self.served.approver_keys
-                                                           ).admit_run]
+                                                           self.served.approver_keys,
+                                                           mcp=self.mcp).admit_run]
         if model is not None:
             activities.append(ModelActivities(model, toolset, cache).model_request)
         self._activities = activities

@@ -30,7 +30,8 @@ from boundloop.core.rules import TOOL_PATTERN, ArgumentRule
 from boundloop.core.signatures import ApproverName, PublicKeyText
 
 __all__ = ["IN_CLEAR", "Admission", "BudgetRule", "OperatorLimits", "OperatorPolicy",
-           "Refusal", "ToolDeclared", "ToolPolicy", "budget_admin_keys", "resolve"]
+           "Refusal", "ToolDeclared", "ToolPolicy", "budget_admin_keys", "mcp_refusals",
+           "resolve"]
 
 ToolGlob = Annotated[str, Field(pattern=TOOL_PATTERN)]
 #: The Limits fields that take a ceiling: the numeric ones.
@@ -367,3 +368,29 @@ def resolve(operator: OperatorPolicy, settings: RunSettings, *, tools: Sequence[
     except ValidationError as e:
         return [Refusal(field=".".join(str(p) for p in err["loc"]) or "settings",
                         asked="", operator=err["msg"]) for err in e.errors()]
+
+
+def mcp_refusals(declared: Sequence[MCPToolDeclaration], *, servers: Sequence[str],
+                 served: Sequence[MCPToolDeclaration]) -> list[Refusal]:
+    """What a run's MCP declarations ask that its worker's MCP configuration does not
+    give: a tool of a server the worker has (`servers`) must be one the worker declares
+    (`served`: its allow-list and overrides applied), by the same server and remote name,
+    and may not drop its `needs_approval` or `side_effects`. The run's starter lists the
+    servers itself, so its declarations are what it says; the worker's are the operator's.
+    A server the worker does not have is not checked here: its calls cannot run."""
+    own = {(d.server, d.remote_name): d for d in served}
+    refusals: list[Refusal] = []
+    for d in declared:
+        if d.server not in servers:
+            continue
+        mine = own.get((d.server, d.remote_name))
+        if mine is None:
+            refusals.append(Refusal(
+                field=f"mcp_tools.{d.name}", asked=f"tool {d.remote_name!r} of {d.server!r}",
+                operator=f"not among the tools the worker declares for {d.server!r}"))
+            continue
+        for flag in ("needs_approval", "side_effects"):
+            if getattr(mine, flag) and not getattr(d, flag):
+                refusals.append(Refusal(field=f"mcp_tools.{d.name}.{flag}", asked="false",
+                                        operator=f"{flag} true (the worker's declaration)"))
+    return refusals

@@ -317,6 +317,10 @@ class MCPPool:
         """Every declared tool from the last listing, servers in configuration order."""
         return [d for s in self._servers.values() for d in s.declarations]
 
+    def servers(self) -> list[str]:
+        """The names of the servers configured on this worker."""
+        return list(self._servers)
+
     def declaration(self, name: str) -> MCPToolDeclaration:
         """The declared tool called `name` (prefixed); KeyError when there is none."""
         for d in self.declarations():
