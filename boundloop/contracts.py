@@ -368,6 +368,8 @@ class SessionStatus(BaseModel):
     waiting: int = 0
     #: The approvals remembered for the rest of the session.
     grants: list[Grant] = Field(default_factory=list)
+    #: The BoundloopTenant the session was started with (each turn carries it).
+    tenant: str | None = None
 
 
 # --- the live stream of a run (docs/streaming.md) --------------------------------------

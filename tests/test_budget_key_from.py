@@ -2,25 +2,35 @@
 `[budget] key_from = "tenant-{BoundloopTenant}"`; a real `boundloop worker` reading it
 refuses a run started without the tenant, or naming another tenant's budget, before any
 model request, and a run started with `--tenant` spends from its tenant's ledger; so
-does each turn of a session started with `--tenant`.
+does each turn of a session started with `--tenant` (which `session show` names), or
+with the attribute of the operator's own that the key names.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import uuid
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
 import pytest_asyncio
+from temporalio.api.enums.v1 import IndexedValueType
+from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest
 from temporalio.client import Client
+from temporalio.common import SearchAttributeKey, SearchAttributePair, TypedSearchAttributes
+from temporalio.service import RPCError
 
 import boundloop
 from boundloop import PolicyRefused
+from boundloop import search_attributes as sa
 from boundloop.budgets import set_budget, show_budget
+from boundloop.contracts import SESSION_WORKFLOW, SessionInput
 from boundloop.core.budget import BudgetLimits
+from boundloop.core.limits import RunSettings
 from boundloop.scripted.server import ScriptedModelServer
 from tests.conftest import RUN_TIMEOUT
 from tests.scripts import answer
@@ -52,8 +62,15 @@ def model() -> AsyncIterator[ScriptedModelServer]:
 async def worker(temporal: Client, model: ScriptedModelServer, tmp_path: Path
                  ) -> AsyncIterator[dict[str, str]]:
     """A `boundloop worker` reading POLICY; yields the CLI's environment for its queue."""
+    async with policy_worker(temporal, model, tmp_path, POLICY) as env:
+        yield env
+
+
+@asynccontextmanager
+async def policy_worker(temporal: Client, model: ScriptedModelServer, tmp_path: Path,
+                        text: str) -> AsyncIterator[dict[str, str]]:
     policy = tmp_path / "policy.toml"
-    policy.write_text(POLICY, encoding="utf-8")
+    policy.write_text(text, encoding="utf-8")
     queue = f"q-{uuid.uuid4().hex[:8]}"
     env = worker_env(tmp_path, TEMPORAL_ADDRESS=temporal.service_client.config.target_host,
                      BOUNDLOOP_TASK_QUEUE=queue, OPENAI_BASE_URL=model.base_url,
@@ -138,3 +155,48 @@ async def test_a_session_turn_spends_from_the_budget_of_the_sessions_tenant(
     assert code == 0, (out, err)
     assert json.loads(out)["reason"] == "completed"
     assert await spent_from(temporal, tenant)
+    # `session show` says whose session it is.
+    code, out, err = await cli("session", "show", tagged, env=worker)
+    assert code == 0 and f"{tagged}: idle · tenant {tenant} · turns 1 of 100" in out, (out,
+                                                                                     err)
+    code, out, err = await cli("session", "show", tagged, "--json", env=worker)
+    assert code == 0 and json.loads(out)["tenant"] == tenant, (out, err)
+    code, out, err = await cli("session", "show", untagged, "--json", env=worker)
+    assert code == 0 and json.loads(out)["tenant"] is None, (out, err)
+
+
+#: A search attribute of the operator's own (not boundloop's), registered by the test.
+TEAM = SearchAttributeKey.for_keyword("BoundloopTestTeam")
+
+
+async def test_a_session_turn_carries_every_attribute_the_budget_key_names(
+        temporal: Client, model: ScriptedModelServer, tmp_path: Path) -> None:
+    """A policy deriving the key from an attribute of the operator's own: a session
+    started with it (by the operator's own client) hands it, and its tenant, to each
+    turn, which spends from that budget (before, every turn was refused)."""
+    with contextlib.suppress(RPCError):  # registered by an earlier run on this server
+        await temporal.operator_service.add_search_attributes(AddSearchAttributesRequest(
+            namespace=temporal.namespace,
+            search_attributes={TEAM.name: IndexedValueType.INDEXED_VALUE_TYPE_KEYWORD}))
+    team = f"red{uuid.uuid4().hex[:6]}"
+    policy = POLICY.replace("tenant-{BoundloopTenant}", "team-{BoundloopTestTeam}")
+    async with policy_worker(temporal, model, tmp_path, policy) as env:
+        queue = env["BOUNDLOOP_TASK_QUEUE"]
+        await set_budget(temporal, f"team-{team}", BudgetLimits(usd=1.0), task_queue=queue)
+        inp = SessionInput(settings=RunSettings(model="scripted-model",
+                                                limits=boundloop.Limits(max_output_tokens=50)),
+                           tools=["lookup_stock"])
+        sid = f"team-session-{uuid.uuid4().hex[:8]}"
+        await temporal.start_workflow(
+            SESSION_WORKFLOW, inp, id=sid, task_queue=queue,
+            search_attributes=TypedSearchAttributes([SearchAttributePair(TEAM, team),
+                                                     SearchAttributePair(sa.TENANT, "acme")]))
+        model.append(answer("A-001は12個です。"))
+        code, out, err = await cli("say", sid, "A-001の在庫は？", "--json", env=env)
+        assert code == 0, (out, err)
+        assert json.loads(out)["reason"] == "completed"
+        view = await show_budget(temporal, f"team-{team}")
+        assert view is not None and view.spent.usd > 0
+        turn = await temporal.get_workflow_handle(f"{sid}/turn-1").describe()
+        assert turn.typed_search_attributes.get(TEAM) == team
+        assert turn.typed_search_attributes.get(sa.TENANT) == "acme"

@@ -52,6 +52,10 @@ TURN_ID_TAKEN = "turn-id-taken"
 #: attribute (before it, turns started without one, so a policy deriving the budget key
 #: from it refused every turn).
 TURN_TENANT = "turn-tenant"
+#: The patch under which each turn starts with every search attribute of text the session
+#: was started with, not its tenant only (a policy deriving the budget key from another
+#: one refused every turn).
+TURN_ATTRIBUTES = "turn-attributes"
 #: The patch under which a turn the operator's policy refused fails its `say` with the
 #: policy's refusal (each field named), not just the failure's type.
 TURN_REFUSAL_NAMED = "turn-refusal-named"
@@ -194,7 +198,8 @@ class BoundloopSessionWorkflow:
             input_tokens=s.input_tokens, output_tokens=s.output_tokens,
             total_tokens=s.total_tokens, tokens_left=core.tokens_left(s, limits),
             cost_usd=s.cost_usd, idle_until=idle_until, model=self._inp.settings.model,
-            waiting=len(self._waiting), grants=list(s.grants))
+            waiting=len(self._waiting), grants=list(s.grants),
+            tenant=workflow.info().typed_search_attributes.get(sa.TENANT))
 
     # --- helpers ----------------------------------------------------------------------
 
@@ -255,9 +260,17 @@ class BoundloopSessionWorkflow:
                 type=errors.TURN_FAILED, non_retryable=True) from None
 
     def _turn_attributes(self) -> TypedSearchAttributes | None:
-        """The session's tenant, which each turn carries as a run started with
-        `--tenant` does (an operator's policy may derive the budget key from it)."""
-        tenant = workflow.info().typed_search_attributes.get(sa.TENANT)
+        """The search attributes the session's starter gave it with text values (its
+        tenant, or any other an operator's `budget.key_from` names), which each turn
+        carries as a run started with them does. Never a message's: the sender of a
+        `say` gives the turn its text only."""
+        given = workflow.info().typed_search_attributes
+        text = [pair for pair in given if isinstance(pair.value, str)
+                and pair.key.name not in _UPSERTED and not pair.key.name.startswith("Temporal")]
+        if (any(pair.key.name != sa.TENANT.name for pair in text)
+                and workflow.patched(TURN_ATTRIBUTES)):
+            return TypedSearchAttributes(text)
+        tenant = given.get(sa.TENANT)
         if tenant is None or not workflow.patched(TURN_TENANT):
             return None
         return TypedSearchAttributes([SearchAttributePair(sa.TENANT, tenant)])
@@ -284,6 +297,11 @@ class BoundloopSessionWorkflow:
             raise ApplicationError(f"turn {turn} ({handle.id}) ended without a RunResult: "
                                    f"{kind}", type=errors.TURN_FAILED,
                                    non_retryable=True) from None
+
+
+#: The attributes each run writes of itself: a session's starter does not set a turn's
+#: (nor Temporal's own, `Temporal*`, which only the server sets).
+_UPSERTED = frozenset(key.name for key in sa.ALL)
 
 
 def _merged(kept: list[Grant], new: list[Grant]) -> list[Grant]:

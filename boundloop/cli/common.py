@@ -198,7 +198,8 @@ def check_approver_keys(settings: Settings) -> None:
 def print_session(st: SessionStatus) -> None:
     state = st.status + (f" ({st.ended})" if st.ended else "")
     budget = f" of {st.limits.token_budget}" if st.limits.token_budget else ""
-    console.print(f"{safe(st.session_id)}: [bold]{state}[/] · turns {st.turns} of "
+    tenant = f" · tenant {safe(st.tenant)}" if st.tenant is not None else ""
+    console.print(f"{safe(st.session_id)}: [bold]{state}[/]{tenant} · turns {st.turns} of "
                   f"{st.limits.max_turns} · steps {st.steps} · tool executions "
                   f"{st.tool_executions} · tokens {st.total_tokens}{budget}"
                   + (f" · cost ${st.cost_usd:.6f}" if st.cost_usd is not None else ""))
