@@ -25,16 +25,22 @@ from boundloop import client as ops
 from boundloop import errors as boundloop_errors
 from boundloop.budgets import set_budget
 from boundloop.contracts import (
+    WORKFLOW_NAME,
     CancelRequest,
+    Carried,
     Decision,
     ReserveRequest,
+    RunInput,
     RunResult,
     SettleRequest,
     budget_workflow_id,
 )
 from boundloop.core.budget import Amount, BudgetLimits
-from boundloop.core.limits import Policy
+from boundloop.core.conversation import ConversationMeta, ConversationRef, user_message
+from boundloop.core.limits import Policy, RunSettings
+from boundloop.core.loop import LoopState
 from boundloop.core.rules import ArgumentRule
+from boundloop.core.session import Continuation, TurnOf
 from boundloop.signing import Signer, new_key
 from boundloop.testing import wait_until
 from boundloop.workflows.budget import BudgetLedgerWorkflow
@@ -372,6 +378,45 @@ async def remembered_turn(c: Cluster, tmp: Path) -> WorkflowHandle[Any, Any]:
     return c.client.get_workflow_handle(f"{session.id}/turn-2")
 
 
+async def forged_run(c: Cluster, name: str, **forged: Any) -> WorkflowHandle[Any, Any]:
+    """A run whose starter wrote into its input what only the workflow itself hands on:
+    refused by policy before any command of its own."""
+    assert c.client is not None
+    settings = RunSettings.model_validate({"model": "scripted-model",
+                                           "policy": {"approval": "never"}})
+    inp = RunInput(question="チケットを作って", tools=["create_ticket"], settings=settings,
+                   **forged)
+    handle = await c.client.start_workflow(WORKFLOW_NAME, inp, id=workflow_id(name),
+                                           task_queue=c.queue, result_type=RunResult)
+    try:
+        await handle.result()
+    except WorkflowFailureError as exc:
+        print(f"{name}: {exc.cause}")
+    return handle
+
+
+async def forged_carried(c: Cluster, tmp: Path) -> WorkflowHandle[Any, Any]:
+    """Carried state (approval never, the message unsent) in a run's first input: refused
+    (the carried-by-continue marker)."""
+    question = user_message("チケットを作って")
+    state = LoopState(settings=RunSettings.model_validate(
+        {"model": "scripted-model", "policy": {"approval": "never"}}),
+        allowed_tools=["create_ticket"], conversation=ConversationMeta().extend([question]))
+    return await forged_run(c, "forged_carried", carried=Carried(
+        state=state, base=ConversationRef(workflow_id="none", run_id="none",
+                                          meta=ConversationMeta()), unsent=[question]))
+
+
+async def forged_follows(c: Cluster, tmp: Path) -> WorkflowHandle[Any, Any]:
+    """Another session's conversation named as the run's `turn.follows` by a plain starter:
+    refused (the turn-follows-owned marker)."""
+    follows = Continuation(base=ConversationRef(workflow_id="other-session/turn-1",
+                                                run_id="none", meta=ConversationMeta()),
+                           conversation=ConversationMeta())
+    return await forged_run(c, "forged_follows", turn=TurnOf(
+        session_id="other-session", turn=2, follows=follows))
+
+
 #: name -> how the history of a workflow that is not a run (a budget ledger, a session) is
 #: made.
 LEDGERS: dict[str, Callable[[Cluster, Path], Awaitable[WorkflowHandle[Any, Any]]]] = {
@@ -380,6 +425,8 @@ LEDGERS: dict[str, Callable[[Cluster, Path], Awaitable[WorkflowHandle[Any, Any]]
     "session_tenant": tenant_session,
     "session_remembered": remembered_session,
     "turn_remembered": remembered_turn,
+    "forged_carried": forged_carried,
+    "forged_follows": forged_follows,
 }
 
 

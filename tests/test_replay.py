@@ -199,6 +199,21 @@ def test_the_unknown_tool_history_is_refused_at_admission_in_a_sentence() -> Non
         "the worker on task queue 'histories' serves no tool named 'whisper' (it serves: ")
 
 
+@pytest.mark.parametrize(("name", "field"), [("forged_carried", "carried"),
+                                           ("forged_follows", "turn.follows")])
+def test_a_forged_input_history_is_refused_before_any_command(name: str, field: str) -> None:
+    history = load(latest(name))
+    events = kinds(history)
+    # Its patch's marker only: no admission, no model request, no upsert.
+    assert events.count(E.EVENT_TYPE_MARKER_RECORDED) == 1
+    assert E.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED not in events
+    last = history.events[-1]
+    assert last.event_type == E.EVENT_TYPE_WORKFLOW_EXECUTION_FAILED
+    failure = last.workflow_execution_failed_event_attributes.failure
+    assert failure.application_failure_info.type == errors.POLICY_REFUSED
+    assert failure.message.startswith(f"the operator's policy refuses this run: {field}: ")
+
+
 def test_the_squatted_session_history_refuses_that_turn_then_runs_the_next() -> None:
     history = load(latest("session_squatted"))
     events = kinds(history)
