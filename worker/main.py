@@ -166,6 +166,11 @@ async def run_worker(settings: Settings) -> None:
     log = logging.getLogger(__name__)
     for warning in client_settings_given(settings):
         log.warning(warning)
+    # Said first: connecting can take a while (a server starting, a firewall dropping
+    # packets), and a silent worker looks hung. Where, never with what credentials.
+    log.info(f"connecting to Temporal at {settings.temporal_address} "
+             f"(namespace {settings.temporal_namespace})",
+             extra={"task_queue": settings.task_queue})
     client = await connect_with_retry(settings)
     worker = build_worker(client, settings)
     versioned = ({"deployment": settings.deployment_name, "build_id": settings.build_id}

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -209,12 +210,14 @@ async def login_page(request: Request) -> Response:
 
 
 def login(console: Console) -> Callable[[Request], Awaitable[Response]]:
+    _dummy()  # hashed as the console starts: the first unknown name costs what others do
+
     async def endpoint(request: Request) -> Response:
         form = await form_of(request)
         name, secret = form.get("approver", ""), form.get("credential", "")
         credential = console.approvers.get(name)
         # The same work whether or not the name exists: no telling names apart by time.
-        ok = (credential or _DUMMY).matches(secret) and credential is not None
+        ok = (credential or _dummy()).matches(secret) and credential is not None
         nxt = local(form.get("next"))
         if not ok:
             log.warning("console sign-in refused")  # never the name or the credential
@@ -230,7 +233,11 @@ def login(console: Console) -> Callable[[Request], Awaitable[Response]]:
     return endpoint
 
 
-_DUMMY = auth.Credential.parse(auth.hash_credential("not a credential anyone has"))
+@functools.cache
+def _dummy() -> auth.Credential:
+    """What a sign-in with an unknown name is checked against: hashed when a console
+    starts, not when the CLI is imported (scrypt costs some 50 ms and 16 MiB)."""
+    return auth.Credential.parse(auth.hash_credential("not a credential anyone has"))
 
 
 async def logout(request: Request, console: Console, who: auth.SignedIn) -> Response:
