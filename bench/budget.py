@@ -34,10 +34,10 @@ from boundloop.client import result_of
 from boundloop.contracts import (
     WORKFLOW_NAME,
     ReserveRequest,
-    RunInput,
     RunResult,
     SettleRequest,
     budget_workflow_id,
+    run_input,
 )
 from boundloop.core.budget import Amount, BudgetLimits, Grant
 from boundloop.core.limits import Limits, RunSettings
@@ -87,8 +87,8 @@ async def _run(client: Client, model: Model, queue: str, steps: int,
                + [model.answer()])
     limits = Limits(max_steps=steps + 2, max_tool_executions=steps, token_threshold=10**9,
                     max_output_tokens=1000)
-    inp = RunInput(question="Look up each SKU in turn.", tools=["lookup_stock"],
-                   settings=RunSettings(model=MODEL_NAME, limits=limits, budget=budget))
+    inp = run_input("Look up each SKU in turn.", instructions=None, tools=["lookup_stock"],
+                    settings=RunSettings(model=MODEL_NAME, limits=limits, budget=budget))
     t0 = now()
     handle = await client.start_workflow(WORKFLOW_NAME, inp,
                                          id=f"bench-budget-{uuid.uuid4().hex[:10]}",

@@ -42,9 +42,9 @@ from boundloop.contracts import (
     TOOL_ACTIVITY,
     WORKFLOW_NAME,
     Decision,
-    RunInput,
     RunResult,
     RunStatus,
+    run_input,
 )
 from boundloop.core.canonical import json_bytes
 from boundloop.core.conversation import function_call_output
@@ -75,8 +75,8 @@ class Bench:
 
     async def start_loop(self, question: str, tools: list[str], limits: Limits,
                          queue: str | None = None) -> WorkflowHandle[Any, RunResult]:
-        inp = RunInput(question=question, tools=tools,
-                       settings=RunSettings(model=MODEL_NAME, api="responses", limits=limits))
+        inp = run_input(question, instructions=None, tools=tools,
+                        settings=RunSettings(model=MODEL_NAME, api="responses", limits=limits))
         return await self.client.start_workflow(
             WORKFLOW_NAME, inp, id=self.wid("loop"), task_queue=queue or self.queue,
             result_type=RunResult)
@@ -554,8 +554,8 @@ async def _variant_run(b: Bench, v: Variant, steps: int) -> dict[str, float]:
     b.model.feed([b.model.call(v.tool, {"sku": sku(i)}) for i in range(steps)]
                  + [b.model.answer()])
     limits = Limits(max_steps=steps + 2, max_tool_executions=steps, token_threshold=10**9)
-    inp = RunInput(question="Look up each SKU in turn.", tools=[v.tool],
-                   settings=RunSettings(model=MODEL_NAME, api="responses", limits=limits))
+    inp = run_input("Look up each SKU in turn.", instructions=None, tools=[v.tool],
+                    settings=RunSettings(model=MODEL_NAME, api="responses", limits=limits))
     t0 = now()
     handle = await v.client.start_workflow(WORKFLOW_NAME, inp, id=b.wid("loop"),
                                            task_queue=v.queue, result_type=RunResult)

@@ -23,7 +23,7 @@ from temporalio.client import Client, WorkflowHandle
 
 from boundloop import Worker
 from boundloop.client import connect, result_of, stream_items
-from boundloop.contracts import WORKFLOW_NAME, RunInput, RunResult, TextDelta
+from boundloop.contracts import WORKFLOW_NAME, RunResult, TextDelta, run_input
 from boundloop.core.limits import Limits, RunSettings
 from boundloop.devserver import DevServer
 from boundloop.scripted.server import ScriptedModelServer
@@ -47,7 +47,7 @@ def turn(**extra: Any) -> dict[str, Any]:
 
 
 async def one(client: Client, queue: str, stream: bool) -> dict[str, Any]:
-    inp = RunInput(question="How many A-001?", tools=[], settings=RunSettings(
+    inp = run_input("How many A-001?", instructions=None, tools=[], settings=RunSettings(
         model="scripted-model", limits=Limits(), stream=stream))
     handle: WorkflowHandle[Any, RunResult] = await client.start_workflow(
         WORKFLOW_NAME, inp, id=f"bench-stream-{uuid.uuid4().hex[:8]}", task_queue=queue,

@@ -132,10 +132,13 @@ class Agent(Generic[Deps]):
         session's turn (`SESSION/turn-N`). `tenant`: the run's `BoundloopTenant` search
         attribute (`boundloop run --tenant`), from which an operator's policy may derive
         the budget key it spends from."""
-        from boundloop.client import Run, start_run
+        from boundloop.client import Run, search_attributes_registered, start_run
 
-        handle = await start_run(client, self.run_input(question), workflow_id=id,
-                                 task_queue=self.task_queue, tenant=tenant)
+        # Built once: the run upserts its search attributes only where they are registered.
+        inp = self.run_input(question,
+                             search_attributes=await search_attributes_registered(client))
+        handle = await start_run(client, inp, workflow_id=id, task_queue=self.task_queue,
+                                 tenant=tenant)
         return Run(handle)
 
     async def session(self, client: Client, *, limits: SessionLimits | None = None,

@@ -562,13 +562,14 @@ def ui_link(settings: Settings, workflow_id: str, run_id: str | None = None) -> 
 async def start_run(client: Client, inp: RunInput, *, workflow_id: str | None = None,
                     task_queue: str = DEFAULT_TASK_QUEUE, tenant: str | None = None
                     ) -> WorkflowHandle[Any, RunResult]:
+    """Start the run of `inp`, as `contracts.run_input` built it (`Agent.start`): sent as
+    it is."""
     wf_id = workflow_id or f"boundloop-{uuid.uuid4().hex[:12]}"
     if session_core.is_turn_id(wf_id):
         # Taken now, the session's next `say` would find its turn's id used.
         raise errors.RunIdTaken(f"workflow id {wf_id!r} is a session's turn id "
                                 "(SESSION/turn-N): the session starts its turns under "
                                 "those; choose another id")
-    inp = inp.model_copy(update={"search_attributes": await search_attributes_registered(client)})
     limits = compact_json(inp.settings.limits.model_dump(mode="json"))
     details = (f"model `{inp.settings.model}` ({inp.settings.api})\n\n"
                f"tools: {', '.join(inp.tools)}\n\nlimits: `{limits}`")

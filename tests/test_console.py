@@ -33,11 +33,11 @@ from temporalio.client import Client, WorkflowHandle
 from temporalio.service import RPCError
 
 import boundloop
-from boundloop.client import query_status, result_of, start_run
+from boundloop.client import query_status, result_of
 from boundloop.codec import EncryptionCodec, load_keys, new_key_line
 from boundloop.console.auth import hash_credential
-from boundloop.contracts import RunInput, RunResult
-from boundloop.core.limits import Policy, RunSettings
+from boundloop.contracts import RunResult
+from boundloop.core.limits import Policy
 from boundloop.core.reasons import StopReason
 from boundloop.core.session import SessionLimits
 from boundloop.devserver import port_open
@@ -130,15 +130,14 @@ async def deployed(temporal: Client, tmp_path_factory: pytest.TempPathFactory
         [sys.executable, "-m", "boundloop.cli", "console", "--port", str(port)], env=env,
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     # Signed decisions required: the run's policy names alice's public key.
-    settings = RunSettings(model="scripted-model", policy=Policy(
-        approver_keys={"alice": alice.public_line.split()[1]}))
+    agent = boundloop.Agent(DEMO_TOOLS, model="scripted-model", task_queue=queue,
+                            policy=Policy(approver_keys={"alice": alice.public_line.split()[1]}))
     try:
         async with make_worker(client, queue, model.start(), data_dir):
             runs = []
             for n in (1, 2, 3):  # one at a time: the scripted model answers in order
-                handle = await start_run(client, RunInput(
-                    question=f"Open a restock ticket for B-00{n}", settings=settings,
-                    tools=DEMO_TOOLS), task_queue=queue)
+                handle = (await agent.start(client, f"Open a restock ticket for B-00{n}")
+                          ).handle
 
                 async def waiting(h: WorkflowHandle[Any, Any] = handle) -> bool:
                     return bool((await query_status(h)).pending)

@@ -27,9 +27,9 @@ import pytest
 import pytest_asyncio
 from temporalio.client import Client, WorkflowHandle
 
-from boundloop.client import result_of, start_run
-from boundloop.contracts import RunInput, RunResult
-from boundloop.core.limits import RunSettings
+import boundloop
+from boundloop.client import result_of
+from boundloop.contracts import RunResult
 from boundloop.core.reasons import NEXT_CHECK, StopReason
 from boundloop.devserver import DevServer, port_open
 from boundloop.scripted.server import ScriptedModelServer
@@ -103,23 +103,18 @@ async def runs(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[UiRuns
                             BOUNDLOOP_DATA_DIR=base / "data",
                             BOUNDLOOP_UI_URL=f"http://127.0.0.1:{server.ui_port}")
         client = await connect(settings)
-        run_settings = RunSettings(model="scripted-model")
+        agent = boundloop.Agent(DEMO_TOOLS, model="scripted-model",
+                                task_queue=settings.task_queue)
         # The worker stays up while the browser looks: the UI reads current details
         # through a query that a worker answers.
         async with build_worker(client, settings):
-            done = await start_run(client, RunInput(
-                question=COMPLETED_QUESTION, settings=run_settings, tools=DEMO_TOOLS),
-                task_queue=settings.task_queue)
+            done = (await agent.start(client, COMPLETED_QUESTION)).handle
             completed = await result_of(done)
             assert completed.reason == "completed"
-            loop = await start_run(client, RunInput(
-                question=STOPPED_QUESTION, settings=run_settings, tools=DEMO_TOOLS),
-                task_queue=settings.task_queue)
+            loop = (await agent.start(client, STOPPED_QUESTION)).handle
             stopped = await result_of(loop)
             assert (stopped.reason, stopped.answer_looks_like_tool_call) == ("max_steps", True)
-            waiting = await start_run(client, RunInput(
-                question=WAITING_QUESTION, settings=run_settings, tools=DEMO_TOOLS),
-                task_queue=settings.task_queue)
+            waiting = (await agent.start(client, WAITING_QUESTION)).handle
             try:
                 async def visible() -> bool:
                     return (await listed(client, WAITING_QUERY) == {waiting.id}
