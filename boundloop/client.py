@@ -752,7 +752,16 @@ async def _update_unless_stuck(handle: WorkflowHandle[Any, Any],
             update.result()  # its answer came first: applied, or its own error raises
             return None
     finally:
+        # Given up (stuck, or the stuck check failed): the cancelled RPC may still end in
+        # an error of its own, which is nobody's news; retrieved, so that asyncio never
+        # prints "Task exception was never retrieved" at exit.
+        update.add_done_callback(_retrieved)
         update.cancel()
+
+
+def _retrieved(task: asyncio.Future[Any]) -> None:
+    if not task.cancelled():
+        task.exception()
 
 
 async def record(handle: WorkflowHandle[Any, Any], decision: Decision) -> None:
