@@ -91,8 +91,11 @@ class ModelActivities:
                 non_retryable=True)
         full = [*items, *turn.items]
         self.cache.put(wf_id, req.expected.extend(turn.items), full)
-        # The run's next activities go to this worker's own queue, where this cache is.
-        return turn.model_copy(update={"worker_queue": self.cache.queue})
+        # This worker's own queue, where this cache is, and whether the request found the
+        # conversation in it: the workflow routes the run's next activities by both.
+        return turn.model_copy(update={
+            "worker_queue": self.cache.queue,
+            "cached": self.cache.queue is not None and req.prior.count > 0 and not rebuilt})
 
     def _definitions(self, req: ModelRequest) -> list[dict[str, Any]]:
         """The function definitions of the run's tools, in its order: function tools from

@@ -158,9 +158,14 @@ class ToolActivities:
         if capped is not envelope:
             activity.logger.info("tool result over cap", extra=log)
         activity.logger.info("tool executed", extra={**log, "status": capped.status.value})
-        if self._cache is not None:  # the next model request refers to this output
-            self._cache.put_output(req.idempotency_key, capped.to_output())
-        return ToolOutcome(envelope=capped)
+        if self._cache is None:
+            return ToolOutcome(envelope=capped)
+        # The next model request refers to this output: it is in this worker's cache.
+        self._cache.put_output(req.idempotency_key, capped.to_output())
+        queue = self._cache.queue
+        moved = req.holder is not None and queue is not None and queue != req.holder \
+            and activity.info().is_local
+        return ToolOutcome(envelope=capped, worker_queue=queue if moved else None)
 
     async def _mcp_call(self, req: ToolRequest, tool: MCPToolDeclaration) -> Envelope:
         """One `tools/call` on the worker's session to the tool's server (arguments were

@@ -146,6 +146,9 @@ class ToolRequest(BaseModel):
     #: (`mcp_tools.parameters_digest`): a worker serving the tool with another schema
     #: refuses the call as `ToolUnavailable`. None: not checked (runs before it).
     parameters_digest: str | None = Field(default=None, exclude_if=_none)
+    #: For a call run as a local activity: the own task queue of the worker the run sends
+    #: its activities to (`ToolOutcome.worker_queue` names another one).
+    holder: str | None = Field(default=None, exclude_if=_none)
 
 
 class Decision(BaseModel):

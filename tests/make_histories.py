@@ -201,6 +201,16 @@ RUNS["local_tool"] = ([
     answer("A-001は12個です。", rid="lr2"),
 ], nothing)
 
+# Four steps on a worker with its own queue and eager activity execution on: the second
+# request goes to the holder's own queue and finds its conversation there, so the rest go
+# to the shared queue, where eager execution finds it too (the route-when-needed patch).
+RUNS["routed_shared"] = ([
+    resp(call("lookup_stock", {"sku": "A-001"}, "w1"), rid="wr1"),
+    resp(call("lookup_stock", {"sku": "B-002"}, "w2"), rid="wr2"),
+    resp(call("lookup_stock", {"sku": "C-003"}, "w3"), rid="wr3"),
+    answer("A-001は12個、B-002は在庫切れです。", rid="wr4"),
+], nothing)
+
 #: name -> the run's tools, for the histories that need others than the demo tools.
 TOOLS: dict[str, list[str]] = {"local_tool": ["lookup_stock", "flaky"]}
 

@@ -1,10 +1,11 @@
-"""The pure decision of where a failed attempt on the holding worker's queue goes."""
+"""The pure decisions of where a run's activities go: after a failed attempt on the holding
+worker's queue, and after each model turn."""
 
 from __future__ import annotations
 
 import pytest
 
-from boundloop.core.routing import lost_on_holder
+from boundloop.core.routing import follows_holder, lost_on_holder
 
 HANDLED = ("ModelRequestRetryable", "ConversationMismatch")
 
@@ -25,3 +26,24 @@ def test_a_failure_the_workflow_counts_stays_a_failure() -> None:
 def test_a_failure_temporal_would_retry_goes_to_the_shared_queue() -> None:
     assert lost_on_holder(None, "SomethingElse", HANDLED)
     assert lost_on_holder(None, None, HANDLED)
+
+
+# --- which queue a run's next activities go to, from its last model turn ---------------
+
+
+def test_a_request_that_read_its_conversation_from_history_is_followed() -> None:
+    """The run's first request (nothing to find) and any rebuild: its worker now holds
+    the conversation, and nothing says the shared queue would find it there."""
+    for on_holder in (False, True):
+        for missed in (False, True):
+            assert follows_holder(False, on_holder, missed)
+
+
+def test_a_hit_on_the_holders_queue_tries_the_shared_queue_once() -> None:
+    assert not follows_holder(True, True, shared_missed=False)
+    assert follows_holder(True, True, shared_missed=True)
+
+
+def test_a_hit_on_the_shared_queue_stays_on_the_shared_queue() -> None:
+    """Eager activity execution put the request where the conversation was."""
+    assert not follows_holder(True, False, shared_missed=False)

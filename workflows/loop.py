@@ -122,6 +122,10 @@ LOCAL_TOOLS = "local-tools"
 #: by its earlier turns (within its own policy), accepts decisions remembered for the
 #: session, and hands them back in its RunResult.
 SESSION_GRANTS = "session-grants"
+#: The patch under which a run's activities go to the holder's own queue only when the
+#: shared queue does not put them where the conversation is (`routing.follows_holder`):
+#: before it, every activity after the first model turn went to the holder's queue.
+ROUTE_WHEN_NEEDED = "route-when-needed"
 
 
 def _worker_lost(counted: list[str]) -> RetryPolicy:
@@ -221,6 +225,12 @@ class BoundLoopWorkflow:
         # The own task queue of the worker whose cache holds the conversation (named by
         # the last model turn); None: the shared queue.
         self._holder: str | None = None
+        # Whether activities go to the holder's queue (before ROUTE_WHEN_NEEDED: always),
+        # and whether a model request sent to the shared queue while a holder was named
+        # did not find the conversation there (then the run follows the holder).
+        self._follow = True
+        self._shared_missed = False
+        self._routing = False  # ROUTE_WHEN_NEEDED, decided at the first turn naming a holder
         # Approver public keys: the worker's (like its toolset) and the run policy's.
         self._keys = signatures.run_keys(served.approver_keys,
                                          self._state.policy.approver_keys)
@@ -474,7 +484,14 @@ class BoundLoopWorkflow:
         if isinstance(turn, StopReason):
             return turn
         self._unsent, self._refs = [], {}
+        # How this request was sent: by choice to the shared queue while a holder was
+        # named, or to the holder's queue (not lost to the shared queue on the way).
+        probed, on_holder = self._holder is not None and not self._follow, self._on_holder()
         self._holder = turn.worker_queue
+        if self._holder is not None and workflow.patched(ROUTE_WHEN_NEEDED):
+            self._routing = True
+            self._shared_missed = self._shared_missed or (probed and not turn.cached)
+            self._follow = routing.follows_holder(turn.cached, on_holder, self._shared_missed)
         state.log("model_returned")
         return turn
 
@@ -756,7 +773,14 @@ class BoundLoopWorkflow:
             backoff=rule.backoff, retryable=TOOL_RETRYABLE, deadline_ends=False,
             summary=f"tool {p.call.name} · call {state.tool_executions + 1}",
             local_id=p.idempotency_key if local else None)
+        if local and self._routing:
+            req = req.model_copy(update={"holder": self._holder})
         outcome = await self._attempts(attempts, req, core.ToolOutcome)
+        if not isinstance(outcome, _Failed) and outcome.worker_queue is not None \
+                and self._routing:
+            # A local tool ran in the worker that runs this run's tasks, not the holder:
+            # its output is in that worker's cache, so the next request goes there.
+            self._holder = outcome.worker_queue
         if isinstance(outcome, _Failed):
             cause = outcome.error.cause
             kind = cause.type if isinstance(cause, ApplicationError) else None
@@ -850,10 +874,13 @@ class BoundLoopWorkflow:
 
     # --- helpers -------------------------------------------------------------------
 
+    def _on_holder(self) -> bool:
+        return self._holder is not None and self._follow
+
     def _route(self, policy: RetryPolicy) -> dict[str, Any]:
         """Where the next activity goes: the holder's own queue (one attempt, bounded wait
         to start), or the shared queue with `policy` (docs/history.md, "Several workers")."""
-        if self._holder is None:
+        if not self._on_holder():
             return {"retry_policy": policy}
         return {"task_queue": self._holder, "retry_policy": HOLDER_RETRY,
                 "schedule_to_start_timeout": HOLDER_START_TIMEOUT}
@@ -861,7 +888,7 @@ class BoundLoopWorkflow:
     def _holder_lost(self, err: ActivityError, policy: RetryPolicy) -> bool:
         """Whether the attempt failed on the holder's queue in a way the shared queue's
         `policy` would have retried; then the run forgets the holder."""
-        if self._holder is None:
+        if not self._on_holder():
             return False
         cause = err.cause
         timeout = (cause.type.name if isinstance(cause, TimeoutError) and cause.type is not None

@@ -541,6 +541,9 @@ class ToolOutcome(BaseModel):
     - envelope: the model-facing result, already capped by the activity.
     - executed: the tool body ran (counts as a tool execution).
     - fatal: an unexpected exception after retries (-> `tool_error`).
+    - worker_queue: of a call run as a local activity, in the worker that runs the run's
+      workflow tasks: that worker's own task queue, when it is not the one the request
+      named as the run's holder (the output is in that worker's cache, not the holder's).
     """
 
     model_config = ConfigDict(frozen=True)
@@ -548,6 +551,7 @@ class ToolOutcome(BaseModel):
     envelope: Envelope
     executed: bool = True
     fatal: bool = False
+    worker_queue: str | None = Field(default=None, exclude_if=lambda v: v is None)
     # The envelope is the tool activity's own result (not serialised: always true there).
     from_activity: bool = Field(default=True, exclude=True)
 

@@ -69,6 +69,10 @@ class Turn(BaseModel):
       `MISSING_NAME`; the loop answers them with an error and never executes them).
     - worker_queue: the own task queue of the worker whose cache now holds the
       conversation (set by the model activity; None for a worker without one).
+    - cached: the model activity found the conversation so far (and the tool outputs
+      it refers to) in its worker's cache, so it read nothing from the event history
+      (set only by a worker with an own queue; False for the first request of a run,
+      which had nothing to find).
     """
 
     model_config = ConfigDict(frozen=True)
@@ -85,6 +89,8 @@ class Turn(BaseModel):
     # The task queue of the worker that now holds the conversation in its cache (a
     # routing hint: the history stays the source of truth).
     worker_queue: str | None = Field(default=None, exclude_if=lambda v: v is None)
+    # Where the request found its conversation: the workflow's routing reads it.
+    cached: bool = Field(default=False, exclude_if=lambda v: not v)
 
     @model_validator(mode="after")
     def _text_from_items(self) -> Turn:
