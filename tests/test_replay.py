@@ -112,6 +112,10 @@ def final_result(history: WorkflowHistory) -> dict[str, Any]:
     ("local_tool", "completed", {E.EVENT_TYPE_MARKER_RECORDED: 9,
                                  E.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED: 2,
                                  E.EVENT_TYPE_TIMER_FIRED: 1}),
+    # Six patches (route-when-needed among them), admit_run and three local lookups: ten
+    # markers; four model requests (the second on the holder's own queue, then shared).
+    ("routed_shared", "completed", {E.EVENT_TYPE_MARKER_RECORDED: 10,
+                                    E.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED: 4}),
     ("interrupted", "cancelled", {E.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED: 1,
                                   E.EVENT_TYPE_WORKFLOW_EXECUTION_CANCEL_REQUESTED: 0,
                                   E.EVENT_TYPE_ACTIVITY_TASK_COMPLETED: 1}),
