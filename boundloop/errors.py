@@ -140,6 +140,12 @@ class BudgetRefused(BoundloopError):
     changed. The message says why."""
 
 
+class PolicyNamesUnservedTools(BoundloopError, ValueError):
+    """The operator's policy names a tool (or a glob) no tool of the worker matches: the
+    worker refuses to start rather than serve runs under a rule that applies to nothing.
+    The message names each such entry and the tools served."""
+
+
 class NoToolset(BoundloopError):
     """No toolset is registered for a worker's task queue in this process."""
 

@@ -10,7 +10,13 @@ from pydantic import ValidationError
 
 from boundloop.core.limits import RunSettings
 from boundloop.core.mcp_tools import MCPToolDeclaration
-from boundloop.core.operator import OperatorPolicy, Refusal, ToolDeclared, resolve
+from boundloop.core.operator import (
+    OperatorPolicy,
+    Refusal,
+    ToolDeclared,
+    resolve,
+    unserved_tools_line,
+)
 from boundloop.core.signatures import key_text
 
 ALICE = key_text(Ed25519PrivateKey.generate().public_key())
@@ -217,3 +223,22 @@ def test_a_budget_key_derived_from_the_runs_search_attribute() -> None:
 def test_a_key_from_template_is_checked_when_the_policy_is_read(rule: dict[str, Any]) -> None:
     with pytest.raises(ValidationError):
         OperatorPolicy.model_validate({"budget": rule})
+
+
+def test_every_per_tool_entry_must_name_a_served_tool() -> None:
+    served = ["lookup_stock", "create_ticket", "shop__delete_record"]
+    assert unserved_tools_line(_operator(
+        tools=["lookup_*", "create_ticket", "shop__*"],
+        approval={"create_ticket": {"approval": "always"}, "shop__delete_*": {}},
+        rules=[{"tool": "lookup_stock", "action": "ask"}],
+        limits={"defaults": {"per_tool_max_calls": {"lookup_stock": 2}}}), served) is None
+    line = unserved_tools_line(_operator(
+        tools=["lookup_*", "creat_ticket"], approval={"no_such_tool": {}},
+        rules=[{"tool": "transfer*", "action": "deny"}],
+        limits={"defaults": {"per_tool_max_calls": {"lookup_stok": 2}}}), served)
+    assert line == ("tools 'creat_ticket', approval.no_such_tool, rules[0].tool 'transfer*', "
+                    "limits.defaults.per_tool_max_calls.lookup_stok: no tool this worker "
+                    "serves has those names (it serves: lookup_stock, create_ticket, "
+                    "shop__delete_record)")
+    # Prices are per model, not per tool: never checked against the tools.
+    assert unserved_tools_line(_operator(prices={"gpt-x": PRICE}), served) is None

@@ -7,8 +7,9 @@ run keeps the policy it was admitted under when the worker restarts with another
 from __future__ import annotations
 
 import asyncio
+import subprocess
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -23,15 +24,21 @@ from boundloop.contracts import WORKFLOW_NAME, Carried, Decision, RunInput, RunR
 from boundloop.core.conversation import ConversationMeta, ConversationRef, user_message
 from boundloop.core.limits import RunSettings
 from boundloop.core.loop import LoopState
-from boundloop.core.mcp_tools import MCPToolDeclaration
+from boundloop.core.mcp_tools import MCPServerConfig, MCPToolDeclaration
+from boundloop.errors import PolicyNamesUnservedTools
+from boundloop.exit_codes import ExitCode
 from boundloop.scripted.server import ScriptedModelServer
 from boundloop.signing import Signer, new_key
+from boundloop.testing import wait_until
 from boundloop.tools.demo import DemoDeps, list_tickets
 from tests.conftest import RUN_TIMEOUT, workflow_task_failures
 from tests.scripts import answer, call, resp
+from tests.support import mcp_servers
 from tests.support.tools import tools as test_tools
 from tests.test_approvals import pending
 from tests.test_cli import cli, env_for
+from tests.test_mcp_runs import shop
+from tests.test_mcp_worker_process import write_config
 from tests.test_worker_process import BOUNDLOOP, log_has, process, worker_env
 
 TICKET = {"title": "Printer on fire", "description": "3F printer smokes", "priority": "high"}
@@ -40,10 +47,11 @@ PRICE = {"input_usd_per_mtok": 1.0, "output_usd_per_mtok": 2.0}
 
 @asynccontextmanager
 async def served(temporal: Client, model: ScriptedModelServer, queue: str, data: Path,
-                 policy: OperatorPolicy) -> AsyncIterator[None]:
+                 policy: OperatorPolicy, servers: Sequence[MCPServerConfig] = (),
+                 ) -> AsyncIterator[None]:
     client = openai.AsyncOpenAI(base_url=model.base_url, api_key="sk-test-not-real")
     async with Worker(temporal, test_tools, deps=DemoDeps(data_dir=data), model=client,
-                      task_queue=queue, policy=policy):
+                      task_queue=queue, policy=policy, mcp_servers=servers):
         yield
 
 
@@ -153,7 +161,10 @@ async def test_a_self_added_approver_key_and_a_loose_mcp_flag_are_refused(
         "approver_keys": {"alice": keys["alice"].public_key},
         "approval": {"shop__delete_*": {"approval": "always"}}})
     queue = f"q-{uuid.uuid4().hex[:8]}"
-    async with served(temporal, model, queue, tmp_path, operator):
+    db = tmp_path / "mcp.sqlite3"
+    mcp_servers.connect(db).close()
+    # The worker serves the shop server's tools, which the operator's glob names.
+    async with served(temporal, model, queue, tmp_path, operator, [shop(db)]):
         mallory = await start(temporal, queue, {"policy": {"approver_keys": {
             "mallory": keys["mallory"].public_key}}}, ["create_ticket"])
         mcp = await start(temporal, queue, {}, ["shop__delete_record"], [shop_delete(False)])
@@ -276,6 +287,90 @@ async def test_a_bad_policy_file_stops_the_worker_with_one_line_per_error(
         "max_result_bytes, max_history_bytes, max_identical_calls, tool_cost_budget, "
         "usd_budget, max_output_tokens, tool_timeout_seconds, model_timeout_seconds, "
         "deadline_seconds, approval_timeout_seconds)"], err
+
+
+async def exits(worker: subprocess.Popen[bytes], log: Path, *, connects: bool = False) -> int:
+    """The worker's exit code; fails if it starts serving instead (`connects`: it
+    connects first, to list its MCP servers' tools, and must exit then)."""
+    async def ended_or_serving() -> bool:
+        return worker.poll() is not None or (
+            not connects and "worker started" in log.read_text("utf-8"))
+
+    await wait_until(ended_or_serving, timeout=60)
+    if not connects:
+        assert "worker started" not in log.read_text("utf-8"), log.read_text("utf-8")
+    return worker.wait(timeout=60)
+
+
+#: The tools `boundloop worker` serves by default (the demo's).
+DEMO_SERVED = "lookup_stock, search_docs, create_ticket"
+
+
+@pytest.mark.parametrize(("policy_text", "named"), [
+    ('[approval.no_such_tool]\napproval = "always"\n', "approval.no_such_tool"),
+    ('tools = ["lookup_*", "creat_ticket"]\n', "tools 'creat_ticket'"),
+    ('[[rules]]\ntool = "transfer*"\naction = "deny"\n', "rules[0].tool 'transfer*'"),
+    ('[limits.defaults.per_tool_max_calls]\nlookup_stok = 2\n',
+     "limits.defaults.per_tool_max_calls.lookup_stok"),
+], ids=["approval", "tools", "rules", "per-tool limit"])
+async def test_a_policy_naming_a_tool_the_worker_does_not_serve_stops_it_at_start(
+        temporal: Client, tmp_path: Path, policy_text: str, named: str) -> None:
+    """A typo in a per-tool section would leave the operator believing a rule applies
+    that applies to nothing: the worker refuses to start, in one line naming the entry
+    and the tools served, exit 2, before it takes any task."""
+    policy = tmp_path / "policy.toml"
+    policy.write_text(policy_text, encoding="utf-8")
+    log = tmp_path / "worker.log"
+    env = worker_env(tmp_path, BOUNDLOOP_POLICY=str(policy), BOUNDLOOP_TASK_QUEUE=
+                     f"q-{uuid.uuid4().hex[:8]}",
+                     TEMPORAL_ADDRESS=temporal.service_client.config.target_host)
+    with process([BOUNDLOOP, "worker"], env, log) as worker:
+        code = await exits(worker, log)
+    assert code == ExitCode.INVALID, log.read_text("utf-8")
+    assert [line for line in log.read_text("utf-8").splitlines()
+            if not line.startswith("warning:")] == [
+        f"error: BOUNDLOOP_POLICY: {named}: no tool this worker serves has that name "
+        f"(it serves: {DEMO_SERVED})"]
+
+
+async def test_a_policy_naming_an_mcp_tool_is_checked_once_the_servers_listed(
+        temporal: Client, tmp_path: Path) -> None:
+    """With MCP servers, the tools served are known once they listed theirs: a glob
+    naming the shop's tools starts the worker, one naming none stops it, exit 2."""
+    db = tmp_path / "mcp.sqlite3"
+    mcp_servers.connect(db).close()
+    policy = tmp_path / "policy.toml"
+    env = worker_env(tmp_path, BOUNDLOOP_POLICY=str(policy), BOUNDLOOP_TASK_QUEUE=
+                     f"q-{uuid.uuid4().hex[:8]}",
+                     TEMPORAL_ADDRESS=temporal.service_client.config.target_host,
+                     BOUNDLOOP_MCP_CONFIG=str(write_config(tmp_path, db)))
+    policy.write_text('[approval."shop__delete_*"]\napproval = "always"\n', encoding="utf-8")
+    with process([BOUNDLOOP, "worker"], env, tmp_path / "ok.log"):
+        await log_has(tmp_path / "ok.log", "worker started")
+    policy.write_text('[approval."shop__remove_*"]\napproval = "always"\n', encoding="utf-8")
+    log = tmp_path / "typo.log"
+    with process([BOUNDLOOP, "worker"], env, log) as worker:
+        code = await exits(worker, log, connects=True)
+    assert code == ExitCode.INVALID, log.read_text("utf-8")
+    [line] = [line for line in log.read_text("utf-8").splitlines()
+              if line.startswith("error:")]
+    assert line.startswith("error: BOUNDLOOP_POLICY: approval.shop__remove_*: no tool this "
+                           f"worker serves has that name (it serves: {DEMO_SERVED}, "
+                           "shop__lookup"), line
+    assert "Traceback" not in log.read_text("utf-8")
+
+
+async def test_a_worker_of_ones_own_refuses_a_policy_naming_unserved_tools(
+        temporal: Client, tmp_path: Path) -> None:
+    policy = OperatorPolicy.model_validate({"approval": {"creat_ticket": {
+        "approval": "always"}}, "rules": [{"tool": "lookup_*", "action": "ask"}]})
+    model = openai.AsyncOpenAI(base_url="http://127.0.0.1:1", api_key="sk-test-not-real")
+    with pytest.raises(PolicyNamesUnservedTools) as refused:
+        Worker(temporal, test_tools, deps=DemoDeps(data_dir=tmp_path), model=model,
+               task_queue=f"q-{uuid.uuid4().hex[:8]}", policy=policy)
+    assert str(refused.value).startswith(
+        "approval.creat_ticket: no tool this worker serves has that name (it serves: "
+        "lookup_stock, search_docs, create_ticket, counted,")
 
 
 async def test_a_run_started_with_carried_state_of_its_own_is_refused(

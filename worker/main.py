@@ -29,8 +29,8 @@ from boundloop.connection import (
     tls_problem,
     unreachable_reason,
 )
-from boundloop.core.operator import OperatorPolicy, budget_admin_keys
-from boundloop.errors import BoundloopError
+from boundloop.core.operator import OperatorPolicy, budget_admin_keys, unserved_tools_line
+from boundloop.errors import BoundloopError, PolicyNamesUnservedTools
 from boundloop.exit_codes import ExitCode
 from boundloop.logs import configure
 from boundloop.mcp import (
@@ -236,6 +236,10 @@ def main(settings: Settings | None = None) -> None:
         sys.stderr.write(f"error: BOUNDLOOP_MCP_CONFIG: {exc}\n")
         raise SystemExit(ExitCode.INVALID) from None
     problem = toolset_problem(settings)
+    if problem is None and policy is not None and not settings.mcp_config:
+        # Every tool the policy names is served (with MCP servers: once they listed).
+        unserved = unserved_tools_line(policy, catalog.load(settings.tools).names())
+        problem = unserved and f"BOUNDLOOP_POLICY: {unserved}"
     if problem is not None:
         sys.stderr.write(f"error: {problem}\n")
         raise SystemExit(ExitCode.INVALID)
@@ -245,6 +249,9 @@ def main(settings: Settings | None = None) -> None:
     except TemporalRefused as exc:
         sys.stderr.write(f"error: {exc}\n")
         raise SystemExit(ExitCode.UNREACHABLE) from None
+    except PolicyNamesUnservedTools as exc:  # an MCP tool's name, known once listed
+        sys.stderr.write(f"error: BOUNDLOOP_POLICY: {exc}\n")
+        raise SystemExit(ExitCode.INVALID) from None
 
 
 if __name__ == "__main__":

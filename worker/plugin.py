@@ -44,8 +44,8 @@ from boundloop.activities.tools import ToolActivities
 from boundloop.agent import DEFAULT_TASK_QUEUE, Agent
 from boundloop.codec import PlainGuardCodec
 from boundloop.core import signatures
-from boundloop.core.operator import OperatorPolicy, budget_admin_keys
-from boundloop.errors import BoundloopError
+from boundloop.core.operator import OperatorPolicy, budget_admin_keys, unserved_tools_line
+from boundloop.errors import BoundloopError, PolicyNamesUnservedTools
 from boundloop.logs import tool_error_messages_from_env
 from boundloop.mcp import (
     MCPPool,
@@ -159,6 +159,8 @@ class Plugin(SimplePlugin, Generic[Deps]):
         self.served = catalog.Served(toolset, keys, budget_admin_keys(policy, keys))
         check_commands(mcp_servers)  # a missing program, named, before anything starts
         self.mcp = MCPPool(mcp_servers) if mcp_servers else None
+        if self.mcp is None:  # with MCP servers, once they have listed their tools
+            self._check_policy_tools(toolset.names())
         self._mcp_listed = asyncio.Event()
         self._mcp_failure: Exception | None = None
         cache = ConversationCache(capacity=conversation_cache)
@@ -229,6 +231,12 @@ class Plugin(SimplePlugin, Generic[Deps]):
                     raise
                 self._mcp_failure = None
                 self._mcp_listed.set()
+                try:
+                    self._check_policy_tools([*self.toolset.names(),
+                                              *(d.name for d in self.mcp.declarations())])
+                except PolicyNamesUnservedTools:
+                    await self.mcp.close()
+                    raise
             try:
                 if not self._own_queue:
                     await super().run_worker(worker, next)
@@ -247,6 +255,13 @@ class Plugin(SimplePlugin, Generic[Deps]):
                     await self.mcp.close()
         finally:
             catalog.unregister(worker.task_queue, self.served)
+
+    def _check_policy_tools(self, served: list[str]) -> None:
+        """Every tool name or glob of the operator's policy matches a tool served here
+        (before the worker polls: a typo never reaches a run)."""
+        line = None if self.policy is None else unserved_tools_line(self.policy, served)
+        if line is not None:
+            raise PolicyNamesUnservedTools(line)
 
     async def mcp_tools(self) -> list[MCPToolDeclaration]:
         """The tools this worker's MCP servers declared when it started them (waits for

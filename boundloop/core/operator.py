@@ -31,7 +31,7 @@ from boundloop.core.signatures import ApproverName, PublicKeyText
 
 __all__ = ["IN_CLEAR", "Admission", "BudgetRule", "OperatorLimits", "OperatorPolicy",
            "Refusal", "ToolDeclared", "ToolPolicy", "budget_admin_keys", "mcp_refusals",
-           "resolve"]
+           "resolve", "unserved_tools_line"]
 
 ToolGlob = Annotated[str, Field(pattern=TOOL_PATTERN)]
 #: The Limits fields that take a ceiling: the numeric ones.
@@ -178,6 +178,25 @@ def budget_admin_keys(policy: OperatorPolicy | None,
         raise ValueError(f"budget.admins: {', '.join(missing)} has no approver key (give "
                          "each admin one in [approver_keys] or BOUNDLOOP_APPROVER_KEYS)")
     return {name: keys[name] for name in admins} if keys else None
+
+
+def unserved_tools_line(policy: OperatorPolicy, served: Sequence[str]) -> str | None:
+    """Why a worker serving `served` refuses `policy`, in one line, or None: an entry of
+    a per-tool section (`tools`, `approval`, `rules[].tool`,
+    `limits.defaults.per_tool_max_calls`) whose name or glob matches no served tool — a
+    typo the operator would otherwise believe applies."""
+    entries = [*((f"tools {p!r}", p) for p in policy.tools or []),
+               *((f"approval.{p}", p) for p in policy.approval),
+               *((f"rules[{i}].tool {r.tool!r}", r.tool) for i, r in enumerate(policy.rules)),
+               *((f"limits.defaults.per_tool_max_calls.{t}", t)
+                 for t in policy.limits.defaults.get("per_tool_max_calls") or {})]
+    unserved = [where for where, pattern in entries
+                if not any(fnmatch.fnmatchcase(tool, pattern) for tool in served)]
+    if not unserved:
+        return None
+    return (f"{', '.join(unserved)}: no tool this worker serves has "
+            f"{'that name' if len(unserved) == 1 else 'those names'} (it serves: "
+            f"{', '.join(served) or 'no tools'})")
 
 
 @dataclass(frozen=True)
