@@ -175,8 +175,10 @@ async def test_a_self_added_approver_key_and_a_loose_mcp_flag_are_refused(
     assert by_key.value.lines() == [
         "policy.approver_keys.mallory: the run asked a key of its own; the operator's "
         "policy: approvers: alice"]
-    assert [r["field"] for r in by_flag.value.refusals] == [
-        "mcp_tools.shop__delete_record.needs_approval"]
+    # Refused by the operator's `always` and, the worker serving the shop's tools, as
+    # looser than the worker's own declaration.
+    assert {r["field"] for r in by_flag.value.refusals} == {
+        "mcp_tools.shop__delete_record.needs_approval"}
     assert model.requests == []
 
 
