@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -277,6 +278,13 @@ async def test_a_failed_model_request_is_named_with_its_hint_and_exits_3(
         assert code == 3, (command, out, err)
         assert "model_failed:http_404" in out or command == "watch"
         assert "hint: check the run's model name" in out, (command, out)
+    # What docs/guide.md shows `status` print (for its port).
+    from tests.test_docs_outputs import shown_block, shown_matches
+
+    shown = shown_block("docs/guide.md", "boundloop status boundloop-3f6c0a9d2e41")
+    code, out, err = await cli("status", run_id, env=env)
+    printed = [re.sub(r"127\.0\.0\.1:\d+", "127.0.0.1:11434", x) for x in out.splitlines()]
+    assert shown_matches(printed, shown), (printed, shown)
 
 
 async def test_a_worker_with_a_wrong_base_url_names_connection_refused(

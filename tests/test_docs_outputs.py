@@ -53,15 +53,14 @@ RUN_HERE = [
 #: Shown outputs no test runs yet (each needs a live run, session, budget, MCP server or
 #: TLS server): (page, first command).
 UNCHECKED = {
+    ("docs/guide.md", ".venv/bin/boundloop demo --interactive"),
+    ("docs/guide.md", ".venv/bin/boundloop pending"),
     ("README.md", "boundloop pending"),
-    ("README.md", "boundloop console-approver alice --token >> approvers"),
     ("docs/guide.md", 'BOUNDLOOP_MCP_CONFIG=examples/mcp/time.toml .venv/bin/boundloop run '
      '"東京は今何時？" \\'),
     ("docs/guide.md", "boundloop budget set team-a --usd 5 --tokens 2000000"),
     ("docs/guide.md", 'boundloop run "A-001の在庫は？" --wait'),
     ("docs/guide.md", "boundloop budget set team-a --usd 5 --as alice --key alice.key"),
-    ("docs/guide.md", ".venv/bin/boundloop pending"),
-    ("docs/guide.md", "boundloop approve boundloop-signed-demo call_ticket --as alice"),
     ("docs/guide.md", ".venv/bin/boundloop session start --tools lookup_stock --idle-seconds "
      "1800 --token-budget 50000 --id support-chat-42"),
 }
@@ -73,7 +72,65 @@ RUN_ELSEWHERE = {
         "tests/test_readme.py::test_the_readme_policy_refuses_the_run_it_shows",
     ("docs/guide.md", "boundloop list"):
         "tests/test_tls.py::test_a_wrong_ca_is_refused_in_one_line_with_exit_4",
+    ("README.md", "boundloop console-approver alice --token >> approvers"):
+        "tests/test_docs_shown.py",
+    ("docs/guide.md", "boundloop approve boundloop-signed-demo call_ticket --as alice"):
+        "tests/test_signed_approvals.py::test_forged_as_alice_without_her_key_is_refused",
+    ("docs/guide.md", "boundloop status boundloop-3f6c0a9d2e41"):
+        "tests/test_cli.py::test_a_failed_model_request_is_named_with_its_hint_and_exits_3",
 }
+
+#: Words that begin a line only boundloop prints (a result, a refusal, an event, a prompt).
+OUTPUT_MARKS = ("reason: ", "answer: ", "error: ", "refused: ", "model request failed",
+                "hint: ", "waiting for approval", "  step ")
+
+#: Output blocks that show no `$` command, with the test that runs what prints them.
+UNNAMED = {("README.md", "make demo"): "tests/test_readme_demo.py"}
+
+
+def unnamed_outputs(page: str) -> list[int]:
+    """The first line numbers of the blocks of `page` that show boundloop's output without
+    a `$` line naming the command that printed it."""
+    found: list[int] = []
+    start: int | None = None
+    lines: list[str] = []
+    for n, line in enumerate((ROOT / page).read_text(encoding="utf-8").splitlines(), 1):
+        if line.startswith("```"):
+            if start is None:
+                start, lines = n, []
+                continue
+            if (not any(x.startswith("$ ") for x in lines)
+                    and any(x.startswith(OUTPUT_MARKS) for x in lines)):
+                found.append(start)
+            start = None
+        elif start is not None:
+            lines.append(line)
+    return found
+
+
+def test_every_output_block_names_its_command() -> None:
+    """A block of output must show its `$ command`, so the test above finds it (or it is
+    the README's `make demo` block, which tests/test_readme_demo.py compares)."""
+    unnamed = {page: unnamed_outputs(page) for page in PAGES}
+    assert unnamed["docs/guide.md"] == [], unnamed
+    assert len(unnamed["README.md"]) == len(UNNAMED), unnamed
+
+
+def shown_matches(printed: list[str], shown: list[str]) -> bool:
+    """`printed` is what `shown` shows: line for line, where a `...` line stands for any
+    lines and a line ending in `…` for any line that begins like it."""
+    def same(line: str, pattern: str) -> bool:
+        return (line.startswith(pattern[:-1]) if pattern.endswith("…")
+                else line.rstrip() == pattern.rstrip())
+
+    def fits(i: int, j: int) -> bool:
+        if j == len(shown):
+            return i == len(printed)
+        if shown[j].strip() == "...":
+            return any(fits(k, j + 1) for k in range(i, len(printed) + 1))
+        return i < len(printed) and same(printed[i], shown[j]) and fits(i + 1, j + 1)
+
+    return fits(0, 0)
 
 
 def shown_block(page: str, command: str) -> list[str]:

@@ -9,6 +9,7 @@ file), an unsigned, forged, replayed, expired or mismatched decision is refused 
 from __future__ import annotations
 
 import asyncio
+import re
 import sys
 import time
 import uuid
@@ -28,6 +29,8 @@ from tests.conftest import RunScript
 from tests.scripts import answer, call, resp
 from tests.test_approvals import pending, refused, signals_handled, status_when
 from tests.test_cli import cli, env_for
+from tests.test_docs_outputs import shown_block
+from tests.test_docs_shown import commands_of
 from tests.test_worker_process import log_has, park, process, worker_env
 
 TICKET = {"title": "Printer on fire", "description": "3F printer smokes", "priority": "high"}
@@ -71,6 +74,10 @@ async def unchanged(handle: WorkflowHandle[Any, Any], before: RunStatus) -> None
     assert after.tool_executions == 0
 
 
+#: The first command of docs/guide.md's signed decisions, as it shows them.
+SIGNED_DEMO = "boundloop approve boundloop-signed-demo call_ticket --as alice"
+
+
 # --- the bug: `--as alice` was self-declared -----------------------------------------
 
 
@@ -102,6 +109,8 @@ async def test_forged_as_alice_without_her_key_is_refused(
         await unchanged(handle, before)
         seen["alice"] = await cli("approve", handle.id, "t1", "--as", "alice",
                                   "--key", alice_key, env=env)
+        seen["again"] = await cli("approve", handle.id, "t1", "--as", "alice",
+                                  "--key", alice_key, env=env)
 
     out_ = await run_script([resp(call("create_ticket", TICKET, "t1")), answer("done")],
                             policy=policy, during=operator)
@@ -115,6 +124,17 @@ async def test_forged_as_alice_without_her_key_is_refused(
     assert code == 2 and "--key needs --as NAME" in err, err
     code, out, err = seen["alice"]
     assert code == 0 and "t1: approved (signed by alice)" in out, err
+    code, _, err = seen["again"]
+    assert code == 1 and "is not waiting for approval" in err, err
+    # What docs/guide.md shows each of them print (for its run and call ids).
+    shown = commands_of(["$ " + SIGNED_DEMO, *shown_block("docs/guide.md", SIGNED_DEMO)])
+    assert len(shown) == 5, shown
+    for (_command, lines), name in zip(shown, ("unsigned", "forged", "mallory", "alice",
+                                               "again"), strict=True):
+        code, out, err = seen[name]
+        printed = re.sub(r"\bt1\b", "call_ticket", (out + err).replace(
+            out_.handle.id, "boundloop-signed-demo"))
+        assert printed.splitlines() == lines, (name, printed, lines)
     r = out_.result
     assert (r.reason, r.tool_executions) == ("completed", 1)
     assert [t["title"] for t in out_.tickets()] == [TICKET["title"]]
