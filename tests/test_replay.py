@@ -189,33 +189,34 @@ async def test_a_replayed_ledger_answers_its_updates_as_recorded(name: str) -> N
     assert any(r.get("granted") for r in recorded.values())
 
 
-def test_the_unknown_tool_history_is_refused_at_admission_in_a_sentence() -> None:
-    history = load(latest("unknown_tool"))
+def _failed_before_any_activity(name: str, markers: int, type_: str) -> str:
+    """The failure message of a committed history that failed with `type_` after
+    `markers` markers and no activity."""
+    history = load(latest(name))
     events = kinds(history)
-    # operator-policy, the admit_run local activity, unknown-tools-named; no model request.
-    assert events.count(E.EVENT_TYPE_MARKER_RECORDED) == 3
+    assert events.count(E.EVENT_TYPE_MARKER_RECORDED) == markers
     assert E.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED not in events
     last = history.events[-1]
     assert last.event_type == E.EVENT_TYPE_WORKFLOW_EXECUTION_FAILED
     failure = last.workflow_execution_failed_event_attributes.failure
-    assert failure.application_failure_info.type == errors.UNKNOWN_TOOLS
-    assert failure.message.startswith(
+    assert failure.application_failure_info.type == type_
+    message: str = failure.message
+    return message
+
+
+def test_the_unknown_tool_history_is_refused_at_admission_in_a_sentence() -> None:
+    # operator-policy, the admit_run local activity, unknown-tools-named; no model request.
+    message = _failed_before_any_activity("unknown_tool", 3, errors.UNKNOWN_TOOLS)
+    assert message.startswith(
         "the worker on task queue 'histories' serves no tool named 'whisper' (it serves: ")
 
 
 @pytest.mark.parametrize(("name", "field"), [("forged_carried", "carried"),
                                            ("forged_follows", "turn.follows")])
 def test_a_forged_input_history_is_refused_before_any_command(name: str, field: str) -> None:
-    history = load(latest(name))
-    events = kinds(history)
     # Its patch's marker only: no admission, no model request, no upsert.
-    assert events.count(E.EVENT_TYPE_MARKER_RECORDED) == 1
-    assert E.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED not in events
-    last = history.events[-1]
-    assert last.event_type == E.EVENT_TYPE_WORKFLOW_EXECUTION_FAILED
-    failure = last.workflow_execution_failed_event_attributes.failure
-    assert failure.application_failure_info.type == errors.POLICY_REFUSED
-    assert failure.message.startswith(f"the operator's policy refuses this run: {field}: ")
+    message = _failed_before_any_activity(name, 1, errors.POLICY_REFUSED)
+    assert message.startswith(f"the operator's policy refuses this run: {field}: ")
 
 
 def test_the_squatted_session_history_refuses_that_turn_then_runs_the_next() -> None:
