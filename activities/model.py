@@ -98,8 +98,9 @@ class ModelActivities:
             "cached": self.cache.queue is not None and req.prior.count > 0 and not rebuilt})
 
     def _definitions(self, req: ModelRequest) -> list[dict[str, Any]]:
-        """The function definitions of the run's tools, in its order: function tools from
-        this worker's toolset, MCP tools from the declarations the run started with."""
+        """The function definitions of the run's tools, in its order: the tools the run
+        describes itself (MCP tools, and tools a deploy took from this worker since the
+        run was admitted) from its declarations, the others from this worker's toolset."""
         mcp = {d.name: d for d in req.mcp_tools}
         if not mcp:
             return self._registry.openai_tools(req.tools, req.api)

@@ -73,6 +73,7 @@ class ToolActivities:
     @activity.defn(name=TOOL_ACTIVITY)
     async def tool_execute(self, req: ToolRequest) -> ToolOutcome:
         if req.mcp is not None:
+            self._check_mcp_served(req.mcp)
             return self._outcome(req, await self._mcp_call(req, req.mcp))
         if req.tool not in self._registry.names():
             raise ApplicationError(
@@ -145,6 +146,22 @@ class ToolActivities:
                                           extra={**log, "error": type(exc).__name__})
                     return ToolOutcome(envelope=unserializable_result(), fatal=True)
         return self._outcome(req, envelope, log)
+
+    def _check_mcp_served(self, tool: MCPToolDeclaration) -> None:
+        """The run's MCP tool is one this worker's servers listed when it started: a deploy
+        that removed its server (or a server that no longer lists it) makes the call
+        `ToolUnavailable`, never sent, never retried."""
+        if self._mcp is None:
+            raise ApplicationError(f"this worker has no MCP servers: it does not serve the "
+                                   f"tool {tool.name!r}", type=TOOL_UNAVAILABLE,
+                                   non_retryable=True)
+        try:
+            self._mcp.declaration(tool.name)
+        except KeyError:
+            raise ApplicationError(
+                f"this worker's MCP servers do not serve the tool {tool.name!r} (they serve "
+                f"{', '.join(d.name for d in self._mcp.declarations()) or 'no tools'})",
+                type=TOOL_UNAVAILABLE, non_retryable=True) from None
 
     def _outcome(self, req: ToolRequest, envelope: Envelope,
                  log: dict[str, Any] | None = None) -> ToolOutcome:

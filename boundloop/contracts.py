@@ -125,7 +125,9 @@ class ModelRequest(BaseModel):
     max_output_tokens: int | None = Field(default=None, exclude_if=_none)
     #: Request a streamed answer and publish its text to the run's stream.
     stream: bool = Field(default=False, exclude_if=lambda v: v is False)
-    #: The run's MCP tools among `tools` (their definitions come from the run's input).
+    #: The tools among `tools` the run describes itself (their definitions come from the
+    #: run's input or admission): its MCP tools, and function tools a deploy renamed,
+    #: removed or reshaped since the run was admitted.
     mcp_tools: list[MCPToolDeclaration] = Field(default_factory=list, exclude_if=_empty)
 
 

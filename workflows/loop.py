@@ -73,6 +73,7 @@ with workflow.unsafe.imports_passed_through():
     )
     from boundloop.core.envelope import Envelope, temporary_error_exhausted, tool_timed_out
     from boundloop.core.limits import MAX_PAYLOAD_VALUE_BYTES, payload_bytes
+    from boundloop.core.mcp_tools import MCPToolDeclaration
     from boundloop.core.operator import Admission, Refusal, unknown_tools_line
     from boundloop.core.reasons import NEXT_CHECK, StopReason
     from boundloop.core.turn import FunctionCall, Turn
@@ -189,6 +190,10 @@ class BoundLoopWorkflow:
         # The rules the run was admitted with, handed on by continue-as-new.
         self._admitted = list(carried.tools) if carried is not None else []
         self._digests: dict[str, str] = {}  # tool -> its admitted schema's digest
+        # Function tools this worker does not serve as the run was admitted with them
+        # (renamed, removed or reshaped by a deploy): model requests describe them by
+        # the admitted declaration, never by this worker's toolset.
+        self._described: dict[str, MCPToolDeclaration] = {}
         self._keep_admitted()
         if carried is not None:
             self._state = carried.state
@@ -389,6 +394,7 @@ class BoundLoopWorkflow:
         for declared in self._admitted:
             if declared.name in self._unknown:
                 self._rules[declared.name] = mcp_tools.tool_rule(declared)
+                self._described[declared.name] = declared
         self._unknown = [t for t in self._unknown if t not in self._rules]
 
     def _own_schemas(self) -> None:
@@ -402,6 +408,7 @@ class BoundLoopWorkflow:
             if declared.name in served and digest != mcp_tools.parameters_digest(
                     self._toolset.get(declared.name).json_schema()):
                 self._rules[declared.name] = mcp_tools.tool_rule(declared)
+                self._described[declared.name] = declared
 
     async def _loop(self) -> StopReason | None:
         state = self._state
@@ -468,7 +475,11 @@ class BoundLoopWorkflow:
             prior=self._sent, new_items=new_items, expected=state.conversation,
             base=self._base, max_output_tokens=state.limits.max_output_tokens,
             stream=state.settings.stream,
-            mcp_tools=[self._mcp[n] for n in state.allowed_tools if n in self._mcp])
+            # The tools the run describes itself: its MCP tools, and any a deploy took
+            # from this worker's toolset since the run was admitted (a call of one then
+            # stops the run with `tool_unavailable`; a run that never calls it goes on).
+            mcp_tools=[self._mcp.get(n) or self._described[n] for n in state.allowed_tools
+                       if n in self._mcp or n in self._described])
         too_large = core.check_payload(state, "model_request", payload_bytes(req))
         if too_large is not None:
             return too_large
