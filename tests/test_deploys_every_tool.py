@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 from temporalio.api.enums.v1 import EventType
-from temporalio.client import Client
+from temporalio.client import Client, WorkflowHandle
 
 from boundloop.client import result_of
 from boundloop.contracts import (
@@ -58,6 +58,24 @@ def tool_names(body: dict[str, Any]) -> list[str]:
     return [t["name"] for t in body.get("tools", [])]
 
 
+async def park_deploy_approve(
+        temporal: Client, tmp: Path, inp: RunInput, v1: dict[str, str],
+        v2: dict[str, str], call_id: str) -> tuple[WorkflowHandle[Any, RunResult], RunResult]:
+    """The run parks on `call_id`'s approval on a v1 worker; v1 stops, v2 starts; the
+    call is approved through the CLI; the run's handle and result."""
+    with deployed([BOUNDLOOP, "worker"], v1, tmp / "v1.log"):
+        await log_has(tmp / "v1.log", "worker started")
+        handle = await temporal.start_workflow(
+            WORKFLOW_NAME, inp, id=f"dep-{uuid.uuid4().hex[:12]}",
+            task_queue=v1["BOUNDLOOP_TASK_QUEUE"], result_type=RunResult)
+        await parked(handle)
+    with deployed([BOUNDLOOP, "worker"], v2, tmp / "v2.log"):
+        await log_has(tmp / "v2.log", "worker started")
+        code, out, err = await cli("approve", handle.id, call_id, env=env_for(temporal, tmp))
+        assert code == 0, (out, err)
+        return handle, await asyncio.wait_for(result_of(handle), timeout=RUN_TIMEOUT)
+
+
 @pytest.mark.parametrize("toolset", ["lookup_renamed", "lookup_removed"])
 @pytest.mark.parametrize("then", ["called", "listed"])
 async def test_a_read_only_tool_taken_away_by_a_deploy_stops_the_run_only_if_called(
@@ -75,20 +93,9 @@ async def test_a_read_only_tool_taken_away_by_a_deploy_stops_the_run_only_if_cal
     inp = RunInput(question="send 5 to acct-1, then check A-001",
                    tools=["transfer", "lookup_stock"],
                    settings=RunSettings(model="scripted-model", policy=ASK_TRANSFER))
+    v2 = {**env, "BOUNDLOOP_TOOLS": f"tests.support.renamed_tools:{toolset}"}
     try:
-        with deployed([BOUNDLOOP, "worker"], env, tmp_path / "v1.log"):
-            await log_has(tmp_path / "v1.log", "worker started")
-            handle = await temporal.start_workflow(
-                WORKFLOW_NAME, inp, id=f"dep-{uuid.uuid4().hex[:12]}",
-                task_queue=env["BOUNDLOOP_TASK_QUEUE"], result_type=RunResult)
-            await parked(handle)
-        v2 = {**env, "BOUNDLOOP_TOOLS": f"tests.support.renamed_tools:{toolset}"}
-        with deployed([BOUNDLOOP, "worker"], v2, tmp_path / "v2.log"):
-            await log_has(tmp_path / "v2.log", "worker started")
-            code, out, err = await cli("approve", handle.id, "x1",
-                                       env=env_for(temporal, tmp_path))
-            assert code == 0, (out, err)
-            result = await asyncio.wait_for(result_of(handle), timeout=RUN_TIMEOUT)
+        handle, result = await park_deploy_approve(temporal, tmp_path, inp, env, v2, "x1")
     finally:
         model.stop()
     assert [w for _, w in marks(tmp_path / "data")] == ["transfer 5.0 to acct-1"]
@@ -139,25 +146,14 @@ async def test_an_approved_mcp_tool_whose_server_a_deploy_dropped_stops_the_run_
         json.loads(Path(env["BOUNDLOOP_MCP_CONFIG"]).read_text("utf-8"))["servers"][0])])
     inp = RunInput(question="delete r-1", tools=["shop__delete_record"], mcp_tools=declared,
                    settings=RunSettings(model="scripted-model"))
+    v2 = dict(env)
+    if deploy == "server removed":
+        del v2["BOUNDLOOP_MCP_CONFIG"]
+    else:
+        v2["BOUNDLOOP_MCP_CONFIG"] = str(mcp_config(tmp_path, db, "v2.json",
+                                                    tools=["lookup"]))
     try:
-        with deployed([BOUNDLOOP, "worker"], env, tmp_path / "v1.log"):
-            await log_has(tmp_path / "v1.log", "worker started")
-            handle = await temporal.start_workflow(
-                WORKFLOW_NAME, inp, id=f"dep-{uuid.uuid4().hex[:12]}",
-                task_queue=env["BOUNDLOOP_TASK_QUEUE"], result_type=RunResult)
-            await parked(handle)
-        v2 = dict(env)
-        if deploy == "server removed":
-            del v2["BOUNDLOOP_MCP_CONFIG"]
-        else:
-            v2["BOUNDLOOP_MCP_CONFIG"] = str(mcp_config(tmp_path, db, "v2.json",
-                                                        tools=["lookup"]))
-        with deployed([BOUNDLOOP, "worker"], v2, tmp_path / "v2.log"):
-            await log_has(tmp_path / "v2.log", "worker started")
-            code, out, err = await cli("approve", handle.id, "d1",
-                                       env=env_for(temporal, tmp_path))
-            assert code == 0, (out, err)
-            result = await asyncio.wait_for(result_of(handle), timeout=RUN_TIMEOUT)
+        handle, result = await park_deploy_approve(temporal, tmp_path, inp, env, v2, "d1")
     finally:
         model.stop()
     assert result.reason.value == "tool_unavailable", result
