@@ -59,6 +59,10 @@ PEERS = {
     "pydantic-ai": ("PeerPydanticAI", ["pydantic-ai-slim"]),
 }
 SYSTEMS = ("bare", "boundloop", *PEERS)
+#: The parked phase's boundloop worker with the peers' workflow cache size.
+SAME_CACHE = "boundloop_same_cache"
+#: temporalio's default `max_cached_workflows`, which the peers' workers keep.
+PEER_CACHE = 1000
 QUESTION = "Read every part of the inventory report."
 
 
@@ -403,13 +407,17 @@ async def measure(b: Bench, address: str, model: Model, tmp: Path,
     # Parked runs: a fresh worker process each, boundloop's as `boundloop worker` builds it.
     t0 = now()
     parked_out: dict[str, Any] = {}
-    loop_worker = await WorkerProcess(
-        address=address, queue=f"bench-side-park-{uuid.uuid4().hex[:6]}",
-        model_url=model.base_url, data_dir=b.data_dir, log_file=tmp / "side-park.log").start()
-    try:
-        parked_out["boundloop"] = await parked(b, loop_worker, cfg["side_parked"], cfg["warmup"])
-    finally:
-        await loop_worker.stop()
+    # Twice: as `boundloop worker` ships (a sticky cache of 100 workflows, the rest evicted)
+    # and with the peers' cache size (the SDK's default, 1,000), every parked run cached.
+    for key, cache in (("boundloop", None), (SAME_CACHE, PEER_CACHE)):
+        loop_worker = await WorkerProcess(
+            address=address, queue=f"bench-side-park-{uuid.uuid4().hex[:6]}",
+            model_url=model.base_url, data_dir=b.data_dir, log_file=tmp / f"side-park-{key}.log",
+            max_cached_workflows=cache).start()
+        try:
+            parked_out[key] = await parked(b, loop_worker, cfg["side_parked"], cfg["warmup"])
+        finally:
+            await loop_worker.stop()
     for peer in PEERS:
         w = await PeerWorker(peer, address, f"bench-side-park-{peer}-{uuid.uuid4().hex[:6]}",
                              model.base_url, tmp / f"peer-park-{peer}.log").start()

@@ -14,7 +14,8 @@ END = "<!-- /side by side -->"
 PEER_NAMES = {"openai-agents": "Temporal's OpenAI Agents integration",
               "pydantic-ai": "pydantic-ai's Temporal integration"}
 LABELS = {"bare": "bare Temporal (2 activities a step)", "boundloop": "boundloop",
-          "openai-agents": "OpenAI Agents (Temporal)", "pydantic-ai": "pydantic-ai (Temporal)"}
+          "openai-agents": "OpenAI Agents (Temporal)", "pydantic-ai": "pydantic-ai (Temporal)",
+          "boundloop_same_cache": "boundloop, cache of 1,000 workflows"}
 #: ≤ this much worker memory a parked run.
 PARKED_KIB = 64.0
 
@@ -182,8 +183,9 @@ def render(side: Mapping[str, Any], previous: Mapping[str, Any] | None = None) -
                   "`RunState`, pydantic-ai's `requires_approval` with `DeferredToolRequests`; "
                   "each peer's workflow marks itself waiting in the `BoundloopStatus` search "
                   "attribute so that the bench can count it). boundloop's worker is "
-                  "`build_worker`'s (a sticky cache of 100 workflows); the peers' the SDK's "
-                  "default (1,000).", ""]
+                  "`build_worker`'s (a sticky cache of 100 workflows: the runs beyond it are "
+                  "evicted and rebuilt from history when approved), and again with the peers' "
+                  "cache size, the SDK's default (1,000: every parked run cached).", ""]
         lines += _table(["system", "RSS before", "RSS with the runs parked", "a run",
                          "time to park"],
                         [[LABELS[n], f"{p['rss_before_kib'] / 1024:.1f} MiB",
