@@ -86,8 +86,13 @@ def targets(side: Mapping[str, Any], previous: Mapping[str, Any] | None) -> list
     if "worker RSS a parked run (KiB)" in f:
         kib = f["worker RSS a parked run (KiB)"]
         rows.append([f"≤ {PARKED_KIB:.0f} KiB of worker memory a parked run",
-                     f"{kib:.1f} KiB ({side['parked']['boundloop']['runs']:,} parked)",
-                     _verdict(kib <= PARKED_KIB)])
+                     f"{kib:.1f} KiB ({side['parked']['boundloop']['runs']:,} parked, a "
+                     "cache of 100)", _verdict(kib <= PARKED_KIB)])
+    same = side.get("parked", {}).get("boundloop_same_cache", {})
+    if "per_run_kib" in same:
+        rows.append([f"≤ {PARKED_KIB:.0f} KiB a parked run, every run cached",
+                     f"{same['per_run_kib']:.1f} KiB ({same['runs']:,} parked, a cache of "
+                     "1,000)", _verdict(same["per_run_kib"] <= PARKED_KIB)])
     bytes_now = f["history bytes a step"]
     if previous is not None:
         before = figures(previous)["history bytes a step"]
@@ -187,11 +192,12 @@ def render(side: Mapping[str, Any], previous: Mapping[str, Any] | None = None) -
                   "evicted and rebuilt from history when approved), and again with the peers' "
                   "cache size, the SDK's default (1,000: every parked run cached).", ""]
         lines += _table(["system", "RSS before", "RSS with the runs parked", "a run",
-                         "time to park"],
+                         "time to park", "model requests retried"],
                         [[LABELS[n], f"{p['rss_before_kib'] / 1024:.1f} MiB",
                           f"{p['rss_after_kib'] / 1024:.1f} MiB", f"{p['per_run_kib']:.1f} KiB",
-                          f"{p['park_seconds']:.1f} s"] if "failed" not in p
-                         else [LABELS[n], f"did not park: {p['failed']}", "", "", ""]
+                          f"{p['park_seconds']:.1f} s", str(p.get("retried_requests", "—"))]
+                         if "failed" not in p
+                         else [LABELS[n], f"did not park: {p['failed']}", "", "", "", ""]
                          for n, p in parked.items()])
         lines.append("")
     lines += ["Activity types a run schedules: "
