@@ -154,7 +154,7 @@ class WorkerProcess:
             await asyncio.wait_for(proc.wait(), timeout)
         except TimeoutError:
             proc.kill()
-            await proc.wait()
+            await asyncio.wait_for(proc.wait(), timeout)
 
 
 # --- /proc -------------------------------------------------------------------------

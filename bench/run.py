@@ -28,8 +28,9 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Awaitable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from bench import compare, phases, side, side_report
 from bench.harness import REPO, Model, WorkerProcess, connect, now
@@ -52,6 +53,8 @@ QUICK = {"steps": 5, "reps": 2, "sizes": [5, 10], "runs": 10, "run_steps": 5,
          "side_runs": 3, "side_steps": 3, "side_rounds": 1, "side_step_steps": 3,
          "side_reps": 1, "side_parked": 3}
 
+
+_T = TypeVar("_T")
 
 #: The line of docs/benchmarks.md after which `make bench` rewrites nothing.
 KEPT = "<!-- kept by make bench -->"
@@ -237,6 +240,19 @@ async def _levers(cfg: dict[str, Any], b: phases.Bench, address: str, model_url:
         plain.stop()
 
 
+async def _dumping(aw: Awaitable[_T]) -> _T:
+    """`await aw`; meanwhile `kill -USR2 <pid>` prints every asyncio task's stack (where
+    a phase waits: faulthandler's USR1 shows only the event loop's thread)."""
+    def dump() -> None:
+        for task in asyncio.all_tasks():
+            print(f"--- {task.get_name()}", file=sys.stderr)
+            task.print_stack(file=sys.stderr)
+        sys.stderr.flush()
+
+    asyncio.get_running_loop().add_signal_handler(signal.SIGUSR2, dump)
+    return await aw
+
+
 def _say(text: str) -> None:
     print(f"[bench] {time.strftime('%H:%M:%S')} {text}", file=sys.stderr, flush=True)
 
@@ -252,7 +268,7 @@ def _peers_main(args: argparse.Namespace, cfg: dict[str, Any]) -> int:
     """`--peers`: the side-by-side phase, compared, saved and written into its block."""
     started = now()
     with tempfile.TemporaryDirectory(prefix="boundloop-bench-") as tmp:
-        found = asyncio.run(measure_side(cfg, Path(tmp)))
+        found = asyncio.run(_dumping(measure_side(cfg, Path(tmp))))
     found["total_seconds"] = now() - started
     command = "python -m bench.run --peers" + (" --quick" if args.quick else "")
     found["facts"] = {**machine_facts(command), "peers": side.peer_versions()}
@@ -309,7 +325,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         started = now()
         with tempfile.TemporaryDirectory(prefix="boundloop-bench-") as tmp:
-            results = asyncio.run(measure(cfg, Path(tmp), only))
+            results = asyncio.run(_dumping(measure(cfg, Path(tmp), only)))
         results["total_seconds"] = now() - started
         if args.only:
             print(json.dumps(results, indent=1, default=str))

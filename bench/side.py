@@ -84,6 +84,7 @@ class PeerWorker:
     model_url: str
     log_file: Path
     proc: asyncio.subprocess.Process | None = field(default=None, init=False)
+    _drain: asyncio.Task[None] | None = field(default=None, init=False)
 
     async def start(self, timeout: float = 90.0) -> PeerWorker:
         env = {**os.environ, "TEMPORAL_ADDRESS": self.address,
@@ -100,7 +101,16 @@ class PeerWorker:
         if not line.startswith(b"ready"):
             await self.stop()
             raise RuntimeError(f"{self.peer} worker did not start; see {self.log_file}")
+        # Whatever the peer's libraries print later goes to its log: an unread pipe that
+        # fills up would stop the worker at its next write.
+        self._drain = asyncio.create_task(self._copy_stdout())
         return self
+
+    async def _copy_stdout(self) -> None:
+        assert self.proc is not None and self.proc.stdout is not None
+        with self.log_file.open("ab") as log:
+            while chunk := await self.proc.stdout.read(65536):
+                log.write(chunk)
 
     @property
     def pid(self) -> int:
@@ -116,7 +126,10 @@ class PeerWorker:
             await asyncio.wait_for(proc.wait(), timeout)
         except TimeoutError:
             proc.kill()
-            await proc.wait()
+            await asyncio.wait_for(proc.wait(), timeout)
+        finally:
+            if self._drain is not None:
+                self._drain.cancel()
 
 
 def peer_versions() -> dict[str, str]:
@@ -436,7 +449,8 @@ async def measure(b: Bench, address: str, model: Model, tmp: Path,
         w = await PeerWorker(peer, address, f"bench-side-park-{peer}-{uuid.uuid4().hex[:6]}",
                              model.base_url, tmp / f"peer-park-{peer}.log").start()
         try:
-            parked_out[peer] = await _park_peer(b, w, cfg["side_parked"], cfg["warmup"])
+            parked_out[peer] = await bounded(_park_peer(b, w, cfg["side_parked"], cfg["warmup"]),
+                                             900, f"parking {peer}'s runs")
         except RuntimeError as e:
             parked_out[peer] = {"failed": f"{e} (load {os.getloadavg()[0]:.1f})"}
             b.model.fresh()
