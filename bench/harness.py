@@ -259,7 +259,13 @@ def bytes_by_kind(events: list[HistoryEvent], names: dict[str, str]) -> dict[str
     kind_of: dict[int, str] = {}
     out: dict[str, int] = {}
     for e in events:
-        if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
+        marker = e.marker_recorded_event_attributes
+        if (e.event_type == EventType.EVENT_TYPE_MARKER_RECORDED
+                and marker.marker_name == "core_local_activity" and "result" in marker.details):
+            # A local activity's result is its marker (no activity events of its own).
+            name = json.loads(marker.details["data"].payloads[0].data)["activity_type"]
+            key = f"{names.get(name, name)}: result (completed)"
+        elif e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
             name = e.activity_task_scheduled_event_attributes.activity_type.name
             kind_of[e.event_id] = names.get(name, name)
             key = f"{kind_of[e.event_id]}: input (scheduled)"

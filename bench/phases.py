@@ -248,6 +248,8 @@ async def overhead(b: Bench, steps: int, reps: int) -> dict[str, Any]:
         "loop_parts": {k: median(v) for k, v in loop_parts.items()},
         "samples": len(loop_parts["step"]),
         "tool_body": tool_body, "request_probe": probe,
+        # A local activity's marker is its schedule, start and completion at one instant.
+        "tool_local": not any(loop_parts["tool run"]),
     }
 
 

@@ -336,7 +336,7 @@ def render_markdown(r: dict[str, Any], facts: dict[str, str]) -> str:
         added = increments(sessions, "history")
         lines += [
             "",
-            f"## 5. History bytes of a {len(sessions)}-turn session",
+            f"## 2b. History bytes of a {len(sessions)}-turn session",
             "",
             "`boundloop.start_session`, then one `say` a turn; each turn is a `lookup_stock`",
             "call and an answer (2 steps). History = the session's own runs plus every",
@@ -398,12 +398,17 @@ def notes(r: dict[str, Any]) -> list[str]:
         "conversation rebuild and response parsing. (Through the SDK's typed "
         f"`responses.create(input=...)` the same request would cost {_ms(probe[mid]['sdk'])}, "
         f"{_ms(probe[big]['sdk'])} at {big} steps: the model activity sends its body as-is.) "
-        "The two workflow tasks of a step take "
-        f"{_ms(lp['wft after model'])} and {_ms(lp['wft after tool'])} against bare's "
-        f"{_ms(bp['wft'])}, and the tool activity {_ms(lp['tool run'])} (its body "
-        f"{_ms(o['tool_body'])}).",
+        + (("The tool runs as a local activity inside the workflow task after the model "
+            f"activity, which takes {_ms(lp['wft after model'])} with it against bare's "
+            f"{_ms(bp['wft'])} (the tool's body {_ms(o['tool_body'])}).")
+           if o.get("tool_local") else
+           ("The two workflow tasks of a step take "
+            f"{_ms(lp['wft after model'])} and {_ms(lp['wft after tool'])} against bare's "
+            f"{_ms(bp['wft'])}, and the tool activity {_ms(lp['tool run'])} (its body "
+            f"{_ms(o['tool_body'])}).")),
         f"- **2. History bytes ({verdict('history', h['ratio'])}).** Each tool result is "
-        f"written once, as the tool activity's result ({_kb(tool_res)} at {h['steps']} "
+        f"written once, as the tool's result (a local activity's marker or an activity's "
+        f"completion; {_kb(tool_res)} at {h['steps']} "
         "steps); the model requests carry references to them, not copies "
         f"({_kb(model_in)} of model inputs in all); everything else is {_kb(rest)} (search "
         "attribute upserts, workflow tasks, model turns, the RunResult's event log). "
