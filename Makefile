@@ -25,8 +25,14 @@ typecheck: $(STAMP)
 	$(BIN)/mypy
 	cd examples/weather_desk && MYPYPATH=../.. ../../$(BIN)/mypy --strict *.py
 
+# The tests run in PYTEST_WORKERS processes (pytest-xdist; each starts its own dev server
+# when a test needs one). Most of a test's time is spent waiting on a dev server, a worker
+# or a CLI process, so twice the cores keeps them busy; a module whose fixtures are
+# module-scoped stays on one process (tests/conftest.py). PYTEST_WORKERS=0: one process.
+PYTEST_WORKERS ?= 4
+
 pytest: $(STAMP)
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q -n $(PYTEST_WORKERS) --dist loadgroup
 
 # The documentation site, strictly: a broken link or a docstring reference fails it.
 docs: $(STAMP)

@@ -22,83 +22,137 @@ Define tools, serve them from a worker, start runs and decide their approvals:
 See README.md ("Build your own agent") and examples/weather_desk/.
 """
 
+from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
-from boundloop.agent import DEFAULT_TASK_QUEUE, Agent
-from boundloop.budgets import set_budget, show_budget
-from boundloop.client import (
-    Run,
-    Session,
-    connect,
-    get_run,
-    get_session,
-    start,
-    start_session,
-)
-from boundloop.contracts import (
-    BudgetView,
-    Reset,
-    RunResult,
-    RunStatus,
-    SessionStatus,
-    StreamEvent,
-    StreamItem,
-    StreamResult,
-    TextDelta,
-)
-from boundloop.core.budget import BudgetLimits
-from boundloop.core.envelope import ToolStatus
-from boundloop.core.limits import Limits, Policy, Price
-from boundloop.core.loop import Approval, Event
-from boundloop.core.mcp_tools import MCPServerConfig, MCPToolDeclaration
-from boundloop.core.operator import OperatorPolicy, Refusal
-from boundloop.core.reasons import StopReason
-from boundloop.core.session import SessionLimits
-from boundloop.errors import (
-    BoundloopError,
-    BudgetRefused,
-    DecisionRefused,
-    InvalidDecision,
-    NoToolset,
-    PolicyRefused,
-    RunEnded,
-    RunIdTaken,
-    RunNotFound,
-    RunStuck,
-    SessionRefused,
-    ToolDefinitionError,
-    ToolFailure,
-    TransientToolError,
-    UnknownTools,
-)
-from boundloop.logs import configure as configure_logging
-from boundloop.process import run_client
-from boundloop.tools.registry import ToolContext, Toolset, ToolSpec
-
 if TYPE_CHECKING:
+    from boundloop.agent import DEFAULT_TASK_QUEUE, Agent
+    from boundloop.budgets import set_budget, show_budget
+    from boundloop.client import Run, Session, connect, get_run, get_session, start, start_session
+    from boundloop.contracts import (
+        BudgetView,
+        Reset,
+        RunResult,
+        RunStatus,
+        SessionStatus,
+        StreamEvent,
+        StreamItem,
+        StreamResult,
+        TextDelta,
+    )
+    from boundloop.core.budget import BudgetLimits
+    from boundloop.core.envelope import ToolStatus
+    from boundloop.core.limits import Limits, Policy, Price
+    from boundloop.core.loop import Approval, Event
+    from boundloop.core.mcp_tools import MCPServerConfig, MCPToolDeclaration
+    from boundloop.core.operator import OperatorPolicy, Refusal
+    from boundloop.core.reasons import StopReason
+    from boundloop.core.session import SessionLimits
+    from boundloop.errors import (
+        BoundloopError,
+        BudgetRefused,
+        DecisionRefused,
+        InvalidDecision,
+        NoToolset,
+        PolicyRefused,
+        RunEnded,
+        RunIdTaken,
+        RunNotFound,
+        RunStuck,
+        SessionRefused,
+        ToolDefinitionError,
+        ToolFailure,
+        TransientToolError,
+        UnknownTools,
+    )
+    from boundloop.logs import configure as configure_logging
     from boundloop.mcp.config import load_mcp_config
     from boundloop.mcp.pool import list_mcp_tools
+    from boundloop.process import run_client
     from boundloop.signing import Signer
+    from boundloop.tools.registry import ToolContext, Toolset, ToolSpec
     from boundloop.worker.plugin import Plugin, Worker
+
+#: Where each public name lives. They load on first use (PEP 562), so a process that
+#: imports one boundloop module (the CLI, a worker, a test) pays for what it uses, not
+#: for the Temporal client, the worker, MCP and cryptography all at once.
+_WHERE: dict[str, str] = {
+    "Agent": "boundloop.agent",
+    "Approval": "boundloop.core.loop",
+    "BoundloopError": "boundloop.errors",
+    "BudgetLimits": "boundloop.core.budget",
+    "BudgetRefused": "boundloop.errors",
+    "BudgetView": "boundloop.contracts",
+    "configure_logging": "boundloop.logs",
+    "connect": "boundloop.client",
+    "DecisionRefused": "boundloop.errors",
+    "DEFAULT_TASK_QUEUE": "boundloop.agent",
+    "Event": "boundloop.core.loop",
+    "get_run": "boundloop.client",
+    "get_session": "boundloop.client",
+    "InvalidDecision": "boundloop.errors",
+    "Limits": "boundloop.core.limits",
+    "list_mcp_tools": "boundloop.mcp.pool",
+    "load_mcp_config": "boundloop.mcp.config",
+    "MCPServerConfig": "boundloop.core.mcp_tools",
+    "MCPToolDeclaration": "boundloop.core.mcp_tools",
+    "NoToolset": "boundloop.errors",
+    "OperatorPolicy": "boundloop.core.operator",
+    "Plugin": "boundloop.worker.plugin",
+    "Policy": "boundloop.core.limits",
+    "PolicyRefused": "boundloop.errors",
+    "Price": "boundloop.core.limits",
+    "Refusal": "boundloop.core.operator",
+    "Reset": "boundloop.contracts",
+    "Run": "boundloop.client",
+    "run_client": "boundloop.process",
+    "RunEnded": "boundloop.errors",
+    "RunIdTaken": "boundloop.errors",
+    "RunNotFound": "boundloop.errors",
+    "RunResult": "boundloop.contracts",
+    "RunStatus": "boundloop.contracts",
+    "RunStuck": "boundloop.errors",
+    "Session": "boundloop.client",
+    "SessionLimits": "boundloop.core.session",
+    "SessionRefused": "boundloop.errors",
+    "SessionStatus": "boundloop.contracts",
+    "set_budget": "boundloop.budgets",
+    "show_budget": "boundloop.budgets",
+    "Signer": "boundloop.signing",
+    "start": "boundloop.client",
+    "start_session": "boundloop.client",
+    "StopReason": "boundloop.core.reasons",
+    "StreamEvent": "boundloop.contracts",
+    "StreamItem": "boundloop.contracts",
+    "StreamResult": "boundloop.contracts",
+    "TextDelta": "boundloop.contracts",
+    "ToolContext": "boundloop.tools.registry",
+    "ToolDefinitionError": "boundloop.errors",
+    "ToolFailure": "boundloop.errors",
+    "Toolset": "boundloop.tools.registry",
+    "ToolSpec": "boundloop.tools.registry",
+    "ToolStatus": "boundloop.core.envelope",
+    "TransientToolError": "boundloop.errors",
+    "UnknownTools": "boundloop.errors",
+    "Worker": "boundloop.worker.plugin",
+}
+
+#: Names exported under another name than their module's.
+_ORIGINAL: dict[str, str] = {"configure_logging": "configure"}
 
 
 def __getattr__(name: str) -> Any:
-    # The worker imports the workflow and activities, which import boundloop's modules:
-    # loaded on first use, so importing any boundloop module never needs the worker.
-    if name in ("Plugin", "Worker"):
-        from boundloop.worker import plugin as worker_plugin
+    where = _WHERE.get(name)
+    if where is None:
+        raise AttributeError(f"module 'boundloop' has no attribute {name!r}")
+    value = getattr(import_module(where), _ORIGINAL.get(name, name))
+    globals()[name] = value  # found by plain lookup from now on
+    return value
 
-        return getattr(worker_plugin, name)
-    if name == "Signer":  # loads `cryptography`'s native module: only when asked for
-        from boundloop.signing import Signer
 
-        return Signer
-    if name in ("list_mcp_tools", "load_mcp_config"):
-        # The MCP SDK (and its HTTP stack) loads only where MCP servers are used.
-        from boundloop import mcp
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_WHERE])
 
-        return getattr(mcp, name)
-    raise AttributeError(f"module 'boundloop' has no attribute {name!r}")
 
 __all__ = [
     "DEFAULT_TASK_QUEUE",

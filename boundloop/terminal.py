@@ -11,17 +11,18 @@ from __future__ import annotations
 
 import re
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.markup import escape
 
-from boundloop.client import ui_link
-from boundloop.contracts import RunResult
 from boundloop.core import model_failures as mf
 from boundloop.core.reasons import NEXT_CHECK, StopReason
 from boundloop.exit_codes import ExitCode
-from boundloop.settings import Settings
+
+if TYPE_CHECKING:  # the run's types: loaded by whoever has a RunResult to print
+    from boundloop.contracts import RunResult
+    from boundloop.settings import Settings
 
 # Piped output keeps long run ids whole (tables would cut them at 80 columns).
 console = Console(soft_wrap=True, width=None if sys.stdout.isatty() else 200)
@@ -89,6 +90,8 @@ def print_result(result: RunResult, settings: Settings) -> None:
     if result.answer_looks_like_tool_call:
         console.print("[bold yellow]the answer looks like a tool call:[/] it was not "
                       "executed, and it is not an answer to the question")
+    from boundloop.client import ui_link
+
     console.print(f"Web UI: {ui_link(settings, result.workflow_id, result.run_id)}")
 
 

@@ -34,6 +34,18 @@ RUN_TIMEOUT = 120.0
 DEMO_TOOLS = ["lookup_stock", "search_docs", "create_ticket"]
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Under pytest-xdist (`make test` runs `--dist loadgroup`), the tests of a module with
+    a module-scoped fixture (its own dev server, worker or browser) go to one worker
+    process, so that fixture is set up once, not once per process that gets one of them."""
+    for item in items:
+        info = getattr(item, "_fixtureinfo", None)
+        if info is not None and any(d.scope in ("module", "package", "class")
+                                    for defs in info.name2fixturedefs.values()
+                                    for d in defs):
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::", 1)[0]))
+
+
 @pytest_asyncio.fixture(scope="session")
 async def temporal(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Client]:
     db = tmp_path_factory.mktemp("temporal") / "temporal.db"

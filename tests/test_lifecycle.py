@@ -18,7 +18,6 @@ from temporalio.client import Client, WorkflowHandle
 from boundloop import search_attributes as sa
 from boundloop.client import list_runs, query_status
 from boundloop.contracts import RunResult
-from boundloop.core.limits import Limits
 from boundloop.scripted.server import ScriptedModelServer
 from tests.conftest import RunScript
 from tests.scripts import answer, call, outputs, resp
@@ -59,7 +58,6 @@ async def test_cancel_while_a_sync_tool_runs_stops_it(run_script: RunScript,
     data = tmp_path / "data"
     out = await run_script(
         [resp(call("nap", {"x": "1"}, "c1")), answer("never asked")], tools=["nap"],
-        limits=Limits(tool_timeout_seconds=5),
         during=cancel_when(lambda: bool(marks(data)), "the tool to start"))
     assert_cancelled(out.result, steps=1)
     await until(lambda: [w for _, w in marks(data)] == ["started", "cancelled"],
@@ -72,7 +70,6 @@ async def test_cancel_while_an_async_tool_runs_cancels_it(run_script: RunScript,
     data = tmp_path / "data"
     out = await run_script(
         [resp(call("anap", {"x": "1"}, "c1")), answer("never asked")], tools=["anap"],
-        limits=Limits(tool_timeout_seconds=5),
         during=cancel_when(lambda: bool(marks(data)), "the tool to start"))
     assert_cancelled(out.result, steps=1)
     await until(lambda: [w for _, w in marks(data)] == ["started", "cancelled"],

@@ -7,16 +7,17 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Callable
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from pydantic import ValidationError
 
-from boundloop.agent import Agent
 from boundloop.cli.common import T, _run, fail, json_object, load_registry, validation_lines
-from boundloop.core.limits import Limits, Policy
 from boundloop.exit_codes import ExitCode
-from boundloop.settings import Settings
+
+if TYPE_CHECKING:
+    from boundloop.agent import Agent
+    from boundloop.settings import Settings
 
 #: The limit flags `run` and `session start` share (`--limits` JSON takes the rest):
 #: flag name -> (type, help). Each overrides the same field of --limits.
@@ -57,6 +58,9 @@ def build_agent(settings: Settings, *, model: str | None, api: str | None,
                 policy_json: str | None, limit_flags: dict[str, Any],
                 budget: str | None = None, task_queue: str | None = None) -> Agent[Any]:
     """The agent the flags describe, validated before anything starts."""
+    from boundloop.agent import Agent
+    from boundloop.core.limits import Limits, Policy
+
     limits_raw = json_object("--limits", limits_json)
     policy_raw = json_object("--policy", policy_json)
     limits_raw.update(limit_flags)
@@ -90,6 +94,8 @@ def build_agent(settings: Settings, *, model: str | None, api: str | None,
 def load_mcp_tools(settings: Settings) -> list[Any]:
     """The tools of the BOUNDLOOP_MCP_CONFIG servers, listed now (the servers are started
     or connected, listed and closed): a run carries their declarations in its input."""
+    if settings.mcp_config is None:
+        return []  # before importing the MCP SDK: most runs use none
     from boundloop.mcp import (
         MCPConfigError,
         MCPDeclarationError,
@@ -98,8 +104,6 @@ def load_mcp_tools(settings: Settings) -> list[Any]:
         load_mcp_config,
     )
 
-    if settings.mcp_config is None:
-        return []
     try:
         servers = load_mcp_config(settings.mcp_config)
     except MCPConfigError as exc:

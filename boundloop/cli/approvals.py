@@ -7,14 +7,10 @@ import asyncio
 import json
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from temporalio.client import (
-    WorkflowUpdateRPCTimeoutOrCancelledError,
-)
 
-from boundloop import client as ops
 from boundloop.cli.common import (
     UPDATE_TIMEOUT,
     _run,
@@ -26,10 +22,12 @@ from boundloop.cli.common import (
     load_settings,
     print_pending_table,
 )
-from boundloop.contracts import Decision
 from boundloop.errors import InvalidDecision
 from boundloop.exit_codes import ExitCode
 from boundloop.terminal import console, safe
+
+if TYPE_CHECKING:  # loaded by the commands that use them (see cli/common.py)
+    from boundloop.contracts import Decision
 
 
 def load_signer(approver: str, key: Path | None) -> Any:
@@ -56,6 +54,10 @@ def _decide(run_id: str, verb: str, make: Callable[[], Decision], signer: Any = 
     settings = load_settings()
 
     async def go() -> None:
+        from temporalio.client import WorkflowUpdateRPCTimeoutOrCancelledError
+
+        from boundloop import client as ops
+
         deciding = (await ops.get_run(await connect(settings), run_id)).decide(decision,
                                                                                 signer)
         try:
@@ -93,6 +95,8 @@ def approve(run_id: str, call_id: str,
                 "session's later turns too)")] = "run") -> None:
     """Approve a pending call (optionally with edited arguments, or remembered for the
     rest of the run or session)."""
+    from boundloop import client as ops
+
     if scope not in ("run", "session"):
         raise typer.BadParameter("must be 'run' or 'session'", param_hint="--for")
     edited = json_object("--args", args) if args is not None else None
@@ -108,6 +112,8 @@ def reject(run_id: str, call_id: str,
            approver: Annotated[str, typer.Option("--as", help="Approver name")] = "operator",
            key: KeyOption = None) -> None:
     """Reject a pending call; the model is told not to retry it."""
+    from boundloop import client as ops
+
     signer = load_signer(approver, key)
     _decide(run_id, "rejected", lambda: ops.rejection(
         call_id, reason=reason, approver=approver, signer=signer), signer)
@@ -151,6 +157,8 @@ def pending(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
     settings = load_settings()
 
     async def go() -> None:
+        from boundloop import client as ops
+
         unanswered: list[str] = []
         rows = await ops.pending_runs(await connect(settings), unanswered)
         for wf_id in unanswered:

@@ -8,25 +8,12 @@ import asyncio
 import json
 from collections.abc import Coroutine
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import typer
 from pydantic import ValidationError
 from rich.console import Console
-from rich.table import Table
-from temporalio.client import (
-    Client,
-)
-from temporalio.service import RPCError, RPCStatusCode
 
-from boundloop import client as ops
-from boundloop.codec import CodecKeyError
-from boundloop.connection import TLS_DROPPED, ConnectionSettingsError, tls_dropped, tls_problem
-from boundloop.contracts import (
-    RunResult,
-    RunStatus,
-    SessionStatus,
-)
 from boundloop.errors import (
     DecisionRefused,
     PolicyRefused,
@@ -38,8 +25,15 @@ from boundloop.errors import (
     UnknownTools,
 )
 from boundloop.exit_codes import ExitCode
-from boundloop.settings import Settings, one_line
 from boundloop.terminal import console, safe
+
+# Each command imports the Temporal client, the run types and the connection when it
+# uses them: `--help`, and input refused before connecting, start a process without them.
+if TYPE_CHECKING:
+    from temporalio.client import Client
+
+    from boundloop.contracts import RunResult, RunStatus, SessionStatus
+    from boundloop.settings import Settings
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="boundloop: a durable, bounded LLM tool-calling loop on Temporal.")
@@ -68,6 +62,10 @@ UPDATE_TIMEOUT = 30.0
 
 
 def _run(coro: Coroutine[Any, Any, T]) -> T:
+    from temporalio.service import RPCError, RPCStatusCode
+
+    from boundloop.codec import CodecKeyError
+
     try:
         return asyncio.run(coro)
     except CodecKeyError as exc:  # a payload this process cannot decrypt
@@ -87,6 +85,8 @@ def fail(message: str, code: int = ExitCode.INVALID) -> typer.Exit:
 
 
 def load_settings() -> Settings:
+    from boundloop.settings import Settings, one_line
+
     try:
         return Settings()
     except ValidationError as exc:
@@ -94,8 +94,14 @@ def load_settings() -> Settings:
 
 
 async def connect(settings: Settings) -> Client:
+    from boundloop.connection import (
+        TLS_DROPPED,
+        ConnectionSettingsError,
+        tls_dropped,
+        tls_problem,
+        unreachable_reason,
+    )
     from boundloop.connection import connect as settings_connect
-    from boundloop.connection import unreachable_reason
 
     try:
         return await settings_connect(settings)
@@ -114,6 +120,8 @@ async def connect(settings: Settings) -> Client:
 async def run_result(handle: Any) -> RunResult:
     """The RunResult however the run ended, or exit 3 when Temporal ended it without one
     (terminated, timed out)."""
+    from boundloop import client as ops
+
     try:
         return await ops.Run(handle).result()
     except RunEnded as exc:
@@ -175,6 +183,8 @@ def load_model_script(path: Path) -> Any:
 
 
 async def describe(handle: Any) -> Any:
+    from boundloop import client as ops
+
     return await ops.describe(handle)  # RunNotFound: `_run` prints it
 
 
@@ -220,6 +230,10 @@ def print_session(st: SessionStatus) -> None:
 
 
 def print_pending_table(rows: list[tuple[str, RunStatus]]) -> None:
+    from rich.table import Table
+
+    from boundloop import client as ops
+
     table = Table()
     for header in ("run", "call id", "tool", "waiting since", "asked because",
                    "arguments (in full)"):

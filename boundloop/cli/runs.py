@@ -11,20 +11,11 @@ import signal
 import sys
 import uuid
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from pydantic import ValidationError
-from rich.table import Table
-from temporalio.client import (
-    Client,
-    WorkflowExecutionStatus,
-)
-from temporalio.service import RPCError, RPCStatusCode
 
-from boundloop import client as ops
-from boundloop import search_attributes as sa
-from boundloop.agent import Agent
 from boundloop.cli.agents import build_agent, limit_flags
 from boundloop.cli.common import (
     QUERY_TIMEOUT,
@@ -42,17 +33,18 @@ from boundloop.cli.common import (
     run_result,
     validation_lines,
 )
-from boundloop.codec import CodecKeyError
-from boundloop.contracts import (
-    SESSION_WORKFLOW,
-    CancelRequest,
-    RunResult,
-    RunStatus,
-)
 from boundloop.core.reasons import StopReason
 from boundloop.exit_codes import ExitCode
-from boundloop.settings import Settings
 from boundloop.terminal import console, exit_code, print_event, print_result, safe
+
+# The Temporal client and the run types load inside the commands (see cli/common.py).
+if TYPE_CHECKING:
+    from temporalio.client import Client
+
+    from boundloop import client as ops
+    from boundloop.agent import Agent
+    from boundloop.contracts import RunStatus
+    from boundloop.settings import Settings
 
 
 def print_grants(status: RunStatus) -> None:
@@ -105,6 +97,8 @@ def run(
 
 async def _start(client: Client, agent: Agent[Any], question: str,
                  workflow_id: str | None, tenant: str | None = None) -> Any:
+    from temporalio.service import RPCError, RPCStatusCode
+
     try:
         return (await agent.start(client, question, id=workflow_id, tenant=tenant)).handle
     except RPCError as exc:
@@ -117,6 +111,8 @@ async def _run_async(settings: Settings, agent: Agent[Any], question: str, wait:
                      as_json: bool,
                      script: Any, model_script: Path | None, workflow_id: str | None,
                      tenant: str | None = None) -> int:
+    from boundloop import client as ops
+
     client = await connect(settings)
     if script is None:
         handle = await _start(client, agent, question, workflow_id, tenant)
@@ -169,6 +165,9 @@ def _no_worker(task_queue: str) -> None:
 
 
 async def _follow(handle: Any, settings: Settings, as_json: bool) -> int:
+    from boundloop import client as ops
+    from boundloop.codec import CodecKeyError
+
     # Without the workers' codec keys only the end is readable (a refusal's message).
     with contextlib.suppress(CodecKeyError):
         if not as_json and sys.stdout.isatty():
@@ -195,6 +194,13 @@ def status(run_id: Annotated[str, typer.Argument(help="Workflow id")],
     settings = load_settings()
 
     async def go() -> int:
+        from temporalio.client import WorkflowExecutionStatus
+        from temporalio.service import RPCError
+
+        from boundloop import client as ops
+        from boundloop import search_attributes as sa
+        from boundloop.contracts import RunResult
+
         client = await connect(settings)
         handle = client.get_workflow_handle(run_id, result_type=RunResult)
         desc = await describe(handle)
@@ -253,6 +259,8 @@ def watch(run_id: Annotated[str, typer.Argument(help="Workflow id")]) -> None:
     settings = load_settings()
 
     async def go() -> int:
+        from boundloop import client as ops
+        from boundloop.contracts import SESSION_WORKFLOW, RunResult
         from boundloop.live import watch as live_watch
 
         client = await connect(settings)
@@ -286,6 +294,10 @@ def list_runs(
         raise fail(f"--reason must be one of {[r.value for r in StopReason]}")
 
     async def go() -> None:
+        from rich.table import Table
+
+        from boundloop import client as ops
+
         rows = await ops.list_runs(await connect(settings), status_filter, reason, limit)
         if as_json:
             print(json.dumps(rows, ensure_ascii=False))
@@ -317,6 +329,8 @@ def cancel(run_id: Annotated[str, typer.Argument(help="Workflow id")],
            ) -> None:
     """Cancel a run in any state: it stops with `cancelled`; a running tool or model
     request is told to stop (docs/durability.md, "Cancels")."""
+    from boundloop.contracts import CancelRequest
+
     try:
         request = CancelRequest(reason=reason)
     except ValidationError as exc:
@@ -324,6 +338,8 @@ def cancel(run_id: Annotated[str, typer.Argument(help="Workflow id")],
     settings = load_settings()
 
     async def go() -> None:
+        from boundloop import client as ops
+
         client = await connect(settings)
         await (await ops.get_run(client, run_id)).cancel(request.reason)
         console.print(f"{safe(run_id)}: cancel requested; the run stops with `cancelled` "
@@ -335,6 +351,9 @@ def cancel(run_id: Annotated[str, typer.Argument(help="Workflow id")],
 async def _watch_session(client: Client, session: ops.Session, settings: Settings) -> int:
     """`boundloop watch SESSION`: follow each turn live as it runs, print its result,
     until the session ends."""
+    from temporalio.client import WorkflowExecutionStatus
+
+    from boundloop.contracts import RunResult
     from boundloop.live import watch as live_watch
 
     followed: set[str] = set()

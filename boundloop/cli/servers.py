@@ -21,11 +21,7 @@ from boundloop.cli.common import (
     load_registry,
     load_settings,
 )
-from boundloop.codec import CodecKeyError
-from boundloop.connection import ConnectionSettingsError
-from boundloop.devserver import TemporalCLIMissing
 from boundloop.exit_codes import ExitCode
-from boundloop.settings import worker_settings_problem
 from boundloop.terminal import console
 
 
@@ -86,6 +82,8 @@ def demo(interactive: Annotated[bool, typer.Option(
         "--interactive", help="Wait for a person to approve the ticket")] = False) -> None:
     """The main job, end to end on the embedded dev server."""
     from boundloop.demo import run_demo
+    from boundloop.devserver import TemporalCLIMissing
+    from boundloop.settings import worker_settings_problem
 
     settings = load_settings()
     problem = worker_settings_problem(settings)  # the demo runs a worker of its own
@@ -110,7 +108,7 @@ def codec_key_new(key_id: Annotated[str, typer.Argument(
         help="An id for the key (letters, digits, . _ -), e.g. 2026-12")]) -> None:
     """Print a new `id:base64key` line (AES-256). Append it to the BOUNDLOOP_CODEC_KEYS
     file: the last line encrypts new payloads, every line still decrypts."""
-    from boundloop.codec import new_key_line
+    from boundloop.codec import CodecKeyError, new_key_line
 
     try:
         line = new_key_line(key_id)
@@ -154,6 +152,7 @@ def codec_server(
     keys, for the Web UI (its "Codec Server" setting, or `boundloop server
     --ui-codec-endpoint`) and `temporal workflow show --codec-endpoint`."""
     from boundloop import codec_server as cs
+    from boundloop.connection import ConnectionSettingsError
     from boundloop.connection import codec as settings_codec
 
     settings = load_settings()

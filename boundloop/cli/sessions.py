@@ -6,13 +6,11 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Awaitable, Callable
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from pydantic import ValidationError
-from temporalio.service import RPCError
 
-from boundloop import client as ops
 from boundloop.cli.agents import build_agent, limit_flags
 from boundloop.cli.common import (
     QUERY_TIMEOUT,
@@ -25,12 +23,14 @@ from boundloop.cli.common import (
     print_session,
     validation_lines,
 )
-from boundloop.contracts import RunResult, SessionStatus
-from boundloop.core.session import SessionLimits
 from boundloop.errors import RunEnded
 from boundloop.exit_codes import ExitCode
-from boundloop.settings import Settings
 from boundloop.terminal import console, exit_code, print_event, print_result, safe
+
+if TYPE_CHECKING:  # loaded by the commands that use them (see cli/common.py)
+    from boundloop import client as ops
+    from boundloop.contracts import RunResult, SessionStatus
+    from boundloop.settings import Settings
 
 session_app = typer.Typer(no_args_is_help=True, help="Multi-turn sessions: one "
                           "conversation across turns (send messages with `boundloop say`).")
@@ -74,6 +74,8 @@ def start(
     agent = build_agent(settings, model=model, api=api, tools=tools,
                         instructions=instructions, limits_json=limits, policy_json=policy,
                         limit_flags=limit_flags or {}, task_queue=task_queue)
+    from boundloop.core.session import SessionLimits
+
     chosen = {"idle_seconds": idle_seconds, "max_turns": max_turns,
               "token_budget": token_budget, "busy": busy}
     try:
@@ -83,6 +85,8 @@ def start(
         raise fail("invalid session limits:\n" + validation_lines(exc)) from None
 
     async def go() -> None:
+        from boundloop import client as ops
+
         client = await connect(settings)
         session = await agent.session(client, limits=session_limits, id=session_id,
                                       tenant=tenant)
@@ -108,6 +112,8 @@ def say(session_id: Annotated[str, typer.Argument(help="Session id")],
     settings = load_settings()
 
     async def go() -> int:
+        from boundloop import client as ops
+
         client = await connect(settings)
         session = await ops.get_session(client, session_id)
         # What the session did with the message (started, queued, interrupting): on
@@ -134,6 +140,8 @@ def show(session_id: Annotated[str, typer.Argument(help="Session id")],
     """A session's turns, tokens, running or last turn, and when it ends if idle."""
 
     async def status(session: ops.Session) -> SessionStatus:
+        from temporalio.service import RPCError
+
         try:
             return await asyncio.wait_for(session.show(), timeout=QUERY_TIMEOUT)
         except (RPCError, TimeoutError):
@@ -166,6 +174,8 @@ def _print_status(session_id: str, as_json: bool,
     settings = load_settings()
 
     async def go() -> None:
+        from boundloop import client as ops
+
         client = await connect(settings)
         st = await status(await ops.get_session(client, session_id))
         if as_json:

@@ -8,24 +8,24 @@ from __future__ import annotations
 
 import secrets
 from pathlib import Path
-from typing import TYPE_CHECKING
-
-from boundloop.console.app import Console, app
-from boundloop.console.auth import ApproversFileError, load_approvers
-from boundloop.settings import Settings
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from starlette.applications import Starlette
     from temporalio.client import Client
 
+    from boundloop.console.app import Console
+    from boundloop.console.auth import ApproversFileError
+    from boundloop.settings import Settings
     from boundloop.signing import Signer
 
-__all__ = ["ApproversFileError", "Console", "app", "build", "load_signers"]
+__all__ = ["ApproversFileError", "Console", "build", "load_signers"]
 
 
 def load_signers(directory: Path, names: list[str]) -> dict[str, Signer]:
     """NAME.key of each approver that has one in `directory` (made by `boundloop keys
     new NAME --dir DIRECTORY`); an approver without one decides unsigned."""
+    from boundloop.console.auth import ApproversFileError
     from boundloop.signing import Signer
 
     if not directory.is_dir():
@@ -37,7 +37,8 @@ def load_signers(directory: Path, names: list[str]) -> dict[str, Signer]:
 def build(settings: Settings, client: Client, *, secure_cookie: bool = False) -> Starlette:
     """The console for these settings. Raises ApproversFileError / KeyFileError for a
     file it cannot use (before serving anything)."""
-    from boundloop.console.auth import Sessions
+    from boundloop.console.app import Console, app
+    from boundloop.console.auth import ApproversFileError, Sessions, load_approvers
 
     if settings.console_approvers is None:
         raise ApproversFileError("set BOUNDLOOP_CONSOLE_APPROVERS to the approvers file "
@@ -50,3 +51,18 @@ def build(settings: Settings, client: Client, *, secure_cookie: bool = False) ->
               if settings.console_secret else secrets.token_bytes(32))
     return app(Console(client=client, approvers=approvers, sessions=Sessions(secret),
                        signers=signers, secure_cookie=secure_cookie))
+
+
+def __getattr__(name: str) -> Any:
+    # Starlette (and the signing keys' cryptography) load with the console itself, not
+    # with every `boundloop` command: the CLI imports `boundloop.console.command`, this
+    # package first, to register `console`.
+    if name == "Console":
+        from boundloop.console.app import Console
+
+        return Console
+    if name == "ApproversFileError":
+        from boundloop.console.auth import ApproversFileError
+
+        return ApproversFileError
+    raise AttributeError(f"module 'boundloop.console' has no attribute {name!r}")
