@@ -73,85 +73,76 @@ if TYPE_CHECKING:
     from boundloop.tools.registry import ToolContext, Toolset, ToolSpec
     from boundloop.worker.plugin import Plugin, Worker
 
-#: Where each public name lives. They load on first use (PEP 562), so a process that
-#: imports one boundloop module (the CLI, a worker, a test) pays for what it uses, not
-#: for the Temporal client, the worker, MCP and cryptography all at once.
-_WHERE: dict[str, str] = {
-    "Agent": "boundloop.agent",
-    "Approval": "boundloop.core.loop",
-    "BoundloopError": "boundloop.errors",
-    "BudgetLimits": "boundloop.core.budget",
-    "BudgetRefused": "boundloop.errors",
-    "BudgetView": "boundloop.contracts",
-    "configure_logging": "boundloop.logs",
-    "connect": "boundloop.client",
-    "DecisionRefused": "boundloop.errors",
-    "DEFAULT_TASK_QUEUE": "boundloop.agent",
-    "Event": "boundloop.core.loop",
-    "get_run": "boundloop.client",
-    "get_session": "boundloop.client",
-    "InvalidDecision": "boundloop.errors",
-    "Limits": "boundloop.core.limits",
-    "list_mcp_tools": "boundloop.mcp.pool",
-    "load_mcp_config": "boundloop.mcp.config",
-    "MCPServerConfig": "boundloop.core.mcp_tools",
-    "MCPToolDeclaration": "boundloop.core.mcp_tools",
-    "NoToolset": "boundloop.errors",
-    "OperatorPolicy": "boundloop.core.operator",
-    "Plugin": "boundloop.worker.plugin",
-    "Policy": "boundloop.core.limits",
-    "PolicyRefused": "boundloop.errors",
-    "Price": "boundloop.core.limits",
-    "Refusal": "boundloop.core.operator",
-    "Reset": "boundloop.contracts",
-    "Run": "boundloop.client",
-    "run_client": "boundloop.process",
-    "RunEnded": "boundloop.errors",
-    "RunIdTaken": "boundloop.errors",
-    "RunNotFound": "boundloop.errors",
-    "RunResult": "boundloop.contracts",
-    "RunStatus": "boundloop.contracts",
-    "RunStuck": "boundloop.errors",
-    "Session": "boundloop.client",
-    "SessionLimits": "boundloop.core.session",
-    "SessionRefused": "boundloop.errors",
-    "SessionStatus": "boundloop.contracts",
-    "set_budget": "boundloop.budgets",
-    "show_budget": "boundloop.budgets",
-    "Signer": "boundloop.signing",
-    "start": "boundloop.client",
-    "start_session": "boundloop.client",
-    "StopReason": "boundloop.core.reasons",
-    "StreamEvent": "boundloop.contracts",
-    "StreamItem": "boundloop.contracts",
-    "StreamResult": "boundloop.contracts",
-    "TextDelta": "boundloop.contracts",
-    "ToolContext": "boundloop.tools.registry",
-    "ToolDefinitionError": "boundloop.errors",
-    "ToolFailure": "boundloop.errors",
-    "Toolset": "boundloop.tools.registry",
-    "ToolSpec": "boundloop.tools.registry",
-    "ToolStatus": "boundloop.core.envelope",
-    "TransientToolError": "boundloop.errors",
-    "UnknownTools": "boundloop.errors",
-    "Worker": "boundloop.worker.plugin",
-}
-
-#: Names exported under another name than their module's.
-_ORIGINAL: dict[str, str] = {"configure_logging": "configure"}
-
 
 def __getattr__(name: str) -> Any:
-    where = _WHERE.get(name)
+    # Each public name loads on first use (PEP 562), so a process that imports one
+    # boundloop module (the CLI, a worker, a test) pays for what it uses, not for the
+    # Temporal client, the worker, MCP and cryptography all at once.
+    where = {
+        "Agent": "boundloop.agent",
+        "Approval": "boundloop.core.loop",
+        "BoundloopError": "boundloop.errors",
+        "BudgetLimits": "boundloop.core.budget",
+        "BudgetRefused": "boundloop.errors",
+        "BudgetView": "boundloop.contracts",
+        "configure_logging": "boundloop.logs",
+        "connect": "boundloop.client",
+        "DecisionRefused": "boundloop.errors",
+        "DEFAULT_TASK_QUEUE": "boundloop.agent",
+        "Event": "boundloop.core.loop",
+        "get_run": "boundloop.client",
+        "get_session": "boundloop.client",
+        "InvalidDecision": "boundloop.errors",
+        "Limits": "boundloop.core.limits",
+        "list_mcp_tools": "boundloop.mcp.pool",
+        "load_mcp_config": "boundloop.mcp.config",
+        "MCPServerConfig": "boundloop.core.mcp_tools",
+        "MCPToolDeclaration": "boundloop.core.mcp_tools",
+        "NoToolset": "boundloop.errors",
+        "OperatorPolicy": "boundloop.core.operator",
+        "Plugin": "boundloop.worker.plugin",
+        "Policy": "boundloop.core.limits",
+        "PolicyRefused": "boundloop.errors",
+        "Price": "boundloop.core.limits",
+        "Refusal": "boundloop.core.operator",
+        "Reset": "boundloop.contracts",
+        "Run": "boundloop.client",
+        "run_client": "boundloop.process",
+        "RunEnded": "boundloop.errors",
+        "RunIdTaken": "boundloop.errors",
+        "RunNotFound": "boundloop.errors",
+        "RunResult": "boundloop.contracts",
+        "RunStatus": "boundloop.contracts",
+        "RunStuck": "boundloop.errors",
+        "Session": "boundloop.client",
+        "SessionLimits": "boundloop.core.session",
+        "SessionRefused": "boundloop.errors",
+        "SessionStatus": "boundloop.contracts",
+        "set_budget": "boundloop.budgets",
+        "show_budget": "boundloop.budgets",
+        "Signer": "boundloop.signing",
+        "start": "boundloop.client",
+        "start_session": "boundloop.client",
+        "StopReason": "boundloop.core.reasons",
+        "StreamEvent": "boundloop.contracts",
+        "StreamItem": "boundloop.contracts",
+        "StreamResult": "boundloop.contracts",
+        "TextDelta": "boundloop.contracts",
+        "ToolContext": "boundloop.tools.registry",
+        "ToolDefinitionError": "boundloop.errors",
+        "ToolFailure": "boundloop.errors",
+        "Toolset": "boundloop.tools.registry",
+        "ToolSpec": "boundloop.tools.registry",
+        "ToolStatus": "boundloop.core.envelope",
+        "TransientToolError": "boundloop.errors",
+        "UnknownTools": "boundloop.errors",
+        "Worker": "boundloop.worker.plugin",
+    }.get(name)
     if where is None:
         raise AttributeError(f"module 'boundloop' has no attribute {name!r}")
-    value = getattr(import_module(where), _ORIGINAL.get(name, name))
+    value = getattr(import_module(where), "configure" if name == "configure_logging" else name)
     globals()[name] = value  # found by plain lookup from now on
     return value
-
-
-def __dir__() -> list[str]:
-    return sorted([*globals(), *_WHERE])
 
 
 __all__ = [
