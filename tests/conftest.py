@@ -34,6 +34,11 @@ RUN_TIMEOUT = 120.0
 DEMO_TOOLS = ["lookup_stock", "search_docs", "create_ticket"]
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    # pytest-xdist registers the marker too; this keeps a venv without it warning-free.
+    config.addinivalue_line("markers", "xdist_group(name): run on one xdist worker")
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Under pytest-xdist (`make test` runs `--dist loadgroup`), the tests of a module with
     a module-scoped fixture (its own dev server, worker or browser) go to one worker
