@@ -5,6 +5,7 @@ own tool threads (activities/threads.py), and what a tool attempt reports about 
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -49,11 +50,22 @@ def test_a_cancel_counts_no_unfinished_step() -> None:
 
 
 def test_tool_threads_keep_free_threads_beside_a_hung_one() -> None:
-    release = threading.Event()
+    release, started = threading.Event(), threading.Event()
     threads = ToolThreads(3)
-    hung = threads.submit(lambda: release.wait(30))
+
+    def hang() -> bool:
+        started.set()
+        return release.wait(30)
+
+    hung = threads.submit(hang)
     try:
+        assert started.wait(10), "the hung call never started"
         assert threads.submit(lambda: "ran").result(timeout=10) == "ran"
+        # The thread that ran it is free again once it has counted itself out (just after
+        # it delivered the result); the hung call keeps its own.
+        deadline = time.monotonic() + 10
+        while threads.busy != 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
         assert threads.busy == 1
     finally:
         release.set()

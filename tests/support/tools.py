@@ -132,6 +132,8 @@ def marks(data_dir: Path) -> list[tuple[str, str]]:
     if not (data_dir / "marks.db").exists():
         return []
     with sqlite3.connect(data_dir / "marks.db", timeout=10) as db:
+        # The file exists a moment before a tool's first `mark` has made the table.
+        db.execute("CREATE TABLE IF NOT EXISTS marks (key TEXT, what TEXT)")
         return [(k, w) for k, w in db.execute("SELECT key, what FROM marks ORDER BY rowid")]
 
 
