@@ -689,7 +689,9 @@ async def follow(handle: WorkflowHandle[Any, Any], interval: float = 0.2,
                  ) -> AsyncIterator[tuple[RunStatus, list[Event]]]:
     """Yield (status, new events) until the run closes. `on_silence(task_queue)` is called
     once when no worker has answered the status query for a while; `on_stuck(line)` once
-    each time the run's workflow task starts failing (the stuck line: cause and fix)."""
+    each time the run's workflow task starts failing (the stuck line: cause and fix).
+    A step's `model_requested` is yielded with the event after it: a shared budget that
+    refuses the step takes it back (the request was never sent) for `budget_refused`."""
     seen = 0
     failures = 0
     stuck = False
@@ -714,8 +716,13 @@ async def follow(handle: WorkflowHandle[Any, Any], interval: float = 0.2,
             if failures == 3 and on_silence is not None and not stuck:  # stuck said why
                 on_silence(desc.task_queue)
         if status is not None:
-            new = status.events[seen:]
-            seen = len(status.events)
+            end = len(status.events)
+            if (desc.status == WorkflowExecutionStatus.RUNNING and end > seen
+                    and status.events[-1].event == "model_requested"):
+                # Not yet: the step may still be reserving its budget (see above).
+                end -= 1
+            new = status.events[seen:end]
+            seen = end
             yield status, new
         if desc.status != WorkflowExecutionStatus.RUNNING:
             return

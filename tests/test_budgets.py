@@ -125,6 +125,45 @@ async def test_refused_reservation_stops_the_run_before_the_request(client: Clie
     assert await workflow_task_failures(run.handle) == 0
 
 
+async def test_events_as_they_appear_never_show_the_request_a_budget_refused(
+        client: Client, tmp_path: Path) -> None:
+    """What `run --wait` prints and `Run.events()` yields, read while the step waits for
+    its reservation (the ledger's worker is away, so the status shows the step's
+    model_requested); the ledger then refuses it. The events yielded are the run's own
+    log: budget_refused, and no request that was never sent (before: model_requested
+    yielded, budget_refused never)."""
+    from boundloop.client import follow
+
+    ledger_queue, key = names()
+    queue = f"q-{uuid.uuid4().hex[:8]}"
+    server = ScriptedModelServer([answer("never asked")])
+    base_url = server.start()
+    yielded: list[Any] = []
+    reserving = asyncio.Event()
+
+    async def read(run: boundloop.Run) -> None:
+        async for status, new in follow(run.handle, interval=0.05):
+            yielded.extend(new)
+            if status.events and status.events[-1].event == "model_requested":
+                reserving.set()
+    try:
+        async with worker_for(client, ledger_queue, base_url, tmp_path / "ledger"):
+            await set_budget(client, key, BudgetLimits(usd=1), task_queue=ledger_queue)
+        async with worker_for(client, queue, base_url, tmp_path / "data"):
+            run = await start(client, queue, key)  # needs up to 50 USD of 1
+            reader = asyncio.create_task(read(run))
+            await asyncio.wait_for(reserving.wait(), WAIT)
+            async with worker_for(client, ledger_queue, base_url, tmp_path / "ledger"):
+                result = await asyncio.wait_for(run.result(), WAIT)
+                await asyncio.wait_for(reader, WAIT)
+    finally:
+        server.stop()
+    assert result.reason == "budget_limit"
+    assert [e.event for e in yielded] == [e.event for e in result.events] == [
+        "run_started", "budget_refused", "stopped:budget_limit"]
+    assert server.requests == []
+
+
 async def test_usd_budget_refuses_a_model_without_a_price(client: Client,
                                                          tmp_path: Path) -> None:
     queue, key = names()
