@@ -4,8 +4,9 @@ A shown output is a fenced block whose first line is `$ boundloop …`, each com
 followed by what it printed. The commands that need no Temporal and no model are run
 here and must print what the page shows (up to a key that differs per run); RUN_ELSEWHERE
 names the tests that run the others (the README's agent and `make demo` blocks: tests/
-test_readme*.py). The blocks not yet run by
-any test are listed in UNCHECKED, so a new output cannot join the pages untested.
+test_readme*.py; those needing workers and a model: tests/test_docs_shown.py). A block
+no test runs would have to be listed in UNCHECKED, so a new output cannot join the pages
+untested.
 """
 
 from __future__ import annotations
@@ -50,34 +51,42 @@ RUN_HERE = [
     "boundloop keys new alice",
 ]
 
-#: Shown outputs no test runs yet (each needs a live run, session, budget, MCP server or
-#: TLS server): (page, first command).
-UNCHECKED = {
-    ("docs/guide.md", ".venv/bin/boundloop demo --interactive"),
-    ("docs/guide.md", ".venv/bin/boundloop pending"),
-    ("README.md", "boundloop pending"),
-    ("docs/guide.md", 'BOUNDLOOP_MCP_CONFIG=examples/mcp/time.toml .venv/bin/boundloop run '
-     '"東京は今何時？" \\'),
-    ("docs/guide.md", "boundloop budget set team-a --usd 5 --tokens 2000000"),
-    ("docs/guide.md", 'boundloop run "A-001の在庫は？" --wait'),
-    ("docs/guide.md", "boundloop budget set team-a --usd 5 --as alice --key alice.key"),
-    ("docs/guide.md", ".venv/bin/boundloop session start --tools lookup_stock --idle-seconds "
-     "1800 --token-budget 50000 --id support-chat-42"),
-}
+#: Shown outputs no test runs yet: (page, first command). Empty: a new block that no test
+#: runs fails test_every_shown_output_is_run_by_a_test_or_listed_as_unchecked.
+UNCHECKED: set[tuple[str, str]] = set()
+
+SHOWN = "tests/test_docs_shown.py::"
 
 #: Shown outputs a test elsewhere runs and compares with the page: (page, first command)
 #: -> that test.
 RUN_ELSEWHERE = {
     ("README.md", "BOUNDLOOP_POLICY=policy.toml boundloop worker &"):
         "tests/test_readme.py::test_the_readme_policy_refuses_the_run_it_shows",
+    ("README.md", "boundloop pending"):
+        SHOWN + "test_the_readme_pending_watch_and_approve_print_what_it_shows",
+    ("README.md", "boundloop console-approver alice --token >> approvers"):
+        SHOWN + "test_the_console_lines_print_what_the_readme_shows",
     ("docs/guide.md", "boundloop list"):
         "tests/test_tls.py::test_a_wrong_ca_is_refused_in_one_line_with_exit_4",
-    ("README.md", "boundloop console-approver alice --token >> approvers"):
-        "tests/test_docs_shown.py",
     ("docs/guide.md", "boundloop approve boundloop-signed-demo call_ticket --as alice"):
         "tests/test_signed_approvals.py::test_forged_as_alice_without_her_key_is_refused",
     ("docs/guide.md", "boundloop status boundloop-3f6c0a9d2e41"):
         "tests/test_cli.py::test_a_failed_model_request_is_named_with_its_hint_and_exits_3",
+    ("docs/guide.md", ".venv/bin/boundloop demo --interactive"):
+        SHOWN + "test_the_two_terminal_walkthrough_prints_what_the_guide_shows",
+    ("docs/guide.md", ".venv/bin/boundloop pending"):
+        SHOWN + "test_the_two_terminal_walkthrough_prints_what_the_guide_shows",
+    ("docs/guide.md", 'BOUNDLOOP_MCP_CONFIG=examples/mcp/time.toml .venv/bin/boundloop run '
+     '"東京は今何時？" \\'): SHOWN + "test_the_mcp_run_prints_what_the_guide_shows",
+    ("docs/guide.md", "boundloop budget set team-a --usd 5 --tokens 2000000"):
+        SHOWN + "test_the_budget_blocks_print_what_the_guide_shows",
+    ("docs/guide.md", "boundloop budget set team-a --usd 5 --as alice --key alice.key"):
+        SHOWN + "test_the_budget_blocks_print_what_the_guide_shows",
+    ("docs/guide.md", 'boundloop run "A-001の在庫は？" --wait'):
+        SHOWN + "test_the_tenant_refusals_print_what_the_guide_shows",
+    ("docs/guide.md", ".venv/bin/boundloop session start --tools lookup_stock --idle-seconds "
+     "1800 --token-budget 50000 --id support-chat-42"):
+        SHOWN + "test_the_session_transcript_prints_what_the_guide_shows",
 }
 
 #: Words that begin a line only boundloop prints (a result, a refusal, an event, a prompt).
@@ -146,6 +155,13 @@ def test_every_shown_output_is_run_by_a_test_or_listed_as_unchecked() -> None:
     assert set(RUN_ELSEWHERE) <= shown
     assert shown >= UNCHECKED, UNCHECKED - shown  # a block removed: drop it from the list
     assert {c for _, c in shown} >= set(RUN_HERE)
+
+
+def test_the_tests_named_for_shown_outputs_exist() -> None:
+    for test in RUN_ELSEWHERE.values():
+        path, _, name = test.partition("::")
+        assert (ROOT / path).is_file(), test
+        assert not name or f"def {name}(" in (ROOT / path).read_text(encoding="utf-8"), test
 
 
 def key_free(lines: list[str]) -> list[str]:

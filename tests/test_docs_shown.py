@@ -1,41 +1,148 @@
 """Shown outputs of README.md and docs/guide.md that need a live Temporal, run as a reader
-types them; each prints what the page shows (up to what differs per run)."""
+types them (a shell, `boundloop` on its PATH, real workers and a scripted model); each
+prints what the page shows, up to what differs per run (`normalized`)."""
 
 from __future__ import annotations
 
+import asyncio
+import json
 import os
 import re
 import shlex
 import subprocess
+import uuid
+from collections.abc import AsyncIterator
 from pathlib import Path
 
+import pytest
+import pytest_asyncio
 from temporalio.client import Client
 
-from boundloop.testing import free_port
-from tests.test_cli import env_for
-from tests.test_docs_outputs import shown_block
-from tests.test_worker_process import BOUNDLOOP, log_has
+from boundloop.client import query_status
+from boundloop.scripted.server import ScriptedModelServer
+from boundloop.testing import dev_server, free_port, wait_until
+from tests.scripts import answer, call, resp
+from tests.test_cli import ROOT, env_for
+from tests.test_docs_outputs import shown_block, shown_matches
+from tests.test_readme import blocks
+from tests.test_worker_process import BOUNDLOOP, log_has, process, worker_env
 
 GUIDE = "docs/guide.md"
 SHOWN_RUN = "boundloop-520031277c0e"
-SHOWN_SINCE = "2026-11-30T15:02:11.529147+00:00"
+WAIT = 120.0
+
+#: What differs per run: run ids, Temporal's run ids (in Web UI links), times and dates.
+#: Each is replaced by as many `#` (a table keeps its widths).
+VARYING = [re.compile(p) for p in (
+    r"boundloop-[0-9a-f]{12}\b",
+    r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}",
+    r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?\+00:00",
+    r"\(\d{4}-\d\d-\d\d\)",
+)]
 
 
-def as_shown(text: str, run_id: str) -> list[str]:
-    text = text.replace(run_id, SHOWN_RUN)
-    text = re.sub(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}\+00:00", SHOWN_SINCE, text)
-    return [line.rstrip() for line in text.splitlines()]
+def normalized(lines: list[str], names: dict[str, str] | None = None) -> list[str]:
+    """`lines` with each of `names` (what ran -> what the page shows) as the page names
+    it, and the VARYING parts blanked."""
+    out: list[str] = []
+    for line in lines:
+        for real, shown in (names or {}).items():
+            line = line.replace(real, shown)
+        for pattern in VARYING:
+            line = pattern.sub(lambda m: "#" * len(m.group()), line)
+        out.append(line.rstrip())
+    while out and not out[-1]:
+        out.pop()
+    return out
 
 
 def commands_of(block: list[str]) -> list[tuple[str, list[str]]]:
-    """(command, what it printed) of each `$` line of a shown block."""
+    """(command, what it printed) of each `$` line of a shown block; a command continued
+    with `\\` is joined, blank lines after an output are dropped."""
     out: list[tuple[str, list[str]]] = []
+    continued = False
     for line in block:
         if line.startswith("$ "):
             out.append((line[2:], []))
+        elif continued:
+            out[-1] = (out[-1][0][:-1].rstrip() + " " + line.strip(), out[-1][1])
         elif out and not line.startswith("#"):
             out[-1][1].append(line)
+        continued = bool(out) and not out[-1][1] and out[-1][0].endswith("\\")
+    for _command, lines in out:
+        while lines and not lines[-1].strip():
+            lines.pop()
     return out
+
+
+def shown_commands(page: str, first: str) -> list[tuple[str, list[str]]]:
+    """commands_of the block of `page` whose first command is `first`."""
+    return commands_of(["$ " + first, *shown_block(page, first)])
+
+
+EXIT = re.compile(r"^(.*?)\s*[\[(]exit (\d+)[\])]$")
+
+
+def exit_of(lines: list[str]) -> tuple[list[str], int | None]:
+    """A command's shown lines without the exit code the page shows (`(exit N)` on a line
+    of its own, or `[exit N]` after the last line), and that code (None: not shown)."""
+    if not lines or not (m := EXIT.match(lines[-1])):
+        return lines, None
+    return [*lines[:-1], *([m[1]] if m[1] else [])], int(m[2])
+
+
+def shell_env(temporal: Client, tmp_path: Path, **extra: str) -> dict[str, str]:
+    """A reader's shell: `boundloop` on the PATH, the test's Temporal, no model settings,
+    the terminal's default width off a terminal (80 columns)."""
+    env = {k: v for k, v in env_for(temporal, tmp_path).items() if k not in ("COLUMNS", "LINES")}
+    return {**env, "PATH": f"{Path(BOUNDLOOP).parent}{os.pathsep}{os.environ['PATH']}",
+            **extra}
+
+
+async def typed(command: str, env: dict[str, str], cwd: Path = ROOT) -> tuple[int, list[str]]:
+    """Run `command` in a shell; its exit code and what it printed, stdout and stderr
+    interleaved as a terminal shows them."""
+    proc = await asyncio.create_subprocess_exec(
+        "sh", "-c", command, cwd=cwd, env=env, stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    out, _ = await asyncio.wait_for(proc.communicate(), timeout=WAIT)
+    assert proc.returncode is not None
+    return proc.returncode, out.decode().splitlines()
+
+
+async def check_shown(commands: list[tuple[str, list[str]]], env: dict[str, str], *,
+                      names: dict[str, str] | None = None, cwd: Path = ROOT) -> None:
+    """Type each command (with each of `names`: what runs -> what the page shows) and
+    compare what it prints, and the exit code the page shows, with the page."""
+    names = names or {}
+    for command, lines in commands:
+        for real, shown in names.items():
+            command = command.replace(shown, real)
+        expected, code = exit_of(lines)
+        got, printed = await typed(command, env, cwd)
+        if " --json" in command:  # one object, shown wrapped to fit the page
+            assert json.loads("".join(normalized(printed, names))) == json.loads(
+                "".join(normalized(expected))), (command, printed)
+        else:
+            assert shown_matches(normalized(printed, names), normalized(expected)), (
+                command, printed, expected)
+        assert code is None or got == code, (command, got, printed)
+
+
+def toml_block(page: str, marker: str) -> str:
+    """The ```toml block of `page` that contains `marker`."""
+    (text,) = [b for b in blocks((ROOT / page).read_text(encoding="utf-8"), "toml")
+               if marker in b]
+    return text
+
+
+@pytest_asyncio.fixture(scope="module")
+async def own_temporal(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Client]:
+    """A dev server of this module's own: `pending` lists every waiting call of the
+    namespace, and other tests leave runs waiting on the shared one."""
+    db = tmp_path_factory.mktemp("shown") / "temporal.db"
+    async with dev_server(database=str(db)) as client:
+        yield client
 
 
 async def test_the_console_lines_print_what_the_readme_shows(temporal: Client,
@@ -45,8 +152,7 @@ async def test_the_console_lines_print_what_the_readme_shows(temporal: Client,
     [(approver, shown_approver), (serve, shown_serve)] = commands_of([
         "$ boundloop console-approver alice --token >> approvers",
         *shown_block("README.md", "boundloop console-approver alice --token >> approvers")])
-    env = {**env_for(temporal, tmp_path),
-           "PATH": f"{Path(BOUNDLOOP).parent}{os.pathsep}{os.environ['PATH']}"}
+    env = shell_env(temporal, tmp_path)
     done = subprocess.run(["sh", "-c", approver], cwd=tmp_path, env=env, capture_output=True,
                           text=True, timeout=120)
     assert done.returncode == 0, done
@@ -73,3 +179,179 @@ async def test_the_console_lines_print_what_the_readme_shows(temporal: Client,
         temporal.service_client.config.target_host, "127.0.0.1:7233")
     assert printed.splitlines() == shown_serve, printed
 
+
+
+# --- runs, approvals, budgets and sessions, with workers and a scripted model -----------
+
+
+def queue() -> str:
+    return f"q-{uuid.uuid4().hex[:8]}"
+
+
+async def parked(temporal: Client, run_id: str) -> None:
+    """Until the run waits for an approval."""
+    handle = temporal.get_workflow_handle(run_id)
+
+    async def waiting() -> bool:
+        try:
+            return bool((await query_status(handle)).pending)
+        except Exception:  # not started yet
+            return False
+    await wait_until(waiting, timeout=WAIT, interval=0.2)
+
+
+README_QUESTION = "The printer on floor 3 is broken: open a ticket"
+TICKETS = "boundloop/scripts/demo_ticket.json"
+
+
+async def test_the_readme_pending_watch_and_approve_print_what_it_shows(
+        own_temporal: Client, tmp_path: Path) -> None:
+    """The README's run: `boundloop worker --model-script` with the demo's recorded
+    ticket turns, the run started as the README says, then `pending`, `watch` in the
+    background and `approve`; `watch` prints its last frame and the result after
+    `approve`'s line."""
+    [(pending, shown_pending), (watch, _), (approve, shown_after)] = shown_commands(
+        "README.md", "boundloop pending")
+    readme = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
+    started = f'boundloop run "{README_QUESTION}" --id readme-watch-4 --tools create_ticket'
+    assert f"`{started}`" in readme and f"`boundloop worker --model-script {TICKETS}`" in readme
+    mine = f"readme-{uuid.uuid4().hex[:7]}"  # as long as readme-watch-4: the same widths
+    names = {mine: "readme-watch-4"}
+    q = queue()
+    env = shell_env(own_temporal, tmp_path, BOUNDLOOP_TASK_QUEUE=q)
+    log = tmp_path / "worker.log"
+    with process([BOUNDLOOP, "worker", "--model-script", TICKETS],
+                 worker_env(tmp_path, TEMPORAL_ADDRESS=env["TEMPORAL_ADDRESS"],
+                            BOUNDLOOP_TASK_QUEUE=q), log):
+        await log_has(log, "worker started")
+        code, out = await typed(started.replace("readme-watch-4", mine), env)
+        assert code == 0, out
+        await parked(own_temporal, mine)
+        await check_shown([(pending, shown_pending)], env, names=names)
+        assert watch.endswith("# in another terminal"), watch
+        watcher = await asyncio.create_subprocess_exec(
+            "sh", "-c", watch.split("&")[0].replace("readme-watch-4", mine), cwd=ROOT,
+            env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT)
+        code, approved = await typed(approve.replace("readme-watch-4", mine), env)
+        watched, _ = await asyncio.wait_for(watcher.communicate(), timeout=WAIT)
+    assert (code, watcher.returncode) == (0, 0), (approved, watched)
+    printed = normalized(approved + watched.decode().splitlines(), names)
+    assert printed == normalized(shown_after), printed
+
+
+async def test_the_two_terminal_walkthrough_prints_what_the_guide_shows(
+        own_temporal: Client, tmp_path: Path) -> None:
+    """docs/guide.md's "Approving a side effect (two terminals)": `demo --interactive`
+    waits for a person; `pending` in the other terminal lists the call, `approve`
+    decides it, and the demo goes on to the end."""
+    [(demo, shown_demo)] = shown_commands(GUIDE, ".venv/bin/boundloop demo --interactive")
+    operator = shown_commands(GUIDE, ".venv/bin/boundloop pending")
+    env = shell_env(own_temporal, tmp_path)
+    log = tmp_path / "demo.log"
+    with process(["sh", "-c", f"exec {demo}"], env, log) as proc:
+        await log_has(log, "--reason '...'")
+        printed = log.read_text(encoding="utf-8").splitlines()
+        [run_id] = re.findall(r"approve (boundloop-[0-9a-f]{12}) ", "\n".join(printed))
+        assert shown_matches(normalized(printed), normalized(shown_demo)), printed
+        await check_shown(operator, env, names={run_id: SHOWN_RUN})
+        assert await asyncio.to_thread(proc.wait, WAIT) == 0, log.read_text()
+    assert "stopped:completed" in log.read_text(encoding="utf-8").split("approve:")[-1]
+
+
+async def test_the_mcp_run_prints_what_the_guide_shows(temporal: Client,
+                                                       tmp_path: Path) -> None:
+    """The guide's MCP run: mcp-server-time through examples/mcp/time.toml, the scripted
+    model, the run's own worker; nothing after the result."""
+    first = ('BOUNDLOOP_MCP_CONFIG=examples/mcp/time.toml .venv/bin/boundloop run '
+             '"東京は今何時？" \\')
+    commands = shown_commands(GUIDE, first)
+    assert [c for c, _ in commands] == [
+        'BOUNDLOOP_MCP_CONFIG=examples/mcp/time.toml .venv/bin/boundloop run "東京は今何時？" '
+        "--model-script examples/scripts/mcp_time.json --tools time__get_current_time"]
+    await check_shown(commands, shell_env(temporal, tmp_path))
+
+
+async def test_the_session_transcript_prints_what_the_guide_shows(
+        temporal: Client, tmp_path: Path) -> None:
+    """The guide's session: a `boundloop worker` serving lookup_stock against a scripted
+    model, then start, two turns, show, end, and a message to the ended session."""
+    mine = f"support-{uuid.uuid4().hex[:7]}"  # as long as support-chat-42
+    q = queue()
+    model = ScriptedModelServer([resp(call("lookup_stock", {"sku": "A-001"}, "c1")),
+                                 answer("A-001: 12 in stock."),
+                                 answer("You asked about A-001: 12 in stock.")])
+    env = shell_env(temporal, tmp_path, BOUNDLOOP_TASK_QUEUE=q)
+    log = tmp_path / "worker.log"
+    try:
+        with process([BOUNDLOOP, "worker"], worker_env(
+                tmp_path, TEMPORAL_ADDRESS=env["TEMPORAL_ADDRESS"], BOUNDLOOP_TASK_QUEUE=q,
+                OPENAI_BASE_URL=model.start(), OPENAI_API_KEY="sk-test-not-real"), log):
+            await log_has(log, "worker started")
+            await check_shown(shown_commands(
+                GUIDE, ".venv/bin/boundloop session start --tools lookup_stock --idle-seconds "
+                "1800 --token-budget 50000 --id support-chat-42"), env,
+                names={mine: "support-chat-42"})
+    finally:
+        model.stop()
+
+
+async def test_the_budget_blocks_print_what_the_guide_shows(temporal: Client,
+                                                            tmp_path: Path) -> None:
+    """The guide's shared budget (a worker holding the ledger; the runs with the scripted
+    model), then a budget whose worker has approver keys and alice as its admin."""
+    key = f"team-{uuid.uuid4().hex[:6]}"  # a ledger of this test's own
+    q = queue()
+    env = shell_env(temporal, tmp_path, BOUNDLOOP_TASK_QUEUE=q)
+    model = ScriptedModelServer([])
+    base = worker_env(tmp_path, TEMPORAL_ADDRESS=env["TEMPORAL_ADDRESS"],
+                      OPENAI_BASE_URL=model.start(), OPENAI_API_KEY="sk-test-not-real")
+    try:
+        with process([BOUNDLOOP, "worker"], {**base, "BOUNDLOOP_TASK_QUEUE": q},
+                     tmp_path / "worker.log"):
+            await log_has(tmp_path / "worker.log", "worker started")
+            await check_shown(shown_commands(
+                GUIDE, "boundloop budget set team-a --usd 5 --tokens 2000000"), env,
+                names={key: "team-a"})
+        # Who may change a budget: alice's key on the worker, alice its only admin.
+        for name in ("alice", "mallory"):
+            code, out = await typed(f"boundloop keys new {name}", env, cwd=tmp_path)
+            assert code == 0, out
+        alice = (tmp_path / "alice.pub").read_text(encoding="utf-8").split()[1]
+        policy = tmp_path / "policy.toml"
+        policy.write_text(toml_block(GUIDE, "admins = [").replace("ed25519:…", alice),
+                          encoding="utf-8")
+        signed, q = f"team-{uuid.uuid4().hex[:6]}", queue()
+        env["BOUNDLOOP_TASK_QUEUE"] = q
+        with process([BOUNDLOOP, "worker"], {**base, "BOUNDLOOP_TASK_QUEUE": q,
+                                             "BOUNDLOOP_POLICY": str(policy)},
+                     tmp_path / "signed.log"):
+            await log_has(tmp_path / "signed.log", "worker started")
+            await check_shown(shown_commands(
+                GUIDE, "boundloop budget set team-a --usd 5 --as alice --key alice.key"), env,
+                names={signed: "team-a"}, cwd=tmp_path)
+    finally:
+        model.stop()
+
+
+async def test_the_tenant_refusals_print_what_the_guide_shows(temporal: Client,
+                                                              tmp_path: Path) -> None:
+    """The guide's budget per tenant: a worker whose policy derives the key from the
+    run's BoundloopTenant refuses a run without one, and one naming another budget."""
+    q = queue()
+    policy = tmp_path / "policy.toml"
+    policy.write_text(toml_block(GUIDE, "key_from = "), encoding="utf-8")
+    model = ScriptedModelServer([])
+    env = shell_env(temporal, tmp_path, BOUNDLOOP_TASK_QUEUE=q)
+    log = tmp_path / "worker.log"
+    try:
+        with process([BOUNDLOOP, "worker"], worker_env(
+                tmp_path, TEMPORAL_ADDRESS=env["TEMPORAL_ADDRESS"], BOUNDLOOP_TASK_QUEUE=q,
+                OPENAI_BASE_URL=model.start(), OPENAI_API_KEY="sk-test-not-real",
+                BOUNDLOOP_POLICY=str(policy)), log):
+            await log_has(log, "worker started")
+            await check_shown(shown_commands(GUIDE, 'boundloop run "A-001の在庫は？" --wait'),
+                              env)
+    finally:
+        model.stop()
+    assert model.requests == []

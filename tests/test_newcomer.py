@@ -1,12 +1,12 @@
 """What a new user building their own agent tripped on (issue 21): each fixed, each here.
 
 Client API: `get_run` / `get_session` are awaited like `start`, and the run id keyword is
-`id` as the CLI's `--id`. CLI: `run --task-queue`, exit codes of `cancel` and a second
-`session end`, a session's turn id refused to `run --id`. Worker: the public logging
-setup, BOUNDLOOP_LOG_TOOL_ERRORS and the fingerprint hint in a worker of one's own, deps
-of the wrong type refused at start, MCP commands named or found. Client scripts end
-cleanly (`boundloop.run_client`). Shapes: the budget's event order, a malformed call
-flagged, expected failures logged in one line.
+`id` as the CLI's `--id`. CLI: `run --task-queue`, another port as the README says, exit
+codes of `cancel` and a second `session end`, a session's turn id refused to `run --id`.
+Worker: the public logging setup, BOUNDLOOP_LOG_TOOL_ERRORS and the fingerprint hint in
+a worker of one's own, deps of the wrong type refused at start, MCP commands named or
+found. Client scripts end cleanly (`boundloop.run_client`). Shapes: the budget's event
+order, a malformed call flagged, expected failures logged in one line.
 """
 
 from __future__ import annotations
@@ -107,6 +107,36 @@ async def test_task_queue_flag_turn_ids_and_exit_codes_from_the_cli(
             assert code == 2 and "--task-queue is empty" in err, (out, err)
     finally:
         server.stop()
+
+
+async def test_another_port_works_as_the_readme_and_the_guide_say(tmp_path: Path) -> None:
+    """The README and the guide say how to run on another port (`boundloop server --port
+    P --ui-port Q`, then TEMPORAL_ADDRESS for every other command, `connect` in Python);
+    done as they say, a run completes there."""
+    from boundloop.testing import free_port
+    from tests.test_worker_process import BOUNDLOOP, log_has, process
+
+    readme = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
+    guide = " ".join((ROOT / "docs" / "guide.md").read_text(encoding="utf-8").split())
+    for page in (readme, guide):
+        assert "`boundloop server --port 7300 --ui-port 8300`, then every other command" in page
+        assert "`TEMPORAL_ADDRESS=127.0.0.1:7300`" in page
+    assert '`boundloop.connect("127.0.0.1:7300")`' in guide
+    port, ui_port = free_port(), free_port()
+    env = {**env_for(None, tmp_path), "TEMPORAL_ADDRESS": f"127.0.0.1:{port}"}
+    log = tmp_path / "server.log"
+    with process([BOUNDLOOP, "server", "--port", str(port), "--ui-port", str(ui_port),
+                  "--data-dir", str(tmp_path / "server")], env, log) as server:
+        await log_has(log, "Ctrl-C stops it.")
+        assert f"Temporal dev server on 127.0.0.1:{port}, Web UI http://127.0.0.1:{ui_port}" \
+            in log.read_text(encoding="utf-8")
+        code, out, err = await cli("run", "A-001とB-002の在庫をそれぞれ調べて。", "--model-script",
+                                   "examples/scripts/stock_two_skus.json", env=env)
+        assert code == 0 and "reason: completed" in out, (out, err)
+        client = await boundloop.connect(f"127.0.0.1:{port}")
+        assert [r async for r in client.list_workflows(page_size=10)]
+        server.terminate()  # the server command stops its dev server on SIGTERM
+        assert await asyncio.to_thread(server.wait, WAIT) == 0
 
 
 # --- the worker -----------------------------------------------------------------------
