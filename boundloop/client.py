@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import time
 import urllib.parse
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -683,6 +684,10 @@ async def query_status(handle: WorkflowHandle[Any, Any]) -> RunStatus:
         raise errors.RunStuck(line, line=line, recorded=False) from None
 
 
+#: Seconds without an answer to the status query before `follow` says no worker answers.
+SILENCE_SECONDS = 10.0
+
+
 async def follow(handle: WorkflowHandle[Any, Any], interval: float = 0.2,
                  on_silence: Callable[[str], None] | None = None,
                  on_stuck: Callable[[str], None] | None = None,
@@ -693,7 +698,8 @@ async def follow(handle: WorkflowHandle[Any, Any], interval: float = 0.2,
     A step's `model_requested` is yielded with the event after it: a shared budget that
     refuses the step takes it back (the request was never sent) for `budget_refused`."""
     seen = 0
-    failures = 0
+    answered = time.monotonic()  # when a status query was last answered (or the start)
+    warned = False
     stuck = False
     while True:
         desc = await handle.describe()
@@ -709,11 +715,14 @@ async def follow(handle: WorkflowHandle[Any, Any], interval: float = 0.2,
             stuck = False
         try:
             status = await asyncio.wait_for(query_status(handle), timeout=3)
-            failures = 0
+            answered, warned = time.monotonic(), False
         except (RPCError, TimeoutError):
+            # A run whose first workflow task has not run yet refuses queries at once: only
+            # a silence this long says that no worker is there (a busy one answers late).
             status = None
-            failures += 1
-            if failures == 3 and on_silence is not None and not stuck:  # stuck said why
+            silent = time.monotonic() - answered >= SILENCE_SECONDS
+            if silent and not warned and on_silence is not None and not stuck:  # stuck said why
+                warned = True
                 on_silence(desc.task_queue)
         if status is not None:
             end = len(status.events)

@@ -16,7 +16,7 @@ from temporalio.client import WorkflowFailureError
 from boundloop import client as ops
 from boundloop.contracts import Reset, RunResult, RunStatus, StreamItem, TextDelta
 from boundloop.core.reasons import StopReason
-from boundloop.terminal import safe
+from boundloop.terminal import no_worker, safe
 
 
 def render(workflow_id: str, st: RunStatus, answer: str = "") -> Panel:
@@ -64,12 +64,12 @@ def ended(last: RunStatus, result: RunResult | None) -> RunStatus:
         "cost_usd": result.cost_usd, "pending": [], "events": list(result.events)})
 
 
-async def watch(handle: Any, interval: float = 0.3) -> None:
-    """Redraw until the run closes; the last frame is the run's end."""
+async def watch(handle: Any, interval: float = 0.3, warn_silence: bool = True) -> None:
+    """Redraw until the run closes; the last frame is the run's end. `warn_silence`:
+    say when no worker answers (not when the run's worker is this process's own)."""
     with Live(refresh_per_second=8, transient=False) as live:
         def silence(task_queue: str) -> None:
-            live.console.print(f"[yellow]no worker is answering for this run (task queue "
-                               f"{safe(task_queue)}): start `boundloop worker`[/]")
+            live.console.print(no_worker(task_queue))
 
         def stuck(line: str) -> None:
             live.console.print(f"[red]{safe(handle.id)}: running, but {safe(line)}[/]")
@@ -87,7 +87,8 @@ async def watch(handle: Any, interval: float = 0.3) -> None:
         reader = asyncio.create_task(read_stream())
         try:
             async for status, _new in ops.follow(handle, interval=interval,
-                                                 on_silence=silence, on_stuck=stuck):
+                                                 on_silence=silence if warn_silence else None,
+                                                 on_stuck=stuck):
                 last = status
                 live.update(render(handle.id, status, answer.text))
         finally:

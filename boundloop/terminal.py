@@ -36,6 +36,12 @@ def safe(text: object) -> str:
     return escape(_CONTROL.sub("\ufffd", str(text)))
 
 
+def no_worker(task_queue: str) -> str:
+    """The line for a run no worker has answered for a while (`client.follow`)."""
+    return (f"[yellow]no worker is answering for this run (task queue {safe(task_queue)}): "
+            "start `boundloop worker`[/]")
+
+
 def print_event(ev: Any) -> None:
     parts = [f"step {ev.step}", safe(ev.event)]
     if ev.tool:

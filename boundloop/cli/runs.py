@@ -35,7 +35,7 @@ from boundloop.cli.common import (
 )
 from boundloop.core.reasons import StopReason
 from boundloop.exit_codes import ExitCode
-from boundloop.terminal import console, exit_code, print_event, print_result, safe
+from boundloop.terminal import console, exit_code, no_worker, print_event, print_result, safe
 
 # The Temporal client and the run types load inside the commands (see cli/common.py).
 if TYPE_CHECKING:
@@ -145,7 +145,7 @@ async def _run_async(settings: Settings, agent: Agent[Any], question: str, wait:
             if not as_json:
                 console.print(f"started {handle.id} against the scripted model "
                               f"({safe(model_script)})")
-            return await _follow(handle, settings, as_json)
+            return await _follow(handle, settings, as_json, embedded=True)
     except BaseException:
         # The run's only worker and model die with this process: end the run rather
         # than leave it waiting on a task queue no worker will ever poll.
@@ -159,12 +159,9 @@ async def _run_async(settings: Settings, agent: Agent[Any], question: str, wait:
         scripted.stop()
 
 
-def _no_worker(task_queue: str) -> None:
-    err.print(f"[yellow]no worker is answering for this run (task queue {safe(task_queue)}): "
-              "start `boundloop worker`[/]")
-
-
-async def _follow(handle: Any, settings: Settings, as_json: bool) -> int:
+async def _follow(handle: Any, settings: Settings, as_json: bool,
+                  embedded: bool = False) -> int:
+    # embedded: its worker is ours (busy, never missing)
     from boundloop import client as ops
     from boundloop.codec import CodecKeyError
 
@@ -173,9 +170,10 @@ async def _follow(handle: Any, settings: Settings, as_json: bool) -> int:
         if not as_json and sys.stdout.isatty():
             from boundloop.live import watch as live_watch
 
-            await live_watch(handle)
+            await live_watch(handle, warn_silence=not embedded)
         else:
-            async for _status, events in ops.follow(handle, on_silence=_no_worker):
+            async for _status, events in ops.follow(handle, on_silence=None if embedded else (
+                    lambda q: err.print(no_worker(q)))):
                 if not as_json:
                     for ev in events:
                         print_event(ev)
