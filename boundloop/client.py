@@ -717,8 +717,8 @@ async def follow(handle: WorkflowHandle[Any, Any], interval: float = 0.2,
             status = await asyncio.wait_for(query_status(handle), timeout=3)
             answered, warned = time.monotonic(), False
         except (RPCError, TimeoutError):
-            # A run whose first workflow task has not run yet refuses queries at once: only
-            # a silence this long says that no worker is there (a busy one answers late).
+            # A query waits for a worker to take it (3 s at most here): only a silence this
+            # long says that no worker is there (a busy one answers late).
             status = None
             silent = time.monotonic() - answered >= SILENCE_SECONDS
             if silent and not warned and on_silence is not None and not stuck:  # stuck said why
