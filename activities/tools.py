@@ -41,7 +41,7 @@ from boundloop.core.envelope import (
 )
 from boundloop.core.fingerprint import fingerprint
 from boundloop.core.loop import ToolOutcome, parse_arguments
-from boundloop.core.mcp_tools import MCPToolDeclaration, parameters_digest
+from boundloop.core.mcp_tools import MCPToolDeclaration
 from boundloop.errors import (
     TOOL_TIMED_OUT,
     TOOL_UNAVAILABLE,
@@ -82,7 +82,7 @@ class ToolActivities:
                 non_retryable=True)
         spec = self._registry.get(req.tool)
         if req.parameters_digest is not None \
-                and parameters_digest(spec.json_schema()) != req.parameters_digest:
+                and spec.schema_digest != req.parameters_digest:
             raise ApplicationError(
                 f"this worker serves the tool {req.tool!r} with other arguments than the run "
                 "was admitted with (its argument schema changed)", type=TOOL_UNAVAILABLE,

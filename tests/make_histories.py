@@ -211,6 +211,15 @@ RUNS["routed_shared"] = ([
     answer("A-001は12個、B-002は在庫切れです。", rid="wr4"),
 ], nothing)
 
+# A new run asks the bundle of every earlier patch alone (one marker): its counted retry
+# of a 503, its local lookups, its sparse upserts and its routing take the bundled patches.
+RUNS["bundled"] = ([
+    BUSY,
+    resp(call("lookup_stock", {"sku": "A-001"}, "b1"), rid="br1"),
+    resp(call("lookup_stock", {"sku": "B-002"}, "b2"), rid="br2"),
+    answer("A-001は12個、B-002は在庫切れです。", rid="br3"),
+], nothing)
+
 #: name -> the run's tools, for the histories that need others than the demo tools.
 TOOLS: dict[str, list[str]] = {"local_tool": ["lookup_stock", "flaky"]}
 

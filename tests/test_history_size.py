@@ -75,3 +75,34 @@ async def test_search_attributes_are_upserted_when_the_status_changes_not_every_
     attrs = (await out.handle.describe()).typed_search_attributes
     assert (attrs.get(sa.STATUS), attrs.get(sa.STEPS), attrs.get(sa.TOOL_EXECUTIONS)) == (
         "completed", 4, 3)
+
+
+async def test_a_new_run_asks_one_patch_however_many_it_takes(run_script: RunScript) -> None:
+    """Each patch asked is a marker and a `TemporalChangeVersion` upsert: a new run takes
+    every patch of the bundle (operator policy, sparse upserts, local tools, routing, ...)
+    by asking the bundle alone, so its history holds one of each."""
+    out = await run_script([resp(call("lookup_stock", {"sku": "A-001"}, "c1")),
+                            resp(call("lookup_stock", {"sku": "B-002"}, "c2")),
+                            answer("ok")])
+    assert (out.result.reason, out.result.steps) == ("completed", 3)
+    events = [e async for e in out.handle.fetch_history_events()]
+    patches = [json.loads(e.marker_recorded_event_attributes.details["patch-data"]
+                          .payloads[0].data)["id"] for e in events
+               if e.event_type == EventType.EVENT_TYPE_MARKER_RECORDED
+               and e.marker_recorded_event_attributes.marker_name == "core_patch"]
+    assert patches == ["bundled-patches-0.3"]
+    versions = [e for e in events
+                if e.event_type == EventType.EVENT_TYPE_UPSERT_WORKFLOW_SEARCH_ATTRIBUTES
+                and "TemporalChangeVersion" in e.upsert_workflow_search_attributes_event_attributes
+                .search_attributes.indexed_fields]
+    assert len(versions) == 1
+    # The bundled patches took effect: the lookups ran as local activities (markers, no
+    # tool activity), and the attributes were upserted only at the status changes.
+    scheduled = [e.activity_task_scheduled_event_attributes.activity_type.name for e in events
+                 if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED]
+    assert scheduled == ["model_request"] * 3
+    upserts = [e for e in events
+               if e.event_type == EventType.EVENT_TYPE_UPSERT_WORKFLOW_SEARCH_ATTRIBUTES
+               and sa.STATUS.name in e.upsert_workflow_search_attributes_event_attributes
+               .search_attributes.indexed_fields]
+    assert len(upserts) == 2

@@ -116,6 +116,11 @@ def final_result(history: WorkflowHistory) -> dict[str, Any]:
     # markers; four model requests (the second on the holder's own queue, then shared).
     ("routed_shared", "completed", {E.EVENT_TYPE_MARKER_RECORDED: 10,
                                     E.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED: 4}),
+    # The bundle's one patch marker, admit_run and two local lookups: four markers; the
+    # 503 counted and retried after a timer (counted-retries, bundled).
+    ("bundled", "completed", {E.EVENT_TYPE_MARKER_RECORDED: 4,
+                              E.EVENT_TYPE_ACTIVITY_TASK_FAILED: 1, E.EVENT_TYPE_TIMER_FIRED: 1,
+                              E.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED: 4}),
     ("interrupted", "cancelled", {E.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED: 1,
                                   E.EVENT_TYPE_WORKFLOW_EXECUTION_CANCEL_REQUESTED: 0,
                                   E.EVENT_TYPE_ACTIVITY_TASK_COMPLETED: 1}),

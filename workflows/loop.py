@@ -127,6 +127,17 @@ SESSION_GRANTS = "session-grants"
 #: shared queue does not put them where the conversation is (`routing.follows_holder`):
 #: before it, every activity after the first model turn went to the holder's queue.
 ROUTE_WHEN_NEEDED = "route-when-needed"
+#: Every patch above, asked as one. Each patch asked is a marker event and an upsert of
+#: `TemporalChangeVersion` (a visibility write on the server): 12 events of a new run's
+#: history went to the six it asked. A run started under this patch takes every patch
+#: of BUNDLED_PATCHES without asking it; a run that started before it (no marker in its
+#: history) asks them one by one as it did. A patch added later is asked on its own (or
+#: goes in a new bundle, asked first beside this one).
+BUNDLED = "bundled-patches-0.3"
+BUNDLED_PATCHES = frozenset({
+    COUNTED_RETRIES, WITHDRAWN_ON_STOP, OPERATOR_POLICY, CARRIED_RULES, CARRIED_BY_CONTINUE,
+    TURN_FOLLOWS_OWNED, SPARSE_UPSERTS, UNKNOWN_TOOLS_NAMED, ADMITTED_SCHEMAS,
+    ADMIT_ATTRIBUTES, LOCAL_TOOLS, SESSION_GRANTS, ROUTE_WHEN_NEEDED})
 
 
 def _worker_lost(counted: list[str]) -> RetryPolicy:
@@ -220,6 +231,7 @@ class BoundLoopWorkflow:
         self._turn_returned = False  # a model turn of this run is in history
         self._waited = 0.0  # approval waits of this run (excluded from processing time)
         self._published: tuple[object, ...] = ()
+        self._bundled = False  # BUNDLED, asked first when the run starts
         self._sparse_upserts = False  # SPARSE_UPSERTS, decided when the run starts
         self._session_grants = False  # SESSION_GRANTS, decided when the run starts
         self._refs: dict[str, str] = {}  # call_id -> idempotency key of its tool output
@@ -252,10 +264,12 @@ class BoundLoopWorkflow:
 
     @workflow.run
     async def run(self, inp: RunInput) -> RunResult:
+        # The first command of a new run: every later patch check reads it.
+        self._bundled = workflow.patched(BUNDLED)
         cancelled_first = False
         info = workflow.info()
         if (inp.carried is not None and info.continued_run_id is None
-                and workflow.patched(CARRIED_BY_CONTINUE)):
+                and self._patched(CARRIED_BY_CONTINUE)):
             # Carried state skips the admission (it was admitted before continue-as-new):
             # only the server's continue-as-new may hand it over, never a starter.
             _refuse(Refusal(field="carried", asked="a run state of its own",
@@ -265,20 +279,20 @@ class BoundLoopWorkflow:
                 and not sessions.owns_turn(inp.turn, info.parent.workflow_id
                                            if info.parent is not None else None,
                                            info.workflow_id)
-                and workflow.patched(TURN_FOLLOWS_OWNED)):
+                and self._patched(TURN_FOLLOWS_OWNED)):
             # The model would read the conversation it names (another run's, another
             # tenant's): only the session that owns the turn hands one on.
             _refuse(Refusal(field="turn.follows", asked="a conversation to continue",
                             operator="only a session continues a conversation, in the "
                                      "turns it starts: start the run without `turn`"))
         # Asked first, so its marker goes in the first workflow task with the others.
-        self._sparse_upserts = inp.search_attributes and workflow.patched(SPARSE_UPSERTS)
+        self._sparse_upserts = inp.search_attributes and self._patched(SPARSE_UPSERTS)
         # Asked first, with the run's first commands: a patch asked right after the
         # admission's local activity is asked in another workflow task on replay.
-        own_schemas = workflow.patched(ADMITTED_SCHEMAS)
+        own_schemas = self._patched(ADMITTED_SCHEMAS)
         # Asked of turns only: runs that are no session's turn never see this patch.
-        self._session_grants = inp.turn is not None and workflow.patched(SESSION_GRANTS)
-        if inp.carried is None and workflow.patched(OPERATOR_POLICY):
+        self._session_grants = inp.turn is not None and self._patched(SESSION_GRANTS)
+        if inp.carried is None and self._patched(OPERATOR_POLICY):
             # The admission (in history) says which tools were unknown when it started.
             try:
                 await self._admit(inp)
@@ -312,7 +326,7 @@ class BoundLoopWorkflow:
             reason = core.check_payload(self._state, "carried_state", payload_bytes(carry))
             if reason is None:
                 workflow.continue_as_new(carry)
-        if approvals.pending_count(self._state) and workflow.patched(WITHDRAWN_ON_STOP):
+        if approvals.pending_count(self._state) and self._patched(WITHDRAWN_ON_STOP):
             approvals.withdraw(self._state)
         await self._release_budget()
         self._publish()
@@ -344,14 +358,14 @@ class BoundLoopWorkflow:
         attributes = ({pair.key.name: pair.value
                        for pair in workflow.info().typed_search_attributes
                        if isinstance(pair.value, str)}
-                      if workflow.patched(ADMIT_ATTRIBUTES) else {})
+                      if self._patched(ADMIT_ATTRIBUTES) else {})
         admission = await workflow.execute_local_activity(
             ADMIT_ACTIVITY, AdmitRequest(settings=inp.settings, tools=list(inp.tools),
                                          mcp_tools=list(self._mcp.values()),
                                          search_attributes=attributes),
             result_type=Admission, start_to_close_timeout=timedelta(seconds=10))
         if admission.unknown:
-            if workflow.patched(UNKNOWN_TOOLS_NAMED):
+            if self._patched(UNKNOWN_TOOLS_NAMED):
                 raise ApplicationError(
                     unknown_tools_line(admission.unknown, admission.served,
                                        workflow.info().task_queue),
@@ -405,8 +419,8 @@ class BoundLoopWorkflow:
         for declared in self._admitted:
             digest = mcp_tools.parameters_digest(declared.parameters)
             self._digests[declared.name] = digest
-            if declared.name in served and digest != mcp_tools.parameters_digest(
-                    self._toolset.get(declared.name).json_schema()):
+            if declared.name in served and digest != self._toolset.get(
+                    declared.name).schema_digest:
                 self._rules[declared.name] = mcp_tools.tool_rule(declared)
                 self._described[declared.name] = declared
 
@@ -499,7 +513,7 @@ class BoundLoopWorkflow:
         # named, or to the holder's queue (not lost to the shared queue on the way).
         probed, on_holder = self._holder is not None and not self._follow, self._on_holder()
         self._holder = turn.worker_queue
-        if self._holder is not None and workflow.patched(ROUTE_WHEN_NEEDED):
+        if self._holder is not None and self._patched(ROUTE_WHEN_NEEDED):
             self._routing = True
             self._shared_missed = self._shared_missed or (probed and not turn.cached)
             self._follow = routing.follows_holder(turn.cached, on_holder, self._shared_missed)
@@ -584,7 +598,7 @@ class BoundLoopWorkflow:
                 cause = err.cause if isinstance(err.cause, ApplicationError) else None
                 if cause is not None and cause.type in a.retryable \
                         and err.retry_state != RetryState.TIMEOUT \
-                        and workflow.patched(COUNTED_RETRIES):
+                        and self._patched(COUNTED_RETRIES):
                     asked = cause.next_retry_delay
                     delay = retries.next_delay(
                         a.backoff, failures, asked.total_seconds() if asked is not None else None,
@@ -683,8 +697,7 @@ class BoundLoopWorkflow:
             declared = self._mcp.get(name)
             if declared is None and name in admitted and (
                     name not in served or mcp_tools.parameters_digest(
-                        admitted[name].parameters) != mcp_tools.parameters_digest(
-                        self._toolset.get(name).json_schema())):
+                        admitted[name].parameters) != self._toolset.get(name).schema_digest):
                 declared = admitted[name]
             if declared is not None:
                 tools.append(declared.openai_tool(api))
@@ -775,7 +788,7 @@ class BoundLoopWorkflow:
         if too_large is not None:
             return too_large
         local = core.runs_locally(rule, timeout, gated=p.needs_approval) \
-            and workflow.patched(LOCAL_TOOLS)
+            and self._patched(LOCAL_TOOLS)
         workflow.logger.info("tool execution", extra={
             "step": step, "tool": p.call.name, "fingerprint": p.fingerprint,
             "local": local})
@@ -885,6 +898,10 @@ class BoundLoopWorkflow:
 
     # --- helpers -------------------------------------------------------------------
 
+    def _patched(self, patch: str) -> bool:
+        """`workflow.patched(patch)`, answered by the bundle for a run started under it."""
+        return (self._bundled and patch in BUNDLED_PATCHES) or workflow.patched(patch)
+
     def _on_holder(self) -> bool:
         return self._holder is not None and self._follow
 
@@ -981,7 +998,7 @@ class BoundLoopWorkflow:
         carried = Carried(state=self._state, base=base, unsent=self._wire_items(),
                           processing_seconds=self._processing_seconds(),
                           stream=self._stream.get_state(),
-                          tools=self._admitted if workflow.patched(CARRIED_RULES) else [])
+                          tools=self._admitted if self._patched(CARRIED_RULES) else [])
         return self._inp.model_copy(update={"carried": carried})
 
     def _result(self) -> RunResult:

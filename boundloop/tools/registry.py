@@ -44,13 +44,14 @@ import typing
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
-from functools import partial
+from functools import cached_property, partial
 from typing import Any, Generic, TypeVar
 
 from pydantic import BaseModel, ConfigDict, PydanticUserError, create_model
 from temporalio.common import RetryPolicy
 
 from boundloop.core.loop import LOCAL_TOOL_MAX_SECONDS, ToolRule
+from boundloop.core.mcp_tools import parameters_digest
 from boundloop.core.retries import TOOL_INITIAL_SECONDS, tool_backoff
 from boundloop.errors import ToolDefinitionError
 
@@ -153,14 +154,25 @@ class ToolSpec:
                         local=self.local_activity and self.read_only
                         and self.timeout.total_seconds() <= LOCAL_TOOL_MAX_SECONDS)
 
-    @property
+    @cached_property
     def strict(self) -> bool:
         """Whether the definition sent to the model is OpenAI strict (no defaults)."""
         return not _has_default(self.args_model.model_json_schema())
 
-    def json_schema(self) -> dict[str, Any]:
+    @cached_property
+    def _schema(self) -> dict[str, Any]:
+        # Built once a spec: pydantic builds a schema anew each time (~1 ms), and the tool
+        # activity checks a call's schema digest on every call.
         return strict_json_schema(self.args_model) if self.strict else closed_json_schema(
             self.args_model)
+
+    def json_schema(self) -> dict[str, Any]:
+        return copy.deepcopy(self._schema)  # the caller's own: it may change it
+
+    @cached_property
+    def schema_digest(self) -> str:
+        """`parameters_digest` of `json_schema()`."""
+        return parameters_digest(self._schema)
 
     def bind(self, args: BaseModel, ctx: ToolContext[Any]) -> Callable[[], Any]:
         """The call of the function with these validated arguments: no arguments left."""
