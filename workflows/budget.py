@@ -21,6 +21,8 @@ from datetime import timedelta
 from temporalio import workflow
 from temporalio.exceptions import ApplicationError
 
+from boundloop.workflows import SANDBOXED
+
 with workflow.unsafe.imports_passed_through():
     from boundloop import errors
     from boundloop.contracts import (
@@ -41,7 +43,7 @@ with workflow.unsafe.imports_passed_through():
 SIGNED_LIMITS = "budget-limits-by-update"
 
 
-@workflow.defn(name=BUDGET_WORKFLOW)
+@workflow.defn(name=BUDGET_WORKFLOW, sandboxed=SANDBOXED)
 class BudgetLedgerWorkflow:
     @workflow.init
     def __init__(self, inp: LedgerInput) -> None:

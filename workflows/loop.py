@@ -28,6 +28,7 @@ from temporalio.exceptions import (
     is_cancelled_exception,
 )
 
+from boundloop.workflows import SANDBOXED
 from boundloop.workflows.budget import BudgetLedgerWorkflow
 
 with workflow.unsafe.imports_passed_through():
@@ -180,7 +181,7 @@ MODEL_FAILURES = {
 }
 
 
-@workflow.defn(name=WORKFLOW_NAME)
+@workflow.defn(name=WORKFLOW_NAME, sandboxed=SANDBOXED)
 class BoundLoopWorkflow:
     @workflow.init
     def __init__(self, inp: RunInput) -> None:

@@ -23,6 +23,7 @@ from temporalio.exceptions import (
     WorkflowAlreadyStartedError,
 )
 
+from boundloop.workflows import SANDBOXED
 from boundloop.workflows.loop import BoundLoopWorkflow
 
 with workflow.unsafe.imports_passed_through():
@@ -64,7 +65,7 @@ TURN_REFUSAL_NAMED = "turn-refusal-named"
 SESSION_GRANTS = "session-grants"
 
 
-@workflow.defn(name=SESSION_WORKFLOW)
+@workflow.defn(name=SESSION_WORKFLOW, sandboxed=SANDBOXED)
 class BoundloopSessionWorkflow:
     @workflow.init
     def __init__(self, inp: SessionInput) -> None:

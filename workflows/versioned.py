@@ -15,6 +15,7 @@ from __future__ import annotations
 from temporalio import workflow
 from temporalio.common import VersioningBehavior
 
+from boundloop.workflows import SANDBOXED
 from boundloop.workflows.budget import BudgetLedgerWorkflow
 from boundloop.workflows.loop import BoundLoopWorkflow
 from boundloop.workflows.session import BoundloopSessionWorkflow
@@ -32,7 +33,8 @@ with workflow.unsafe.imports_passed_through():
     )
 
 
-@workflow.defn(name=WORKFLOW_NAME, versioning_behavior=VersioningBehavior.PINNED)
+@workflow.defn(name=WORKFLOW_NAME, versioning_behavior=VersioningBehavior.PINNED,
+               sandboxed=SANDBOXED)
 class PinnedBoundLoopWorkflow(BoundLoopWorkflow):
     @workflow.init
     def __init__(self, inp: RunInput) -> None:
@@ -43,7 +45,8 @@ class PinnedBoundLoopWorkflow(BoundLoopWorkflow):
         return await super().run(inp)
 
 
-@workflow.defn(name=BUDGET_WORKFLOW, versioning_behavior=VersioningBehavior.AUTO_UPGRADE)
+@workflow.defn(name=BUDGET_WORKFLOW, versioning_behavior=VersioningBehavior.AUTO_UPGRADE,
+               sandboxed=SANDBOXED)
 class UpgradingBudgetLedgerWorkflow(BudgetLedgerWorkflow):
     @workflow.init
     def __init__(self, inp: LedgerInput) -> None:
@@ -54,7 +57,8 @@ class UpgradingBudgetLedgerWorkflow(BudgetLedgerWorkflow):
         await super().run(inp)
 
 
-@workflow.defn(name=SESSION_WORKFLOW, versioning_behavior=VersioningBehavior.AUTO_UPGRADE)
+@workflow.defn(name=SESSION_WORKFLOW, versioning_behavior=VersioningBehavior.AUTO_UPGRADE,
+               sandboxed=SANDBOXED)
 class UpgradingSessionWorkflow(BoundloopSessionWorkflow):
     @workflow.init
     def __init__(self, inp: SessionInput) -> None:
