@@ -112,6 +112,7 @@ class WorkerProcess:
     max_cached_workflows: int | None = None
     stats_file: Path | None = None
     shared_queue_only: bool = False
+    census_file: Path | None = None
     proc: asyncio.subprocess.Process | None = field(default=None, init=False)
 
     async def start(self, timeout: float = 60.0) -> WorkerProcess:
@@ -128,6 +129,8 @@ class WorkerProcess:
             args += ["--stats", str(self.stats_file)]
         if self.shared_queue_only:
             args.append("--shared-queue-only")
+        if self.census_file is not None:
+            args += ["--census", str(self.census_file)]
         log = self.log_file.open("ab")
         self.proc = await asyncio.create_subprocess_exec(
             *args, cwd=REPO, env=env, stdin=asyncio.subprocess.DEVNULL,

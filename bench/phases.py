@@ -6,6 +6,7 @@ import asyncio
 import itertools
 import json
 import os
+import signal
 import tempfile
 import uuid
 from collections.abc import Awaitable, Callable
@@ -435,8 +436,19 @@ def parked_spare(runs: int) -> int:
     return max(5, runs // 4)
 
 
+async def _census(worker: WorkerProcess, wait_for: Path) -> None:
+    """Ask the worker for a census (bench/census.py) and wait until it is written."""
+    os.kill(worker.pid, signal.SIGUSR2)
+    t0 = now()
+    while not wait_for.exists():
+        if now() - t0 > 300:
+            raise RuntimeError(f"no census from the worker after 300 s ({wait_for})")
+        await asyncio.sleep(0.5)
+
+
 async def parked(b: Bench, worker: WorkerProcess, runs: int, warmup: int) -> dict[str, Any]:
-    """RSS of a fresh worker process before and after `runs` runs wait for approval."""
+    """RSS of a fresh worker process before and after `runs` runs wait for approval;
+    with a census file (`WorkerProcess.census_file`), what the worker keeps for them."""
     b.model.fresh()
     queue, pid = worker.queue, worker.pid
     rss_start = rss_kib(pid)
@@ -455,6 +467,10 @@ async def parked(b: Bench, worker: WorkerProcess, runs: int, warmup: int) -> dic
     _no_violations(b)
     await asyncio.sleep(1.0)
     before = await _rss(pid)
+    census_file = worker.census_file
+    if census_file is not None:
+        Path(f"{census_file}.runs").write_text(str(runs))
+        await _census(worker, Path(f"{census_file}.before"))
 
     # Spare turns: a model request retried after a lost attempt (a busy worker missing its
     # heartbeats) consumes a turn of its own; the spares keep the last runs from none.
@@ -475,11 +491,15 @@ async def parked(b: Bench, worker: WorkerProcess, runs: int, warmup: int) -> dic
     after = await _rss(pid)
     server = b.model.server
     assert server is not None
-    return {"runs": runs, "warmup": warmup, "rss_start_kib": rss_start,
-            "rss_before_kib": before, "rss_after_kib": after,
-            "retried_requests": spare - server.turns_remaining,
-            "growth_mb": (after - before) * 1024 / 1e6,
-            "per_run_kib": (after - before) / runs, "park_seconds": park_seconds}
+    out = {"runs": runs, "warmup": warmup, "rss_start_kib": rss_start,
+           "rss_before_kib": before, "rss_after_kib": after,
+           "retried_requests": spare - server.turns_remaining,
+           "growth_mb": (after - before) * 1024 / 1e6,
+           "per_run_kib": (after - before) / runs, "park_seconds": park_seconds}
+    if census_file is not None:
+        await _census(worker, census_file)
+        out["census"] = json.loads(census_file.read_text(encoding="utf-8"))
+    return out
 
 
 # --- 5. several workers ------------------------------------------------------------

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from bench import compare, phases, side, side_report
+from bench.census import render as census_text
 from bench.harness import REPO, Model, WorkerProcess, connect, now
 from bench.report import machine_facts, render_markdown, render_table
 from bench.sessions import session_growth
@@ -154,18 +155,23 @@ async def measure(cfg: dict[str, Any], tmp: Path,
 
         t0 = now()
         _say("4/6 parked runs (fresh worker process)")
+        census = cfg.get("census", False)
         worker = await WorkerProcess(
             address=server.address, queue=f"bench-park-{tag}", model_url=model.base_url,
-            data_dir=tmp / "data", log_file=tmp / "worker-park.log").start()
+            data_dir=tmp / "data", log_file=tmp / "worker-park.log",
+            census_file=tmp / "census-park.json" if census else None).start()
         out["parked"] = await phases.parked(b, worker, cfg["parked"], cfg["warmup"])
         await worker.stop()
+        _say_census(out["parked"])
         _say(f"4/6 diagnostic: the same with max_cached_workflows={cfg['diag_cache']}")
         worker = await WorkerProcess(
             address=server.address, queue=f"bench-park-small-{tag}", model_url=model.base_url,
             data_dir=tmp / "data", log_file=tmp / "worker-park-small.log",
-            max_cached_workflows=cfg["diag_cache"]).start()
+            max_cached_workflows=cfg["diag_cache"],
+            census_file=tmp / "census-park-small.json" if census else None).start()
         out["parked_diag"] = await phases.parked(b, worker, cfg["parked"], cfg["warmup"])
         out["parked_diag"]["max_cached_workflows"] = cfg["diag_cache"]
+        _say_census(out["parked_diag"])
         timings["parked"] = now() - t0
         out["timings"] = timings
         return out
@@ -289,6 +295,11 @@ def _peers_main(args: argparse.Namespace, cfg: dict[str, Any]) -> int:
     return 0
 
 
+def _say_census(parked: dict[str, Any]) -> None:
+    if "census" in parked:
+        _say(census_text(parked["census"]))
+
+
 def main(argv: list[str] | None = None) -> int:
     # A phase that hangs says where: `kill -USR1 <pid>` prints every thread's stack.
     faulthandler.register(signal.SIGUSR1, all_threads=True)
@@ -312,8 +323,25 @@ def main(argv: list[str] | None = None) -> int:
                              "it into the saved results and its block of the report")
     parser.add_argument("--only", help="comma-separated phases of " + ", ".join(PHASES)
                         + ": print their numbers as JSON, write nothing")
+    parser.add_argument("--parked", type=int, metavar="N",
+                        help="the parked phase parks N runs (default 1000; --quick 50)")
+    parser.add_argument("--diag-cache", type=int, metavar="N",
+                        help="the parked phase's second worker caches N workflows "
+                             "(default 100; N >= --parked keeps every parked run cached)")
+    parser.add_argument("--census", action="store_true",
+                        help="the parked phase also takes a census of what its workers "
+                             "keep a parked run (bench/census.py; with --only: not for "
+                             "quoting RSS, tracemalloc costs memory of its own)")
     args = parser.parse_args(argv)
-    cfg = QUICK if args.quick else FULL
+    cfg = dict(QUICK if args.quick else FULL)
+    if args.parked is not None:
+        cfg["parked"] = args.parked
+    if args.diag_cache is not None:
+        cfg["diag_cache"] = args.diag_cache
+    if args.census:
+        if not args.only:
+            parser.error("--census: with --only (a census run's RSS is not for the report)")
+        cfg["census"] = True
     only = frozenset(args.only.split(",")) if args.only else frozenset(PHASES)
     if not only <= set(PHASES):
         parser.error(f"--only: unknown phases {sorted(only - set(PHASES))}")

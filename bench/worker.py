@@ -6,7 +6,9 @@ Run as a child of `bench.run` so its memory (/proc/PID/status) and CPU are its o
 config with only the sticky workflow cache size changed.
 `--stats FILE` writes the conversation cache's counters (look-ups, rebuilds from
 history, history bytes read) as JSON to FILE at shutdown; `--shared-queue-only` turns
-off the worker's own task queue (the multi-worker phase's "before").
+off the worker's own task queue (the multi-worker phase's "before"); `--census FILE`
+traces allocations and answers SIGUSR2 with a census of what the worker holds
+(bench/census.py).
 Settings come from the environment, as for `boundloop worker`. Prints `ready PID`
 once both workers run; SIGTERM shuts it down.
 """
@@ -27,6 +29,7 @@ from typing import Any
 from temporalio.client import Client
 from temporalio.worker import Worker
 
+from bench import census
 from bench.workflows import (
     BarePairWorkflow,
     BareWorkflow,
@@ -56,7 +59,8 @@ def shared_queue_only(client: Client, settings: Settings) -> BoundloopWorker[Dem
 
 
 async def serve(bench_queue: str | None, max_cached_workflows: int | None = None,
-                stats: Path | None = None, own_task_queue: bool = True) -> None:
+                stats: Path | None = None, own_task_queue: bool = True,
+                census_file: Path | None = None) -> None:
     settings = Settings()
     client = await connect(settings)
     cache: ConversationCache | None = None
@@ -84,6 +88,9 @@ async def serve(bench_queue: str | None, max_cached_workflows: int | None = None
             max_concurrent_activities=64))
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+    if census_file is not None:
+        asyncio.get_running_loop().add_signal_handler(signal.SIGUSR2,
+                                                      census.Trigger(census_file))
     async with contextlib.AsyncExitStack() as stack:
         for w in workers:
             await stack.enter_async_context(w)
@@ -103,12 +110,16 @@ def main() -> None:
     parser.add_argument("--stats", type=Path, help="write the cache counters here at exit")
     parser.add_argument("--shared-queue-only", action="store_true",
                         help="no task queue of the worker's own")
+    parser.add_argument("--census", type=Path,
+                        help="trace allocations; SIGUSR2 writes a census (bench/census.py)")
     args = parser.parse_args()
+    if args.census is not None:
+        census.start()  # before the workers are built: all they hold is traced
     # As `boundloop worker` does (worker/main.py): INFO through Temporal's loggers.
     logging.basicConfig(level=logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s %(message)s")
     asyncio.run(serve(args.bench_queue, args.max_cached_workflows, args.stats,
-                      not args.shared_queue_only))
+                      not args.shared_queue_only, args.census))
 
 
 if __name__ == "__main__":
