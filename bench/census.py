@@ -11,7 +11,9 @@ so the figures are per parked run:
 - live objects by type (`gc.get_objects`, so containers and instances, not str or
   bytes), with their shallow sizes;
 - RSS, and the part of its growth tracemalloc does not see (native memory: the SDK
-  core, protobuf messages, allocator slack).
+  core, protobuf messages, pydantic-core validators, allocator slack), with glibc's
+  own count of what malloc hands out and holds free, and RSS again after
+  `malloc_trim(0)` gave free memory back (what trimming would save).
 
 tracemalloc slows the worker and costs memory of its own: a census run's RSS is not
 the figure to quote (measure that without `--census`).
@@ -19,6 +21,8 @@ the figure to quote (measure that without `--census`).
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import gc
 import json
 import os
@@ -44,12 +48,36 @@ def _rss_kib() -> float:
     return float("nan")
 
 
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in (
+        "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks",
+        "uordblks", "fordblks", "keepcost")]
+
+
+def _malloc() -> tuple[float, float] | None:
+    """glibc's KiB in use (heap and mmapped chunks) and KiB free in its heaps."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallinfo2.restype = _MallInfo2
+        info = libc.mallinfo2()
+    except (OSError, AttributeError):
+        return None
+    return (info.uordblks + info.hblkhd) / 1024, info.fordblks / 1024
+
+
+def _trim() -> None:
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+
+
 class Census:
-    """One moment: a tracemalloc snapshot, live objects by type, RSS."""
+    """One moment: a tracemalloc snapshot, live objects by type, RSS and malloc's
+    figures; then RSS after malloc_trim."""
 
     def __init__(self) -> None:
         gc.collect()
         self.rss_kib = _rss_kib()
+        self.malloc = _malloc()
         counts: Counter[str] = Counter()
         sizes: Counter[str] = Counter()
         for obj in gc.get_objects():
@@ -61,14 +89,20 @@ class Census:
         self.snapshot = tracemalloc.take_snapshot().filter_traces(
             [tracemalloc.Filter(False, tracemalloc.__file__),
              tracemalloc.Filter(False, __file__)])
+        _trim()
+        self.trimmed_rss_kib = _rss_kib()
+
+
+_REPO = str(Path(__file__).resolve().parent.parent) + "/"
+_STDLIB = os.path.dirname(os.__file__) + "/"
 
 
 def _where(frame: tracemalloc.Frame) -> str:
     name = frame.filename
-    for marker in ("site-packages/", "/work/", "lib/python3"):
-        if marker in name:
-            name = name.split(marker, 1)[1]
-            break
+    if "site-packages/" in name:
+        name = name.split("site-packages/", 1)[1]
+    else:
+        name = name.removeprefix(_REPO).removeprefix(_STDLIB)
     return f"{name}:{frame.lineno}"
 
 
@@ -102,11 +136,20 @@ def diff(before: Census, after: Census, runs: int) -> dict[str, Any]:
     type_bytes = Counter({k: after.sizes[k] - before.sizes.get(k, 0) for k in after.sizes})
     rss = after.rss_kib - before.rss_kib
     traced = total / 1024
+    malloc: dict[str, float] = {}
+    if before.malloc is not None and after.malloc is not None:
+        malloc = {"malloc_in_use_kib_per_run": round(
+                      (after.malloc[0] - before.malloc[0]) / per, 2),
+                  "malloc_free_kib_per_run": round(
+                      (after.malloc[1] - before.malloc[1]) / per, 2)}
     return {
         "runs": runs,
         "rss_kib_per_run": round(rss / per, 2),
         "traced_kib_per_run": round(traced / per, 2),
         "untraced_kib_per_run": round((rss - traced) / per, 2),
+        **malloc,
+        "rss_after_trim_kib_per_run": round(
+            (after.trimmed_rss_kib - before.trimmed_rss_kib) / per, 2),
         "kib_per_run_by_line": top(by_line),
         "kib_per_run_by_own_frame": top(by_own),
         "kib_per_run_by_file": top(by_file),
@@ -144,7 +187,10 @@ def render(report: dict[str, Any], lines: int = 15) -> str:
     out = [f"census over {report['runs']} parked runs, per run: RSS "
            f"{report['rss_kib_per_run']} KiB, Python (tracemalloc) "
            f"{report['traced_kib_per_run']} KiB, not traced "
-           f"{report['untraced_kib_per_run']} KiB"]
+           f"{report['untraced_kib_per_run']} KiB; malloc in use "
+           f"{report.get('malloc_in_use_kib_per_run')} KiB, free "
+           f"{report.get('malloc_free_kib_per_run')} KiB; RSS growth after malloc_trim "
+           f"{report['rss_after_trim_kib_per_run']} KiB"]
     for key, unit in (("kib_per_run_by_own_frame", "KiB"), ("kib_per_run_by_line", "KiB"),
                       ("objects_per_run_by_type", "objects"),
                       ("shallow_kib_per_run_by_type", "KiB")):
