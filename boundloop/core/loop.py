@@ -160,8 +160,11 @@ class LoopState(BaseModel):
 
     def log(self, event: str, *, tool: str | None = None, call_id: str | None = None,
             fp: str | None = None, detail: str | None = None) -> None:
-        self.events.append(Event(step=self.steps, event=event, tool=tool, call_id=call_id,
-                                 fingerprint=fp, detail=detail))
+        # Only the fields given: pydantic keeps a set of the field names each record was
+        # given, and one of six names costs 3x one of two (the JSON is the same).
+        fields = (("tool", tool), ("call_id", call_id), ("fingerprint", fp), ("detail", detail))
+        given: dict[str, Any] = {k: v for k, v in fields if v is not None}
+        self.events.append(Event(step=self.steps, event=event, **given))
 
     def stop(self, reason: StopReason, text: str | None = None) -> StopReason:
         self.reason = reason
