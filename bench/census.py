@@ -1,8 +1,10 @@
 """What a worker keeps for its parked runs: a tracemalloc and gc census, diffed.
 
-`python -m bench.worker --census FILE` starts tracemalloc at once and answers SIGUSR2:
-the first signal takes the "before" census (written to FILE.before), the second the
-"after" one, and the diff of the two goes to FILE as JSON. The parked phase sends
+`python -m bench.worker --census FILE` answers SIGUSR2: the first signal starts
+tracemalloc and takes the "before" census (written to FILE.before), the second the
+"after" one, and the diff of the two goes to FILE as JSON (tracing from the first
+signal on sees every allocation still held at the second: what the runs parked in
+between keep; the worker starts and warms up at full speed). The parked phase sends
 both signals around the runs it parks (`python -m bench.run --only parked --census`),
 so the figures are per parked run:
 
@@ -33,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 #: Frames kept a traced allocation: enough to find boundloop's frame under the SDK's.
-FRAMES = 12
+FRAMES = 4
 TOP = 40
 
 
@@ -170,6 +172,8 @@ class Trigger:
 
     def __call__(self) -> None:
         if self.before is None:
+            if not tracemalloc.is_tracing():
+                start()
             self.before = Census()
             Path(f"{self.path}.before").write_text(str(self.before.rss_kib))
             return

@@ -113,8 +113,6 @@ def main() -> None:
     parser.add_argument("--census", type=Path,
                         help="trace allocations; SIGUSR2 writes a census (bench/census.py)")
     args = parser.parse_args()
-    if args.census is not None:
-        census.start()  # before the workers are built: all they hold is traced
     # As `boundloop worker` does (worker/main.py): INFO through Temporal's loggers.
     logging.basicConfig(level=logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s %(message)s")
