@@ -24,9 +24,6 @@ import binascii
 import dataclasses
 import os
 import re
-import sys
-import threading
-import typing
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -35,18 +32,8 @@ from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from temporalio.api.common.v1 import Payload
 from temporalio.client import Client, WorkflowHandle
-from temporalio.contrib.pydantic import (
-    PydanticJSONPlainPayloadConverter,
-    PydanticPayloadConverter,
-    pydantic_data_converter,
-)
-from temporalio.converter import (
-    DataConverter,
-    DefaultPayloadConverter,
-    EncodingPayloadConverter,
-    JSONPlainPayloadConverter,
-    PayloadCodec,
-)
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.converter import DataConverter, PayloadCodec
 
 from boundloop.errors import BoundloopError
 from boundloop.secret_files import shared_problem
@@ -198,108 +185,10 @@ class PlainGuardCodec(PayloadCodec):
         return list(payloads)
 
 
-#: The process's own module table, captured outside any workflow sandbox (the sandbox
-#: swaps `sys.modules` for its own while a run's code runs).
-_MODULES = sys.modules
-#: Classes found to be the process's own (not a sandbox's copy): they live as long as
-#: the process, so type adapters for them may too.
-_PROCESS_WIDE: set[type] = set()
-
-
-def _process_wide(hint: Any) -> bool:
-    """Whether `hint` names only classes every run of the process shares: a class is the
-    one its module holds in the process's own module table (boundloop, passed through
-    the sandbox, pydantic, temporalio, the standard library), never a copy a sandbox
-    re-imported for one run."""
-    if hint is None or hint is Any or hint is type(None) or hint is Ellipsis:
-        return True
-    if isinstance(hint, type):
-        if hint in _PROCESS_WIDE:
-            return True
-        found: Any = _MODULES.get(hint.__module__)
-        for part in hint.__qualname__.split("."):
-            found = getattr(found, part, None)
-        if found is not hint:
-            return False
-        _PROCESS_WIDE.add(hint)
-        return True
-    origin = typing.get_origin(hint)
-    if origin is typing.Literal:
-        return all(isinstance(v, (str, int, bool, type(None))) for v in typing.get_args(hint))
-    if origin is None or not (origin is typing.Union or _process_wide(origin)):
-        return False
-    return all(_process_wide(arg) for arg in typing.get_args(hint))
-
-
-class _SharedJSON(PydanticJSONPlainPayloadConverter):
-    """pydantic's JSON converter, one for the process: type adapters of process-wide
-    types are built once, not once for every run a worker holds."""
-
-
-class _RunJSON(EncodingPayloadConverter):
-    """A run's JSON converter: the process's for process-wide types, and for any other
-    (a class a sandbox imported for this run) a cache of the run's own, made when first
-    needed, that goes with the run."""
-
-    def __init__(self, shared: _SharedJSON) -> None:
-        self._shared = shared
-        self._own: PydanticJSONPlainPayloadConverter | None = None
-
-    @property
-    def encoding(self) -> str:
-        return self._shared.encoding
-
-    def to_payload(self, value: Any) -> Payload | None:
-        return self._shared.to_payload(value)
-
-    def from_payload(self, payload: Payload, type_hint: type | None = None) -> Any:
-        if _process_wide(type_hint):
-            return self._shared.from_payload(payload, type_hint)
-        if self._own is None:
-            self._own = PydanticJSONPlainPayloadConverter()
-        return self._own.from_payload(payload, type_hint)
-
-
-_shared_lock = threading.Lock()
-_shared: tuple[list[EncodingPayloadConverter], _SharedJSON] | None = None
-
-
-def _shared_converters() -> tuple[list[EncodingPayloadConverter], _SharedJSON]:
-    global _shared
-    with _shared_lock:
-        if _shared is None:
-            json_plain = _SharedJSON()
-            _shared = ([json_plain if isinstance(c, JSONPlainPayloadConverter) else c
-                        for c in DefaultPayloadConverter.default_encoding_payload_converters],
-                       json_plain)
-        return _shared
-
-
-class SharedPayloadConverter(PydanticPayloadConverter):
-    """The pydantic payload converter, sharing its type adapters across the process.
-
-    Temporal builds a payload converter for every workflow run a worker holds, and
-    pydantic's keeps its own cache of type adapters, so each cached run carried its
-    own adapters (and converter objects) for the same boundloop types. This one is a
-    dict and one small object a run; the converters and the adapters of process-wide
-    types are the process's. Payloads are the same bytes either way."""
-
-    def __init__(self) -> None:
-        # Not PydanticPayloadConverter.__init__: that builds the converters this shares.
-        converters, json_plain = _shared_converters()
-        self._set_converters(*(_RunJSON(json_plain) if c is json_plain else c
-                               for c in converters))
-
-
-#: `pydantic_data_converter` with the shared payload converter.
-shared_data_converter = dataclasses.replace(pydantic_data_converter,
-                                            payload_converter_class=SharedPayloadConverter)
-
-
 def data_converter(codec: PayloadCodec | None) -> DataConverter:
     """The pydantic data converter boundloop's payloads need, with `codec` (None: the
     pass-through guard)."""
-    return dataclasses.replace(shared_data_converter, payload_codec=codec or PlainGuardCodec())
+    return dataclasses.replace(pydantic_data_converter, payload_codec=codec or PlainGuardCodec())
 
 
 async def encrypted_encoding(client: Client) -> bytes | None:

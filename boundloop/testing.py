@@ -35,6 +35,7 @@ from typing import Any, Generic, TypeVar
 
 import openai
 from temporalio.client import Client
+from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
 from boundloop import search_attributes as sa
@@ -156,10 +157,8 @@ async def dev_server(database: str | None = None,
     started for the block and stopped after it; yields a client with boundloop's data
     converter. `database`: a SQLite file to keep (default: in memory). Start one per test
     session (a pytest fixture) and give its client to each AgentEnvironment."""
-    from boundloop.codec import shared_data_converter  # as boundloop.connect does
-
     env = await WorkflowEnvironment.start_local(
-        data_converter=shared_data_converter, dev_server_existing_path=temporal_binary(),
+        data_converter=pydantic_data_converter, dev_server_existing_path=temporal_binary(),
         dev_server_database_filename=database,
         dev_server_extra_args=[*FAST_FLAGS, *extra_args], search_attributes=sa.REGISTERED)
     try:

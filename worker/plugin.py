@@ -22,7 +22,7 @@ import openai
 import temporalio.worker
 from temporalio.client import Client
 from temporalio.common import WorkerDeploymentVersion
-from temporalio.contrib.pydantic import PydanticPayloadConverter
+from temporalio.contrib.pydantic import PydanticPayloadConverter, pydantic_data_converter
 from temporalio.converter import DataConverter
 from temporalio.plugin import SimplePlugin
 from temporalio.worker import (
@@ -42,7 +42,7 @@ from boundloop.activities.model import ModelActivities
 from boundloop.activities.threads import ToolThreads
 from boundloop.activities.tools import ToolActivities
 from boundloop.agent import DEFAULT_TASK_QUEUE, Agent
-from boundloop.codec import PlainGuardCodec, SharedPayloadConverter, shared_data_converter
+from boundloop.codec import PlainGuardCodec
 from boundloop.core import signatures
 from boundloop.core.operator import OperatorPolicy, budget_admin_keys, unserved_tools_line
 from boundloop.errors import BoundloopError, PolicyNamesUnservedTools
@@ -91,15 +91,12 @@ NO_KEYS_TO_REQUIRE = ("the operator's policy requires encrypted payloads (requir
 
 
 def keep_codec(existing: DataConverter | None) -> DataConverter:
-    """The pydantic data converter whose type adapters every run shares, keeping the
-    payload codec (encryption) of the client's converter; a pydantic converter of the
-    caller's own making (a subclass with its options) stays as it is."""
-    if existing is not None and existing.payload_converter_class is PydanticPayloadConverter:
-        return dataclasses.replace(existing, payload_converter_class=SharedPayloadConverter)
+    """The pydantic data converter, keeping the payload codec (encryption) of the
+    client's converter."""
     if existing is not None and issubclass(existing.payload_converter_class,
                                            PydanticPayloadConverter):
         return existing
-    return dataclasses.replace(shared_data_converter,
+    return dataclasses.replace(pydantic_data_converter,
                                payload_codec=existing.payload_codec if existing else None)
 
 
