@@ -355,3 +355,19 @@ async def test_the_tenant_refusals_print_what_the_guide_shows(temporal: Client,
     finally:
         model.stop()
     assert model.requests == []
+
+
+SECURITY = "docs/security.md"
+
+
+@pytest.mark.parametrize("file", ["bad.toml", "typo.toml"])
+async def test_a_bad_policy_file_prints_what_security_shows(temporal: Client, tmp_path: Path,
+                                                            file: str) -> None:
+    """docs/security.md's bad policy files: the page's file, the worker started on it as
+    the page shows (a model key set, as where workers run), its lines and exit 2 before
+    it takes any task."""
+    marker = {"bad.toml": "max_stepz", "typo.toml": "[approval.no_such_tool]"}[file]
+    (tmp_path / file).write_text(toml_block(SECURITY, marker), encoding="utf-8")
+    await check_shown(shown_commands(SECURITY, f"BOUNDLOOP_POLICY={file} boundloop worker"),
+                      shell_env(temporal, tmp_path, OPENAI_API_KEY="sk-test-not-real"),
+                      cwd=tmp_path)
