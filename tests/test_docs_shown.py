@@ -371,3 +371,27 @@ async def test_a_bad_policy_file_prints_what_security_shows(temporal: Client, tm
     await check_shown(shown_commands(SECURITY, f"BOUNDLOOP_POLICY={file} boundloop worker"),
                       shell_env(temporal, tmp_path, OPENAI_API_KEY="sk-test-not-real"),
                       cwd=tmp_path)
+
+
+async def test_the_policy_refusals_print_what_security_shows(temporal: Client,
+                                                             tmp_path: Path) -> None:
+    """docs/security.md's refused run: a worker on the page's strict.toml refuses the run
+    the page starts, each field in a line, before any model request."""
+    q = queue()
+    policy = tmp_path / "strict.toml"
+    policy.write_text(toml_block(SECURITY, "# strict.toml"), encoding="utf-8")
+    model = ScriptedModelServer([])
+    env = shell_env(temporal, tmp_path, BOUNDLOOP_TASK_QUEUE=q)
+    log = tmp_path / "worker.log"
+    try:
+        with process([BOUNDLOOP, "worker"], worker_env(
+                tmp_path, TEMPORAL_ADDRESS=env["TEMPORAL_ADDRESS"], BOUNDLOOP_TASK_QUEUE=q,
+                OPENAI_BASE_URL=model.start(), OPENAI_API_KEY="sk-test-not-real",
+                BOUNDLOOP_POLICY=str(policy)), log):
+            await log_has(log, "worker started")
+            await check_shown(shown_commands(
+                SECURITY, 'boundloop run "Open a restock ticket for B-002" --tools '
+                'create_ticket \\'), env)
+    finally:
+        model.stop()
+    assert model.requests == []
