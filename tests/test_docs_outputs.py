@@ -99,6 +99,8 @@ RUN_ELSEWHERE = {
     ("docs/security.md",
      'boundloop run "Open a restock ticket for B-002" --tools create_ticket \\'):
         SHOWN + "test_the_policy_refusals_print_what_security_shows",
+    ("docs/security.md", 'boundloop run "Is A-001 in stock?" --tools lookup_stock --wait    '
+     "# no codec keys here"): SHOWN + "test_the_clear_run_refusal_prints_what_security_shows",
 }
 
 #: Words that begin a line only boundloop prints (a result, a refusal, an event, a prompt).
@@ -110,7 +112,7 @@ UNNAMED = {("README.md", "make demo"): "tests/test_readme_demo.py"}
 
 #: Pages that quote a line or two of output (an error, an event) without its command, and
 #: how many such blocks: no test compares them yet.
-UNNAMED_UNCHECKED = {"docs/deploying.md": 3, "docs/security.md": 1}
+UNNAMED_UNCHECKED = {"docs/deploying.md": 3}
 
 
 def unnamed_outputs(page: str) -> list[int]:

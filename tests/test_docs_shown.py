@@ -395,3 +395,31 @@ async def test_the_policy_refusals_print_what_security_shows(temporal: Client,
     finally:
         model.stop()
     assert model.requests == []
+
+
+async def test_the_clear_run_refusal_prints_what_security_shows(temporal: Client,
+                                                                tmp_path: Path) -> None:
+    """docs/security.md's run in clear: a worker with codec keys and the page's policy
+    refuses a run started without the keys, before any model request."""
+    from tests.test_codec import keyfile
+
+    q = queue()
+    policy = tmp_path / "encrypted.toml"
+    policy.write_text(toml_block(SECURITY, "# encrypted.toml"), encoding="utf-8")
+    model = ScriptedModelServer([])
+    env = shell_env(temporal, tmp_path, BOUNDLOOP_TASK_QUEUE=q)
+    assert not any(k.startswith("BOUNDLOOP_CODEC") for k in env)
+    log = tmp_path / "worker.log"
+    try:
+        with process([BOUNDLOOP, "worker"], worker_env(
+                tmp_path, TEMPORAL_ADDRESS=env["TEMPORAL_ADDRESS"], BOUNDLOOP_TASK_QUEUE=q,
+                OPENAI_BASE_URL=model.start(), OPENAI_API_KEY="sk-test-not-real",
+                BOUNDLOOP_POLICY=str(policy),
+                BOUNDLOOP_CODEC_KEYS=str(keyfile(tmp_path, "k1"))), log):
+            await log_has(log, "worker started")
+            await check_shown(shown_commands(
+                SECURITY, 'boundloop run "Is A-001 in stock?" --tools lookup_stock --wait    '
+                "# no codec keys here"), env)
+    finally:
+        model.stop()
+    assert model.requests == []
