@@ -56,7 +56,6 @@ RUN_HERE = [
 #: Shown outputs no test runs yet: (page, first command). A new block that no test runs
 #: fails test_every_shown_output_is_run_by_a_test_or_listed_as_unchecked.
 UNCHECKED = {
-    ("docs/console.md", "boundloop console-approver alice --token >> approvers"),  # bob's prompt
     ("docs/sessions.md", "boundloop session start --id support-chat-7 --busy queue"),
 }
 
@@ -70,6 +69,8 @@ RUN_ELSEWHERE = {
     ("README.md", "boundloop pending"):
         SHOWN + "test_the_readme_pending_watch_and_approve_print_what_it_shows",
     ("README.md", "boundloop console-approver alice --token >> approvers"):
+        SHOWN + "test_the_console_lines_print_what_the_readme_shows",
+    ("docs/console.md", "boundloop console-approver alice --token >> approvers"):
         SHOWN + "test_the_console_lines_print_what_the_readme_shows",
     ("docs/guide.md", "boundloop list"):
         "tests/test_tls.py::test_a_wrong_ca_is_refused_in_one_line_with_exit_4",

@@ -145,13 +145,52 @@ async def own_temporal(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterato
         yield client
 
 
-async def test_the_console_lines_print_what_the_readme_shows(temporal: Client,
-                                                            tmp_path: Path) -> None:
-    """Typed in a shell as the README shows them (the console on a free port, named as
-    the default 8090; the test's Temporal named as the default 127.0.0.1:7233)."""
-    [(approver, shown_approver), (serve, shown_serve)] = commands_of([
-        "$ boundloop console-approver alice --token >> approvers",
-        *shown_block("README.md", "boundloop console-approver alice --token >> approvers")])
+def with_password(command: str, password: str, env: dict[str, str], cwd: Path) -> list[str]:
+    """Run `command` on a terminal of its own (its controlling terminal, as a password
+    prompt needs), typing `password` at each prompt once echo is off; what it showed."""
+    import fcntl
+    import pty
+    import termios
+
+    main, side = pty.openpty()
+
+    def controlling() -> None:  # after setsid: the pty becomes the controlling terminal
+        fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
+    proc = subprocess.Popen(["sh", "-c", command], cwd=cwd, env=env, stdin=side,
+                            stdout=side, stderr=side, start_new_session=True,
+                            preexec_fn=controlling)
+    os.close(side)
+    shown, answered = b"", 0
+    while True:
+        try:
+            chunk = os.read(main, 1024)
+        except OSError:  # EIO: the command closed the terminal
+            break
+        if not chunk:
+            break
+        shown += chunk
+        if shown.count(b":") > answered:  # a prompt: type once the terminal hides input
+            while termios.tcgetattr(main)[3] & termios.ECHO:
+                pass
+            answered += 1
+            os.write(main, password.encode() + b"\n")
+    os.close(main)
+    assert proc.wait(timeout=WAIT) == 0, shown
+    return [x.rstrip() for x in shown.decode().replace("\r", "").splitlines()]
+
+
+CONSOLE_FIRST = "boundloop console-approver alice --token >> approvers"
+
+
+@pytest.mark.parametrize("page", ["README.md", "docs/console.md"])
+async def test_the_console_lines_print_what_the_readme_shows(temporal: Client, tmp_path: Path,
+                                                            page: str) -> None:
+    """Typed in a shell as the page shows them (bob's password typed on a terminal; the
+    console on a free port, named as the default 8090; the test's Temporal named as the
+    default 127.0.0.1:7233)."""
+    commands = commands_of(["$ " + CONSOLE_FIRST, *shown_block(page, CONSOLE_FIRST)])
+    (approver, shown_approver), (serve, shown_serve) = commands[0], commands[-1]
     env = shell_env(temporal, tmp_path)
     done = subprocess.run(["sh", "-c", approver], cwd=tmp_path, env=env, capture_output=True,
                           text=True, timeout=120)
@@ -161,6 +200,14 @@ async def test_the_console_lines_print_what_the_readme_shows(temporal: Client,
     assert [token] == [re.sub(r"\(shown once\): \S+$", "(shown once): TOKEN", x)
                        for x in shown_approver]
     assert (tmp_path / "approvers").read_text().startswith("alice scrypt$")
+    for command, shown in commands[1:-1]:
+        if command.startswith("cat "):
+            done = subprocess.run(["sh", "-c", command], cwd=tmp_path, env=env,
+                                  capture_output=True, text=True, timeout=120)
+            assert [x.split("$")[:4] for x in done.stdout.splitlines()] == [
+                x.split("$")[:4] for x in shown], (done.stdout, shown)
+        else:  # bob's password, asked twice on the terminal, never in the file
+            assert with_password(command, "correct horse battery", env, tmp_path) == shown
     port = free_port()
     log = tmp_path / "console.log"
     words = shlex.split(serve)  # NAME=VALUE … boundloop console

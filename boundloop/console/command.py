@@ -81,7 +81,7 @@ def approver(
         secret = new_token()
         cli.err.print(f"{safe(name)}'s sign-in token (shown once): {secret}", highlight=False)
     else:
-        secret = typer.prompt("password", hide_input=True, confirmation_prompt=True)
+        secret = typer.prompt("password", hide_input=True, confirmation_prompt=True, err=True)
         if len(secret) < 12:
             raise cli.fail("a password needs at least 12 characters")
     print(f"{name} {hash_credential(secret)}")
