@@ -381,13 +381,14 @@ async def test_the_budget_blocks_print_what_the_guide_shows(temporal: Client,
         model.stop()
 
 
-async def test_the_tenant_refusals_print_what_the_guide_shows(temporal: Client,
-                                                              tmp_path: Path) -> None:
-    """The guide's budget per tenant: a worker whose policy derives the key from the
-    run's BoundloopTenant refuses a run without one, and one naming another budget."""
+async def refused_as_shown(temporal: Client, tmp_path: Path, page: str, policy_marker: str,
+                           command: str, **worker: str) -> None:
+    """A `boundloop worker` on the page's policy file (the toml block holding
+    `policy_marker`, plus `worker` settings) refuses the run `command` starts as the page
+    shows, before any model request."""
     q = queue()
     policy = tmp_path / "policy.toml"
-    policy.write_text(toml_block(GUIDE, "key_from = "), encoding="utf-8")
+    policy.write_text(toml_block(page, policy_marker), encoding="utf-8")
     model = ScriptedModelServer([])
     env = shell_env(temporal, tmp_path, BOUNDLOOP_TASK_QUEUE=q)
     log = tmp_path / "worker.log"
@@ -395,13 +396,20 @@ async def test_the_tenant_refusals_print_what_the_guide_shows(temporal: Client,
         with process([BOUNDLOOP, "worker"], worker_env(
                 tmp_path, TEMPORAL_ADDRESS=env["TEMPORAL_ADDRESS"], BOUNDLOOP_TASK_QUEUE=q,
                 OPENAI_BASE_URL=model.start(), OPENAI_API_KEY="sk-test-not-real",
-                BOUNDLOOP_POLICY=str(policy)), log):
+                BOUNDLOOP_POLICY=str(policy), **worker), log):
             await log_has(log, "worker started")
-            await check_shown(shown_commands(GUIDE, 'boundloop run "A-001の在庫は？" --wait'),
-                              env)
+            await check_shown(shown_commands(page, command), env)
     finally:
         model.stop()
     assert model.requests == []
+
+
+async def test_the_tenant_refusals_print_what_the_guide_shows(temporal: Client,
+                                                              tmp_path: Path) -> None:
+    """The guide's budget per tenant: a worker whose policy derives the key from the
+    run's BoundloopTenant refuses a run without one, and one naming another budget."""
+    await refused_as_shown(temporal, tmp_path, GUIDE, "key_from = ",
+                           'boundloop run "A-001の在庫は？" --wait')
 
 
 SECURITY = "docs/security.md"
@@ -424,49 +432,20 @@ async def test_the_policy_refusals_print_what_security_shows(temporal: Client,
                                                              tmp_path: Path) -> None:
     """docs/security.md's refused run: a worker on the page's strict.toml refuses the run
     the page starts, each field in a line, before any model request."""
-    q = queue()
-    policy = tmp_path / "strict.toml"
-    policy.write_text(toml_block(SECURITY, "# strict.toml"), encoding="utf-8")
-    model = ScriptedModelServer([])
-    env = shell_env(temporal, tmp_path, BOUNDLOOP_TASK_QUEUE=q)
-    log = tmp_path / "worker.log"
-    try:
-        with process([BOUNDLOOP, "worker"], worker_env(
-                tmp_path, TEMPORAL_ADDRESS=env["TEMPORAL_ADDRESS"], BOUNDLOOP_TASK_QUEUE=q,
-                OPENAI_BASE_URL=model.start(), OPENAI_API_KEY="sk-test-not-real",
-                BOUNDLOOP_POLICY=str(policy)), log):
-            await log_has(log, "worker started")
-            await check_shown(shown_commands(
-                SECURITY, 'boundloop run "Open a restock ticket for B-002" --tools '
-                'create_ticket \\'), env)
-    finally:
-        model.stop()
-    assert model.requests == []
+    await refused_as_shown(temporal, tmp_path, SECURITY, "# strict.toml",
+                           'boundloop run "Open a restock ticket for B-002" --tools '
+                           'create_ticket \\')
 
 
 async def test_the_clear_run_refusal_prints_what_security_shows(temporal: Client,
                                                                 tmp_path: Path) -> None:
     """docs/security.md's run in clear: a worker with codec keys and the page's policy
-    refuses a run started without the keys, before any model request."""
+    refuses a run started without the keys (the shell has none), before any model
+    request."""
     from tests.test_codec import keyfile
 
-    q = queue()
-    policy = tmp_path / "encrypted.toml"
-    policy.write_text(toml_block(SECURITY, "# encrypted.toml"), encoding="utf-8")
-    model = ScriptedModelServer([])
-    env = shell_env(temporal, tmp_path, BOUNDLOOP_TASK_QUEUE=q)
-    assert not any(k.startswith("BOUNDLOOP_CODEC") for k in env)
-    log = tmp_path / "worker.log"
-    try:
-        with process([BOUNDLOOP, "worker"], worker_env(
-                tmp_path, TEMPORAL_ADDRESS=env["TEMPORAL_ADDRESS"], BOUNDLOOP_TASK_QUEUE=q,
-                OPENAI_BASE_URL=model.start(), OPENAI_API_KEY="sk-test-not-real",
-                BOUNDLOOP_POLICY=str(policy),
-                BOUNDLOOP_CODEC_KEYS=str(keyfile(tmp_path, "k1"))), log):
-            await log_has(log, "worker started")
-            await check_shown(shown_commands(
-                SECURITY, 'boundloop run "Is A-001 in stock?" --tools lookup_stock --wait    '
-                "# no codec keys here"), env)
-    finally:
-        model.stop()
-    assert model.requests == []
+    assert not any(k.startswith("BOUNDLOOP_CODEC") for k in shell_env(temporal, tmp_path))
+    await refused_as_shown(temporal, tmp_path, SECURITY, "# encrypted.toml",
+                           'boundloop run "Is A-001 in stock?" --tools lookup_stock --wait    '
+                           "# no codec keys here",
+                           BOUNDLOOP_CODEC_KEYS=str(keyfile(tmp_path, "k1")))
