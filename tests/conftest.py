@@ -39,16 +39,17 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "xdist_group(name): run on one xdist worker")
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_itemcollected(item: pytest.Item) -> None:
     """Under pytest-xdist (`make test` runs `--dist loadgroup`), the tests of a module with
     a module-scoped fixture (its own dev server, worker or browser) go to one worker
-    process, so that fixture is set up once, not once per process that gets one of them."""
-    for item in items:
-        info = getattr(item, "_fixtureinfo", None)
-        if info is not None and any(d.scope in ("module", "package", "class")
-                                    for defs in info.name2fixturedefs.values()
-                                    for d in defs):
-            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::", 1)[0]))
+    process, in order, so that fixture is set up once and its tests see each other's
+    effects. Marked as each test is collected: xdist reads the marks in its own
+    `pytest_collection_modifyitems`, which runs before a conftest's (checked by
+    tests/test_xdist_grouping.py)."""
+    info = getattr(item, "_fixtureinfo", None)
+    if info is not None and any(d.scope in ("module", "package", "class")
+                                for defs in info.name2fixturedefs.values() for d in defs):
+        item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::", 1)[0]))
 
 
 @pytest_asyncio.fixture(scope="session")
