@@ -33,7 +33,7 @@ from boundloop.tools.demo import list_tickets
 from tests.conftest import DEMO_TOOLS, RUN_TIMEOUT, workflow_task_failures
 from tests.scripts import answer, call, resp
 from tests.test_cli import env_for
-from tests.test_replay_check import TICKET, cli
+from tests.test_replay_check import TICKET, as_deploying_shows, cli
 from tests.test_worker_process import BOUNDLOOP, ROOT, log_has, process, worker_env
 
 #: `boundloop worker` with the next release's workflow code checked out.
@@ -157,6 +157,9 @@ async def test_a_changed_tool_stops_the_approved_run_with_a_typed_reason(
     assert code == 3, (out, err)
     named = [line for line in out.splitlines() if "tool_unavailable · create_ticket" in line]
     assert len(named) == 1, out
+    if toolset == "tools":  # renamed: what docs/deploying.md shows
+        as_deploying_shows("boundloop status dep-3b1f6e0c2a97", (out + err).splitlines(),
+                           handle.id, "dep-3b1f6e0c2a97")
     assert list_tickets(tmp_path / "data") == []
     assert await workflow_task_failures(handle, temporal) == 0
     assert len(server.requests) == 1  # nothing asked of the model after the stop

@@ -4,9 +4,9 @@ A shown output is a fenced block whose first line is `$ boundloop …`, each com
 followed by what it printed. The commands that need no Temporal and no model are run
 here and must print what the page shows (up to a key that differs per run); RUN_ELSEWHERE
 names the tests that run the others (the README's agent and `make demo` blocks: tests/
-test_readme*.py; those needing workers and a model: tests/test_docs_shown.py). A block
-no test runs would have to be listed in UNCHECKED, so a new output cannot join the pages
-untested.
+test_readme*.py; those needing workers and a model: tests/test_docs_shown.py and the
+tests of what they show). A block no test runs fails
+test_every_shown_output_is_run_by_a_test, so a new output cannot join the pages untested.
 """
 
 from __future__ import annotations
@@ -53,13 +53,9 @@ RUN_HERE = [
     "boundloop keys new alice",
 ]
 
-#: Shown outputs no test runs yet: (page, first command). A new block that no test runs
-#: fails test_every_shown_output_is_run_by_a_test_or_listed_as_unchecked.
-UNCHECKED = {
-    ("docs/sessions.md", "boundloop session start --id support-chat-7 --busy queue"),
-}
-
 SHOWN = "tests/test_docs_shown.py::"
+REPLAY_CHECK = ("tests/test_replay_check.py::"
+                "test_replay_check_catches_an_unpatched_change_before_the_deploy")
 
 #: Shown outputs a test elsewhere runs and compares with the page: (page, first command)
 #: -> that test.
@@ -93,6 +89,16 @@ RUN_ELSEWHERE = {
     ("docs/guide.md", ".venv/bin/boundloop session start --tools lookup_stock --idle-seconds "
      "1800 --token-budget 50000 --id support-chat-42"):
         SHOWN + "test_the_session_transcript_prints_what_the_guide_shows",
+    ("docs/sessions.md", "boundloop session start --id support-chat-7 --busy queue"):
+        SHOWN + "test_the_busy_queue_transcript_prints_what_sessions_shows",
+    ("docs/deploying.md", "boundloop replay-check"): REPLAY_CHECK,
+    ("docs/deploying.md", "boundloop replay-check          # with the next release checked "
+     "out"): REPLAY_CHECK,
+    ("docs/deploying.md", "boundloop status rc-6f0c1d2e9a11"): REPLAY_CHECK,
+    ("docs/deploying.md", "boundloop approve rc-6f0c1d2e9a11 t1"): REPLAY_CHECK,
+    ("docs/deploying.md", "boundloop list"): REPLAY_CHECK,
+    ("docs/deploying.md", "boundloop status dep-3b1f6e0c2a97"):
+        "tests/test_deploys.py::test_a_changed_tool_stops_the_approved_run_with_a_typed_reason",
     ("docs/security.md", "BOUNDLOOP_POLICY=bad.toml boundloop worker"):
         SHOWN + "test_a_bad_policy_file_prints_what_security_shows",
     ("docs/security.md", "BOUNDLOOP_POLICY=typo.toml boundloop worker"):
@@ -111,9 +117,6 @@ OUTPUT_MARKS = ("reason: ", "answer: ", "error: ", "refused: ", "model request f
 #: Output blocks that show no `$` command, with the test that runs what prints them.
 UNNAMED = {("README.md", "make demo"): "tests/test_readme_demo.py"}
 
-#: Pages that quote a line or two of output (an error, an event) without its command, and
-#: how many such blocks: no test compares them yet.
-UNNAMED_UNCHECKED = {"docs/deploying.md": 3}
 
 
 def unnamed_outputs(page: str) -> list[int]:
@@ -141,15 +144,15 @@ def test_every_output_block_names_its_command() -> None:
     the README's `make demo` block, which tests/test_readme_demo.py compares)."""
     unnamed = {page: len(unnamed_outputs(page)) for page in PAGES}
     assert {page: n for page, n in unnamed.items() if n} == {
-        "README.md": len(UNNAMED), **UNNAMED_UNCHECKED}, unnamed
+        "README.md": len(UNNAMED)}, unnamed
 
 
 def shown_matches(printed: list[str], shown: list[str]) -> bool:
     """`printed` is what `shown` shows: line for line, where a `...` line stands for any
-    lines and a line ending in `…` for any line that begins like it."""
+    lines and a `…` in a line for any text (at its end: any line that begins like it)."""
     def same(line: str, pattern: str) -> bool:
-        return (line.startswith(pattern[:-1]) if pattern.endswith("…")
-                else line.rstrip() == pattern.rstrip())
+        wild = ".*".join(re.escape(part) for part in pattern.rstrip().split("…"))
+        return re.fullmatch(wild, line.rstrip(), re.DOTALL) is not None
 
     def fits(i: int, j: int) -> bool:
         if j == len(shown):
@@ -167,12 +170,11 @@ def shown_block(page: str, command: str) -> list[str]:
     return block[1:]
 
 
-def test_every_shown_output_is_run_by_a_test_or_listed_as_unchecked() -> None:
+def test_every_shown_output_is_run_by_a_test() -> None:
     shown = {(page, first) for page in PAGES for first, _ in shown_outputs(page)}
-    assert shown - UNCHECKED - set(RUN_ELSEWHERE) == {
+    assert shown - set(RUN_ELSEWHERE) == {
         (page, c) for page in PAGES for c in RUN_HERE if (page, c) in shown}
-    assert set(RUN_ELSEWHERE) <= shown
-    assert shown >= UNCHECKED, UNCHECKED - shown  # a block removed: drop it from the list
+    assert set(RUN_ELSEWHERE) <= shown  # a block removed: drop it from RUN_ELSEWHERE
     assert {c for _, c in shown} >= set(RUN_HERE)
 
 

@@ -449,3 +449,58 @@ async def test_the_clear_run_refusal_prints_what_security_shows(temporal: Client
                            'boundloop run "Is A-001 in stock?" --tools lookup_stock --wait    '
                            "# no codec keys here",
                            BOUNDLOOP_CODEC_KEYS=str(keyfile(tmp_path, "k1")))
+
+
+SESSIONS = "docs/sessions.md"
+
+
+async def background(command: str, env: dict[str, str]) -> asyncio.subprocess.Process:
+    """`command &` in a reader's shell: stdout and stderr to the terminal (one pipe)."""
+    return await asyncio.create_subprocess_exec(
+        "sh", "-c", command.split(" &", 1)[0], cwd=ROOT, env=env, stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+
+
+async def first_line(proc: asyncio.subprocess.Process) -> str:
+    assert proc.stdout is not None
+    return (await asyncio.wait_for(proc.stdout.readline(), timeout=WAIT)).decode().rstrip()
+
+
+async def test_the_busy_queue_transcript_prints_what_sessions_shows(
+        temporal: Client, tmp_path: Path) -> None:
+    """docs/sessions.md's `--busy queue` session: a `boundloop worker` with the demo's
+    tools against a scripted model; the first `say` in the background waits on its
+    turn's approval, the second is queued, `session show` says so, `approve` decides, and
+    `wait` prints both turns' results, in turn order."""
+    [start, say1, say2, show, approve, wait] = shown_commands(
+        SESSIONS, "boundloop session start --id support-chat-7 --busy queue")
+    assert (say1[0].endswith("&"), "&" in say2[0], wait[0].split()[0]) == (True, True, "wait")
+    mine = f"support-{uuid.uuid4().hex[:6]}"  # as long as support-chat-7
+    names = {mine: "support-chat-7"}
+    q = queue()
+    ticket = {"title": "Restock B-002", "description": "B-002 is out of stock",
+              "priority": "high"}
+    model = ScriptedModelServer([resp(call("create_ticket", ticket, "call_ticket")),
+                                 answer("Ticket filed: Restock B-002 (high)."),
+                                 answer("Yes: the ticket is open and a person approved it.")])
+    env = shell_env(temporal, tmp_path, BOUNDLOOP_TASK_QUEUE=q)
+    log = tmp_path / "worker.log"
+    try:
+        with process([BOUNDLOOP, "worker"], worker_env(
+                tmp_path, TEMPORAL_ADDRESS=env["TEMPORAL_ADDRESS"], BOUNDLOOP_TASK_QUEUE=q,
+                OPENAI_BASE_URL=model.start(), OPENAI_API_KEY="sk-test-not-real"), log):
+            await log_has(log, "worker started")
+            await check_shown([start], env, names=names)
+            first = await background(say1[0].replace("support-chat-7", mine), env)
+            assert normalized([await first_line(first)], names) == normalized(say1[1])
+            await parked(temporal, f"{mine}/turn-1")
+            second = await background(say2[0].replace("support-chat-7", mine), env)
+            assert normalized([await first_line(second)], names) == normalized(say2[1])
+            await check_shown([show, approve], env, names=names)
+            ends = [await asyncio.wait_for(p.communicate(), timeout=WAIT)
+                    for p in (first, second)]
+    finally:
+        model.stop()
+    assert (first.returncode, second.returncode) == (0, 0)
+    printed = normalized([x for out, _ in ends for x in out.decode().splitlines()], names)
+    assert shown_matches(printed, normalized(wait[1])), "\n".join(printed)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import sys
 import uuid
 from datetime import timedelta
@@ -28,8 +29,33 @@ from tests.scripts import answer, call, resp
 from tests.support.next_release import swap_plugin
 from tests.support.tools import tools as test_tools
 from tests.test_cli import ROOT, env_for
+from tests.test_docs_outputs import shown_block, shown_matches
 
 TICKET = '{"title": "Printer on fire", "description": "3F", "priority": "high"}'
+DEPLOYING = "docs/deploying.md"
+#: What differs per run in the lines docs/deploying.md shows, as the page shows it: when
+#: and how often the workflow task failed, Temporal's run id, how many histories the
+#: test's server holds.
+PER_RUN = [(re.compile(p), shown) for p, shown in (
+    (r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", "2026-12-01T22:36:27Z"),
+    (r"\(attempt \d+\)", "(attempt 3)"),
+    (r"\(run [0-9a-f]{8}-", "(run 01a233c0-"),
+    (r"replayed \d+ histories: \d+ diverge", "replayed 12 histories: 1 diverge"),
+    (r"replayed \d+ histories", "replayed 12 histories"),
+)]
+
+
+def as_deploying_shows(command: str, printed: list[str], run_id: str, shown_id: str) -> None:
+    """`printed` (the lines of one command, as wide as a wide terminal) is what
+    docs/deploying.md shows under `$ command`, with `run_id` shown as `shown_id`."""
+    lines = []
+    for line in printed:
+        line = line.replace(run_id, shown_id)
+        for pattern, shown in PER_RUN:
+            line = pattern.sub(shown, line)
+        lines.append(line)
+    shown = shown_block(DEPLOYING, command)
+    assert shown_matches(lines, shown), "\n".join(["printed:", *lines, "shown:", *shown])
 
 
 async def cli(*args: str, env: dict[str, str], next_release: bool = False,
@@ -38,7 +64,7 @@ async def cli(*args: str, env: dict[str, str], next_release: bool = False,
                else [sys.executable, "-m", "boundloop.cli"])
     proc = await asyncio.create_subprocess_exec(
         *command, *args, cwd=ROOT, env={**env, "BOUNDLOOP_TOOLS": "tests.support.tools:tools",
-                                        "PYTHONPATH": str(ROOT)},
+                                        "PYTHONPATH": str(ROOT), "COLUMNS": "400"},
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
     out, err = await asyncio.wait_for(proc.communicate(), timeout=120)
     assert proc.returncode is not None
@@ -73,12 +99,18 @@ async def test_replay_check_catches_an_unpatched_change_before_the_deploy(
                 return bool(st["pending"])
 
             await wait_until(parked, timeout=60)
+        shown_id = "rc-6f0c1d2e9a11"
         code, out, err = await cli("replay-check", env=env)
         assert code == 0, err
         assert "all replay" in out
+        as_deploying_shows("boundloop replay-check", out.splitlines(), handle.id, shown_id)
         code, out, err = await cli("replay-check", env=env, next_release=True)
         assert code == 5, (out, err)
         assert handle.id in err and "Nondeterminism" in err and "BoundLoop" in err
+        # The page shows this run's line (the test's server may hold others) and the total.
+        as_deploying_shows("boundloop replay-check          # with the next release checked out",
+                           [x for x in err.splitlines() if handle.id in x] + out.splitlines(),
+                           handle.id, shown_id)
         # Deployed anyway: the decision's workflow task fails on the new code.
         async with worker(swap_plugin()):
             await handle.signal("approve", Decision(call_id="t1", approve=True))
@@ -87,10 +119,14 @@ async def test_replay_check_catches_an_unpatched_change_before_the_deploy(
             assert code == 6, (out, err)
             assert "workflow task failing since" in err and "Nondeterminism" in err
             assert "deploy the code it started on" in err
+            as_deploying_shows(f"boundloop status {shown_id}", (out + err).splitlines(),
+                               handle.id, shown_id)
             code, out, err = await cli("approve", handle.id, "t1", env=env)
             assert code == 6, (out, err)
             # Recorded (a signal): the approval already sent is applied once, below.
             assert "workflow task failing since" in err and "decision is recorded" in err
+            as_deploying_shows(f"boundloop approve {shown_id} t1", (out + err).splitlines(),
+                               handle.id, shown_id)
             # The server marks it too (the Web UI's Task Failures view lists it).
             query = (f"WorkflowId = '{handle.id}' AND "
                      "TemporalReportedProblems IS NOT NULL")
@@ -102,6 +138,10 @@ async def test_replay_check_catches_an_unpatched_change_before_the_deploy(
             assert "deploy the code it started on" in row["stuck"]
             code, out, err = await cli("list", env=env)
             assert f"stuck: {handle.id}: workflow task failing since" in " ".join(out.split())
+            # The table, then this run's line (the test's server may hold other stuck runs).
+            as_deploying_shows("boundloop list", [x for x in out.splitlines() if
+                                                  not x.startswith("stuck:") or handle.id in x],
+                               handle.id, shown_id)
             # watch says why it does not move (not "no worker is answering").
             watched = tmp_path / "watch.out"
             watch = await _start_cli("watch", handle.id, env=env, out=watched)
