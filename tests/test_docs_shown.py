@@ -8,8 +8,10 @@ import asyncio
 import json
 import os
 import re
+import select
 import shlex
 import subprocess
+import time
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -161,21 +163,30 @@ def with_password(command: str, password: str, env: dict[str, str], cwd: Path) -
                             stdout=side, stderr=side, start_new_session=True,
                             preexec_fn=controlling)
     os.close(side)
+    # Bounded: a prompt that never reaches the terminal fails the test, not hangs it.
+    deadline = time.monotonic() + WAIT
     shown, answered = b"", 0
-    while True:
-        try:
-            chunk = os.read(main, 1024)
-        except OSError:  # EIO: the command closed the terminal
-            break
-        if not chunk:
-            break
-        shown += chunk
-        if shown.count(b":") > answered:  # a prompt: type once the terminal hides input
-            while termios.tcgetattr(main)[3] & termios.ECHO:
-                pass
-            answered += 1
-            os.write(main, password.encode() + b"\n")
-    os.close(main)
+    try:
+        while True:
+            left = deadline - time.monotonic()
+            assert left > 0 and select.select([main], [], [], left)[0], (
+                "no prompt or end on the terminal", shown)
+            try:
+                chunk = os.read(main, 1024)
+            except OSError:  # EIO: the command closed the terminal
+                break
+            if not chunk:
+                break
+            shown += chunk
+            if shown.count(b":") > answered:  # a prompt: type once the terminal hides input
+                while termios.tcgetattr(main)[3] & termios.ECHO:
+                    assert time.monotonic() < deadline, ("echo never turned off", shown)
+                answered += 1
+                os.write(main, password.encode() + b"\n")
+    finally:
+        os.close(main)
+        if proc.poll() is None and time.monotonic() >= deadline:
+            proc.kill()
     assert proc.wait(timeout=WAIT) == 0, shown
     return [x.rstrip() for x in shown.decode().replace("\r", "").splitlines()]
 
