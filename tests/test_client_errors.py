@@ -53,3 +53,16 @@ async def test_an_ended_run_refuses_decisions_and_cancels_and_ids_are_never_reus
             await run.cancel()
         assert (await run.status()).status == "completed"  # an ended run still answers
     assert result.reason == "completed"
+
+
+async def test_a_session_id_is_never_reused_by_a_session_or_a_run(temporal: Client) -> None:
+    async with AgentEnvironment(agent, deps=None, script=[], client=temporal) as env:
+        wanted = f"errors-session-{env.agent.task_queue}"
+        session = await env.agent.session(temporal, id=wanted)
+        with pytest.raises(boundloop.RunIdTaken, match=f"'{wanted}' is already used; each "
+                                                       "session needs its own"):
+            await env.agent.session(temporal, id=wanted)
+        with pytest.raises(boundloop.RunIdTaken, match="already used; each run needs"):
+            await env.start("squat", id=wanted)
+        ended = await session.end()
+    assert ended.turns == 0

@@ -4,6 +4,7 @@ page is the same text."""
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -64,6 +65,21 @@ def test_the_readme_agent_runs_and_prints_what_the_readme_shows(
     assert done.returncode == 0, done
     assert shown and done.stdout == shown[0], (done.stdout, shown)
 
+
+
+def test_the_readmes_agent_test_passes_as_shown(tmp_path: Path) -> None:
+    """The "Test your agent" example, saved next to the README's agent.py and run by
+    pytest as a user runs it: its own dev server, the scripted model, the real tool."""
+    (agent,) = [b for b in blocks(README, "python") if "boundloop.Agent(" in b]
+    (test,) = [b for b in blocks(README, "python") if "boundloop.testing" in b]
+    (tmp_path / "agent.py").write_text(agent, encoding="utf-8")
+    (tmp_path / "test_agent.py").write_text(test, encoding="utf-8")
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-c", os.devnull,
+         "--rootdir", str(tmp_path), "test_agent.py"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "1 passed" in done.stdout
 
 async def test_the_readme_policy_refuses_the_run_it_shows(temporal: Client,
                                                           tmp_path: Path) -> None:
