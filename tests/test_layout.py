@@ -61,3 +61,35 @@ def test_no_product_module_holds_the_test_helpers() -> None:
     for module in ("client.py", "devserver.py"):
         text = (ROOT / "boundloop" / module).read_text(encoding="utf-8")
         assert "def wait_until" not in text and "def free_port" not in text, module
+
+
+def calls_in(package: str) -> list[tuple[Path, ast.Call]]:
+    return [(p, node) for p in sorted((ROOT / package).rglob("*.py"))
+            for node in ast.walk(ast.parse(p.read_text(encoding="utf-8")))
+            if isinstance(node, ast.Call)]
+
+
+def named(call: ast.Call) -> str:
+    func = call.func
+    return func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+
+
+def test_messages_are_sent_by_their_handlers_not_by_name() -> None:
+    """A signal, query or update is sent by its handler (`BoundLoopWorkflow.decide`): a
+    renamed handler then fails type checking, not a run in production."""
+    senders = {"signal", "query", "execute_update", "start_update",
+               "execute_update_with_start_workflow", "start_update_with_start_workflow"}
+    found = [f"{p.relative_to(ROOT)}:{c.lineno}" for p, c in calls_in("boundloop")
+             if named(c) in senders and c.args and isinstance(c.args[0], ast.Constant)
+             and isinstance(c.args[0].value, str)]
+    assert found == []
+
+
+def test_exit_statuses_come_from_the_one_table() -> None:
+    """Every status the CLI, the worker and the demo exit with is an `ExitCode`
+    (boundloop/exit_codes.py), never a bare number. `run_client` is the exception: it
+    exits a user's script with Python's own statuses."""
+    found = [f"{p.relative_to(ROOT)}:{c.lineno}" for p, c in calls_in("boundloop")
+             if named(c) in {"Exit", "_exit", "exit"} and p.name != "process.py"
+             and c.args and isinstance(c.args[0], ast.Constant)]
+    assert found == []

@@ -33,9 +33,9 @@ def main() -> None:
     try:
         app()
     except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 1
+        code = exc.code if isinstance(exc.code, int) else ExitCode.FAILED
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)  # sdk-python #300: avoid an abort at interpreter exit
     sys.stdout.flush()
-    os._exit(0)
+    os._exit(ExitCode.OK)

@@ -2,11 +2,10 @@
 admins.
 
 A worker registers them for its task queue (the boundloop plugin does it when the worker
-is built, and removes them when the worker stops); the workflow, which runs in
-Temporal's sandbox, reads the tool rules (argument models, approval, cost, limits) and
-the approver keys of its own task queue from here. This module is imported through the
-sandbox unchanged, so worker and workflow see one table. A Replayer registers for every
-queue (None).
+is built, and removes them when the worker stops); the workflow reads the tool rules
+(argument models, approval, cost, limits) and the approver keys of its own task queue
+from here, so worker and workflow see one table (the signing keys too: this is the only
+per-queue registry). A Replayer registers for every queue (None).
 """
 
 from __future__ import annotations
