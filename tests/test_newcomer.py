@@ -192,13 +192,17 @@ async def test_the_mcp_docs_command_runs_without_the_venv_on_path(
     assert "time__get_current_time" in [d.name for d in declared]
 
 
+@pytest.mark.parametrize("opted_in", [True, False], ids=["messages", "no-messages"])
 def test_own_worker_logs_with_the_public_setup_and_the_hint_can_be_followed(
-        temporal: Client, tmp_path: Path) -> None:
+        temporal: Client, tmp_path: Path, opted_in: bool) -> None:
     """A worker and client of one's own (tests/support/own_worker.py): the log line of
-    the failed tool carries the fingerprint the run's event shows, and with
-    BOUNDLOOP_LOG_TOOL_ERRORS=1 the exception's message; the script exits with its own
-    status through `boundloop.run_client`."""
-    env = {**env_for(temporal, tmp_path), "BOUNDLOOP_LOG_TOOL_ERRORS": "1"}
+    the failed tool carries the fingerprint the run's event shows, and the exception's
+    message only with BOUNDLOOP_LOG_TOOL_ERRORS=1; the script exits with its own status
+    through `boundloop.run_client`."""
+    env = env_for(temporal, tmp_path)
+    env.pop("BOUNDLOOP_LOG_TOOL_ERRORS", None)
+    if opted_in:
+        env["BOUNDLOOP_LOG_TOOL_ERRORS"] = "1"
     done = subprocess.run([sys.executable, "-m", "tests.support.own_worker"], cwd=ROOT,
                           env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done
@@ -210,7 +214,8 @@ def test_own_worker_logs_with_the_public_setup_and_the_hint_can_be_followed(
     assert f"fingerprint={failed[0].fingerprint}" in logged[0]
     from tests.support.tools import SECRET_DETAIL
 
-    assert SECRET_DETAIL in done.stderr  # the operator opted into messages
+    # A tool's exception message is its output's kin: logged only when the operator opts in.
+    assert (SECRET_DETAIL in done.stderr) is opted_in
 
 
 # --- client scripts end cleanly -------------------------------------------------------
