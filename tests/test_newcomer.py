@@ -268,13 +268,18 @@ def test_a_budget_refusal_logs_no_request_that_was_never_sent() -> None:
         (1, "model_requested"), (1, "budget_refused"), (1, "stopped:budget_limit")]
 
 
-def test_a_malformed_call_naming_a_known_tool_is_flagged() -> None:
+async def test_a_malformed_call_naming_a_known_tool_is_flagged(run_script: RunScript) -> None:
     garbled = ('{"name": "create_ticket", "arguments": {"title": "<tool_response>status":'
                ' "ok"}, "priority": ')
     assert looks_like_tool_call(garbled, ["create_ticket"])
     assert looks_like_tool_call(f"```json\n{garbled}\n```", ["create_ticket"])
     assert not looks_like_tool_call(garbled, ["lookup_stock"])  # names no tool we have
     assert not looks_like_tool_call('{"name": "Ada", "age": ', ["create_ticket"])
+    # As the real model answered it: the run completes, flagged, and nothing ran.
+    out = await run_script([answer(garbled)], tools=["lookup_stock", "create_ticket"])
+    assert (out.result.reason, out.result.tool_executions, out.result.text) == (
+        "completed", 0, garbled)
+    assert out.result.answer_looks_like_tool_call is True
 
 
 LLAMA_500 = body({"error": {"code": 500, "type": "server_error", "message":
