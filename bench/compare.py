@@ -3,7 +3,9 @@
 `make bench` saves its numbers to `bench/results.json` (committed with the report), and
 before it does, prints which figures got worse than the saved ones by more than
 TOLERANCE. A figure is compared only when both runs have it; ratios taken inside one
-run are the figures to trust on a shared machine, the absolute times move with its load.
+run are the figures to trust on a shared machine, the absolute times move with its load
+(and with the host: bare Temporal's own figures, measured in the same runs, say when the
+machine itself moved, and a HOST line says so).
 """
 
 from __future__ import annotations
@@ -30,11 +32,21 @@ def _at(*path: str) -> Figure:
     return get
 
 
+def _ms(figure: Figure) -> Figure:
+    return lambda results: figure(results) * 1000.0
+
+
 def _per_run(kind: str, process: str) -> Figure:
     def get(results: Mapping[str, Any]) -> float:
         t = results["throughput"]
         return float(t[f"{kind}_cpu"][process]) / float(t["runs"])
     return get
+
+
+def _per_bare_run(process: str) -> Figure:
+    """boundloop's CPU a run against bare Temporal's, in the same throughput phase."""
+    return lambda results: _per_run("loop", process)(results) / _per_run("bare", process)(
+        results)
 
 
 def _history_per_step(results: Mapping[str, Any]) -> float:
@@ -44,14 +56,24 @@ def _history_per_step(results: Mapping[str, Any]) -> float:
 
 #: name, unit, whether higher is better, how to read it from the results.
 FIGURES: list[tuple[str, str, bool, Figure]] = [
-    ("one step (server clock)", "ms", False, _at("overhead", "loop_step")),
+    ("one step (server clock)", "ms", False, _ms(_at("overhead", "loop_step"))),
     ("step / 2 bare activities", "x", False, _at("overhead", "ratio_activity")),
     ("throughput", "steps/s", True, _at("throughput", "loop_steps_per_s")),
     ("throughput / bare (activities)", "x", True, _at("throughput", "ratio_activities")),
     ("Temporal server CPU a run", "s", False, _per_run("loop", "temporal")),
     ("worker CPU a run", "s", False, _per_run("loop", "worker")),
+    ("Temporal server CPU a run / bare's", "x", False, _per_bare_run("temporal")),
+    ("worker CPU a run / bare's", "x", False, _per_bare_run("worker")),
     ("history a step (largest run)", "bytes", False, _history_per_step),
     ("worker RSS a parked run", "KiB", False, _at("parked", "per_run_kib")),
+]
+
+
+#: Bare Temporal's own figures: the same workflow code in every run, so a change in them
+#: is the machine's (its load, its host), which moves boundloop's absolute figures too.
+HOST_FIGURES: list[tuple[str, str, bool, Figure]] = [
+    ("bare Temporal's own step", "ms", False, _ms(_at("overhead", "bare_step"))),
+    ("bare Temporal's throughput", "steps/s", True, _at("throughput", "bare_steps_per_s")),
 ]
 
 
@@ -66,17 +88,19 @@ SIDE_FIGURES: dict[str, bool] = {
 }
 
 
-def figures(results: Mapping[str, Any]) -> dict[str, tuple[float, str, bool]]:
-    """The headline figures present in `results`: name -> (value, unit, higher_better)."""
+def figures(results: Mapping[str, Any], table: list[tuple[str, str, bool, Figure]] | None = None,
+            ) -> dict[str, tuple[float, str, bool]]:
+    """The headline figures present in `results` (or those of `table`, then without the
+    side-by-side ones): name -> (value, unit, higher_better)."""
     from bench.side_report import figures as side_figures
 
     out: dict[str, tuple[float, str, bool]] = {}
-    for name, unit, higher, get in FIGURES:
+    for name, unit, higher, get in FIGURES if table is None else table:
         try:
             out[name] = (get(results), unit, higher)
         except (KeyError, TypeError, ValueError, ZeroDivisionError):
             continue  # the phase did not run (--only) or has no such figure
-    if results.get("peers"):
+    if table is None and results.get("peers"):
         for name, value in side_figures(results["peers"]).items():
             out[f"side by side: {name}"] = (value, "", SIDE_FIGURES[name])
     return out
@@ -94,6 +118,13 @@ def worse(previous: Mapping[str, Any], current: Mapping[str, Any],
         change = (value - old) / abs(old)
         if (-change if higher else change) > tolerance:
             lines.append(f"WORSE {name}: {old:.4g} -> {value:.4g} {unit} ({change:+.0%})")
+    before, now = figures(previous, HOST_FIGURES), figures(current, HOST_FIGURES)
+    for name, (value, unit, _) in now.items():
+        old = before.get(name, (0.0, "", False))[0]
+        if old and abs(value - old) / abs(old) > tolerance:  # either way: it hides changes too
+            lines.append(f"HOST {name}: {old:.4g} -> {value:.4g} {unit} "
+                         f"({(value - old) / abs(old):+.0%}): the machine moved, and the "
+                         "absolute figures with it; read the ratios (x)")
     return lines
 
 

@@ -8,11 +8,13 @@ from pathlib import Path
 from bench import compare
 
 
-def results(step: float, steps_per_s: float, temporal_cpu: float) -> dict[str, object]:
-    return {"overhead": {"loop_step": step, "ratio_activity": 2.0},
+def results(step: float, steps_per_s: float, temporal_cpu: float, bare_step: float = 0.015,
+            bare_temporal_cpu: float = 12.0) -> dict[str, object]:
+    return {"overhead": {"loop_step": step, "ratio_activity": 2.0, "bare_step": bare_step},
             "throughput": {"runs": 100, "loop_steps_per_s": steps_per_s,
-                           "ratio_activities": 0.5,
-                           "loop_cpu": {"temporal": temporal_cpu, "worker": 8.0}}}
+                           "ratio_activities": 0.5, "bare_steps_per_s": 40.0,
+                           "loop_cpu": {"temporal": temporal_cpu, "worker": 8.0},
+                           "bare_cpu": {"temporal": bare_temporal_cpu, "worker": 8.0}}}
 
 
 def test_worse_figures_are_named_in_their_direction() -> None:
@@ -21,6 +23,20 @@ def test_worse_figures_are_named_in_their_direction() -> None:
     lines = compare.worse(before, after)
     assert [line.split(":")[0] for line in lines] == [
         "WORSE one step (server clock)", "WORSE throughput"]
+    assert lines[0].startswith("WORSE one step (server clock): 40 -> 50 ms (+25%)")
+
+
+def test_a_slower_machine_is_named_and_the_same_run_ratios_still_compare() -> None:
+    # Everything twice as slow, bare Temporal too: the host moved, not the code; but the
+    # server's CPU against bare's in the same run grew: that one is the code's.
+    before = results(step=0.040, steps_per_s=30.0, temporal_cpu=12.0)
+    after = results(step=0.080, steps_per_s=30.0, temporal_cpu=30.0, bare_step=0.030,
+                    bare_temporal_cpu=20.0)
+    lines = compare.worse(before, after)
+    assert [line.split(":")[0] for line in lines] == [
+        "WORSE one step (server clock)", "WORSE Temporal server CPU a run",
+        "WORSE Temporal server CPU a run / bare's", "HOST bare Temporal's own step"]
+    assert "15 -> 30 ms (+100%): the machine moved" in lines[-1]
 
 
 def test_changes_within_the_tolerance_and_missing_phases_are_not_reported(
