@@ -5,6 +5,7 @@ prints what the page shows, up to what differs per run (`normalized`)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import re
@@ -15,6 +16,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import pytest_asyncio
@@ -246,6 +248,27 @@ def queue() -> str:
     return f"q-{uuid.uuid4().hex[:8]}"
 
 
+@contextlib.asynccontextmanager
+async def scripted_worker(temporal: Client, tmp_path: Path, turns: list[dict[str, Any]],
+                          log: str = "worker.log", **worker: str,
+                          ) -> AsyncIterator[tuple[dict[str, str], ScriptedModelServer]]:
+    """A `boundloop worker` (the demo's tools, and the `worker` settings) on a queue of its
+    own against a scripted model of `turns`, started; yields the shell environment of
+    commands for it, and the model."""
+    q = queue()
+    model = ScriptedModelServer(turns)
+    env = shell_env(temporal, tmp_path, BOUNDLOOP_TASK_QUEUE=q)
+    try:
+        with process([BOUNDLOOP, "worker"], worker_env(
+                tmp_path, TEMPORAL_ADDRESS=env["TEMPORAL_ADDRESS"], BOUNDLOOP_TASK_QUEUE=q,
+                OPENAI_BASE_URL=model.start(), OPENAI_API_KEY="sk-test-not-real", **worker),
+                tmp_path / log):
+            await log_has(tmp_path / log, "worker started")
+            yield env, model
+    finally:
+        model.stop()
+
+
 async def parked(temporal: Client, run_id: str) -> None:
     """Until the run waits for an approval."""
     handle = temporal.get_workflow_handle(run_id)
@@ -335,23 +358,13 @@ async def test_the_session_transcript_prints_what_the_guide_shows(
     """The guide's session: a `boundloop worker` serving lookup_stock against a scripted
     model, then start, two turns, show, end, and a message to the ended session."""
     mine = f"support-{uuid.uuid4().hex[:7]}"  # as long as support-chat-42
-    q = queue()
-    model = ScriptedModelServer([resp(call("lookup_stock", {"sku": "A-001"}, "c1")),
-                                 answer("A-001: 12 in stock."),
-                                 answer("You asked about A-001: 12 in stock.")])
-    env = shell_env(temporal, tmp_path, BOUNDLOOP_TASK_QUEUE=q)
-    log = tmp_path / "worker.log"
-    try:
-        with process([BOUNDLOOP, "worker"], worker_env(
-                tmp_path, TEMPORAL_ADDRESS=env["TEMPORAL_ADDRESS"], BOUNDLOOP_TASK_QUEUE=q,
-                OPENAI_BASE_URL=model.start(), OPENAI_API_KEY="sk-test-not-real"), log):
-            await log_has(log, "worker started")
-            await check_shown(shown_commands(
-                GUIDE, ".venv/bin/boundloop session start --tools lookup_stock --idle-seconds "
-                "1800 --token-budget 50000 --id support-chat-42"), env,
-                names={mine: "support-chat-42"})
-    finally:
-        model.stop()
+    turns = [resp(call("lookup_stock", {"sku": "A-001"}, "c1")), answer("A-001: 12 in stock."),
+             answer("You asked about A-001: 12 in stock.")]
+    async with scripted_worker(temporal, tmp_path, turns) as (env, _):
+        await check_shown(shown_commands(
+            GUIDE, ".venv/bin/boundloop session start --tools lookup_stock --idle-seconds "
+            "1800 --token-budget 50000 --id support-chat-42"), env,
+            names={mine: "support-chat-42"})
 
 
 async def test_the_budget_blocks_print_what_the_guide_shows(temporal: Client,
@@ -359,37 +372,24 @@ async def test_the_budget_blocks_print_what_the_guide_shows(temporal: Client,
     """The guide's shared budget (a worker holding the ledger; the runs with the scripted
     model), then a budget whose worker has approver keys and alice as its admin."""
     key = f"team-{uuid.uuid4().hex[:6]}"  # a ledger of this test's own
-    q = queue()
-    env = shell_env(temporal, tmp_path, BOUNDLOOP_TASK_QUEUE=q)
-    model = ScriptedModelServer([])
-    base = worker_env(tmp_path, TEMPORAL_ADDRESS=env["TEMPORAL_ADDRESS"],
-                      OPENAI_BASE_URL=model.start(), OPENAI_API_KEY="sk-test-not-real")
-    try:
-        with process([BOUNDLOOP, "worker"], {**base, "BOUNDLOOP_TASK_QUEUE": q},
-                     tmp_path / "worker.log"):
-            await log_has(tmp_path / "worker.log", "worker started")
-            await check_shown(shown_commands(
-                GUIDE, "boundloop budget set team-a --usd 5 --tokens 2000000"), env,
-                names={key: "team-a"})
-        # Who may change a budget: alice's key on the worker, alice its only admin.
-        for name in ("alice", "mallory"):
-            code, out = await typed(f"boundloop keys new {name}", env, cwd=tmp_path)
-            assert code == 0, out
-        alice = (tmp_path / "alice.pub").read_text(encoding="utf-8").split()[1]
-        policy = tmp_path / "policy.toml"
-        policy.write_text(toml_block(GUIDE, "admins = [").replace("ed25519:…", alice),
-                          encoding="utf-8")
-        signed, q = f"team-{uuid.uuid4().hex[:6]}", queue()
-        env["BOUNDLOOP_TASK_QUEUE"] = q
-        with process([BOUNDLOOP, "worker"], {**base, "BOUNDLOOP_TASK_QUEUE": q,
-                                             "BOUNDLOOP_POLICY": str(policy)},
-                     tmp_path / "signed.log"):
-            await log_has(tmp_path / "signed.log", "worker started")
-            await check_shown(shown_commands(
-                GUIDE, "boundloop budget set team-a --usd 5 --as alice --key alice.key"), env,
-                names={signed: "team-a"}, cwd=tmp_path)
-    finally:
-        model.stop()
+    async with scripted_worker(temporal, tmp_path, []) as (env, _):
+        await check_shown(shown_commands(
+            GUIDE, "boundloop budget set team-a --usd 5 --tokens 2000000"), env,
+            names={key: "team-a"})
+    # Who may change a budget: alice's key on the worker, alice its only admin.
+    for name in ("alice", "mallory"):
+        code, out = await typed(f"boundloop keys new {name}", env, cwd=tmp_path)
+        assert code == 0, out
+    alice = (tmp_path / "alice.pub").read_text(encoding="utf-8").split()[1]
+    policy = tmp_path / "policy.toml"
+    policy.write_text(toml_block(GUIDE, "admins = [").replace("ed25519:…", alice),
+                      encoding="utf-8")
+    signed = f"team-{uuid.uuid4().hex[:6]}"
+    async with scripted_worker(temporal, tmp_path, [], log="signed.log",
+                               BOUNDLOOP_POLICY=str(policy)) as (env, _):
+        await check_shown(shown_commands(
+            GUIDE, "boundloop budget set team-a --usd 5 --as alice --key alice.key"), env,
+            names={signed: "team-a"}, cwd=tmp_path)
 
 
 async def refused_as_shown(temporal: Client, tmp_path: Path, page: str, policy_marker: str,
@@ -397,21 +397,11 @@ async def refused_as_shown(temporal: Client, tmp_path: Path, page: str, policy_m
     """A `boundloop worker` on the page's policy file (the toml block holding
     `policy_marker`, plus `worker` settings) refuses the run `command` starts as the page
     shows, before any model request."""
-    q = queue()
     policy = tmp_path / "policy.toml"
     policy.write_text(toml_block(page, policy_marker), encoding="utf-8")
-    model = ScriptedModelServer([])
-    env = shell_env(temporal, tmp_path, BOUNDLOOP_TASK_QUEUE=q)
-    log = tmp_path / "worker.log"
-    try:
-        with process([BOUNDLOOP, "worker"], worker_env(
-                tmp_path, TEMPORAL_ADDRESS=env["TEMPORAL_ADDRESS"], BOUNDLOOP_TASK_QUEUE=q,
-                OPENAI_BASE_URL=model.start(), OPENAI_API_KEY="sk-test-not-real",
-                BOUNDLOOP_POLICY=str(policy), **worker), log):
-            await log_has(log, "worker started")
-            await check_shown(shown_commands(page, command), env)
-    finally:
-        model.stop()
+    async with scripted_worker(temporal, tmp_path, [], BOUNDLOOP_POLICY=str(policy),
+                               **worker) as (env, model):
+        await check_shown(shown_commands(page, command), env)
     assert model.requests == []
 
 
@@ -488,30 +478,21 @@ async def test_the_busy_queue_transcript_prints_what_sessions_shows(
     assert (say1[0].endswith("&"), "&" in say2[0], wait[0].split()[0]) == (True, True, "wait")
     mine = f"support-{uuid.uuid4().hex[:6]}"  # as long as support-chat-7
     names = {mine: "support-chat-7"}
-    q = queue()
     ticket = {"title": "Restock B-002", "description": "B-002 is out of stock",
               "priority": "high"}
-    model = ScriptedModelServer([resp(call("create_ticket", ticket, "call_ticket")),
-                                 answer("Ticket filed: Restock B-002 (high)."),
-                                 answer("Yes: the ticket is open and a person approved it.")])
-    env = shell_env(temporal, tmp_path, BOUNDLOOP_TASK_QUEUE=q)
-    log = tmp_path / "worker.log"
-    try:
-        with process([BOUNDLOOP, "worker"], worker_env(
-                tmp_path, TEMPORAL_ADDRESS=env["TEMPORAL_ADDRESS"], BOUNDLOOP_TASK_QUEUE=q,
-                OPENAI_BASE_URL=model.start(), OPENAI_API_KEY="sk-test-not-real"), log):
-            await log_has(log, "worker started")
-            await check_shown([start], env, names=names)
-            first = await background(say1[0].replace("support-chat-7", mine), env)
-            assert normalized([await first_line(first)], names) == normalized(say1[1])
-            await parked(temporal, f"{mine}/turn-1")
-            second = await background(say2[0].replace("support-chat-7", mine), env)
-            assert normalized([await first_line(second)], names) == normalized(say2[1])
-            await check_shown([show, approve], env, names=names)
-            ends = [await asyncio.wait_for(p.communicate(), timeout=WAIT)
-                    for p in (first, second)]
-    finally:
-        model.stop()
+    turns = [resp(call("create_ticket", ticket, "call_ticket")),
+             answer("Ticket filed: Restock B-002 (high)."),
+             answer("Yes: the ticket is open and a person approved it.")]
+    async with scripted_worker(temporal, tmp_path, turns) as (env, _):
+        await check_shown([start], env, names=names)
+        first = await background(say1[0].replace("support-chat-7", mine), env)
+        assert normalized([await first_line(first)], names) == normalized(say1[1])
+        await parked(temporal, f"{mine}/turn-1")
+        second = await background(say2[0].replace("support-chat-7", mine), env)
+        assert normalized([await first_line(second)], names) == normalized(say2[1])
+        await check_shown([show, approve], env, names=names)
+        ends = [await asyncio.wait_for(p.communicate(), timeout=WAIT)
+                for p in (first, second)]
     assert (first.returncode, second.returncode) == (0, 0)
     printed = normalized([x for out, _ in ends for x in out.decode().splitlines()], names)
     assert shown_matches(printed, normalized(wait[1])), "\n".join(printed)
