@@ -127,6 +127,23 @@ def test_limits_over_the_ceiling_are_refused_lower_ones_run() -> None:
     assert got.limits.max_output_tokens == 512
 
 
+def test_a_ceiling_below_the_builtin_default_is_what_a_run_that_set_nothing_gets() -> None:
+    # A newcomer's policy: ceilings under boundloop's defaults (5 steps, 600 s, 86,400 s)
+    # and no [limits.defaults]; every run that set nothing was refused for "asking" them.
+    op = _operator(limits={"max": {"max_steps": 4, "deadline_seconds": 300,
+                                   "approval_timeout_seconds": 3600}})
+    got = _resolve(op, {})
+    assert isinstance(got, RunSettings)
+    assert (got.limits.max_steps, got.limits.deadline_seconds,
+            got.limits.approval_timeout_seconds) == (4, 300.0, 3600.0)
+    assert _resolve(op, {"limits": {"max_steps": 3}}).limits.max_steps == 3  # type: ignore[union-attr]
+    assert _fields(_resolve(op, {"limits": {"max_steps": 6}})) == ["limits.max_steps"]
+    # The operator's own default over its own ceiling would refuse every run: refused.
+    with pytest.raises(ValidationError,
+                       match=r"defaults\.max_steps = 5 is over max\.max_steps = 4"):
+        _operator(limits={"max": {"max_steps": 4}, "defaults": {"max_steps": 5}})
+
+
 def test_limit_defaults_apply_where_the_run_leaves_the_builtin_default() -> None:
     op = _operator(limits={"defaults": {"max_steps": 8}})
     got = _resolve(op, {})

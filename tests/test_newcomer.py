@@ -90,6 +90,10 @@ async def test_task_queue_flag_turn_ids_and_exit_codes_from_the_cli(
 
             code, out, err = await cli("say", session, "hello", env=env)
             assert code == 0 and "first turn" in out, (out, err)
+            # `status` of a session names the command that shows it (it was a traceback).
+            code, out, err = await cli("status", session, env=env)
+            assert (code, "Traceback" in err) == (2, False), (out, err)
+            assert f"is a session, not a run: `boundloop session show {session}`" in err
 
             code, out, err = await cli("run", "A-001?", "--wait", *agent_flags, env=env)
             assert code == 0 and "the run's answer" in out, (out, err)
@@ -100,6 +104,8 @@ async def test_task_queue_flag_turn_ids_and_exit_codes_from_the_cli(
             code, out, err = await cli("session", "end", session, env=env)
             assert code == 0 and "ended (requested)" in out, (out, err)
             assert "already ended" in err
+            code, out, err = await cli("status", session, "--json", env=env)  # ended too
+            assert code == 2 and "is a session, not a run" in err, (out, err)
 
             code, out, err = await cli("cancel", "no-such-run", env=env)
             assert code == 2 and "no run 'no-such-run'" in err, (out, err)

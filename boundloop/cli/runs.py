@@ -197,11 +197,14 @@ def status(run_id: Annotated[str, typer.Argument(help="Workflow id")],
 
         from boundloop import client as ops
         from boundloop import search_attributes as sa
-        from boundloop.contracts import RunResult
+        from boundloop.contracts import SESSION_WORKFLOW, RunResult
 
         client = await connect(settings)
         handle = client.get_workflow_handle(run_id, result_type=RunResult)
         desc = await describe(handle)
+        if desc.workflow_type == SESSION_WORKFLOW:  # its result is no RunResult
+            raise fail(f"{run_id!r} is a session, not a run: `boundloop session show "
+                       f"{run_id}` shows it (each turn is a run: {run_id}/turn-N)")
         if desc.status in (WorkflowExecutionStatus.COMPLETED, WorkflowExecutionStatus.FAILED):
             result = await run_result(handle)
             if as_json:

@@ -106,9 +106,9 @@ class BudgetRule(BaseModel):
 
 
 class OperatorLimits(BaseModel):
-    """`max`: ceilings (a run asking more is refused; an optional limit the run leaves
-    unset gets its ceiling). `defaults`: used where the run leaves a limit at boundloop's
-    own default."""
+    """`max`: ceilings (a run asking more is refused; a limit the run leaves unset, or at
+    boundloop's own default when that is over the ceiling, gets the ceiling). `defaults`:
+    used where the run leaves a limit at boundloop's own default."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -131,6 +131,16 @@ class OperatorLimits(BaseModel):
     def _valid_defaults(cls, defaults: dict[str, Any]) -> dict[str, Any]:
         Limits.model_validate(defaults)  # names and values as a run's limits take them
         return defaults
+
+    @model_validator(mode="after")
+    def _defaults_within_ceilings(self) -> OperatorLimits:
+        # Such a default would refuse every run that sets nothing: refused at the start.
+        over = [f"defaults.{k} = {v:g} is over max.{k} = {self.max[k]:g}"
+                for k, v in self.defaults.items()
+                if k in self.max and isinstance(v, int | float) and v > self.max[k]]
+        if over:
+            raise ValueError("; ".join(over))
+        return self
 
 
 class OperatorPolicy(BaseModel):
@@ -273,9 +283,13 @@ def _refused_limits(operator: OperatorPolicy, asked: Limits) -> tuple[Limits, li
     refusals: list[Refusal] = []
     for name, ceiling in operator.limits.max.items():
         value = values.get(name)
-        if value is None:
+        # A run that set nothing asked nothing: boundloop's own default over the ceiling
+        # is the operator's to lower, so the ceiling stands in for it (as a default would).
+        left = value is None or (value == builtin.get(name)
+                                 and name not in operator.limits.defaults)
+        if left and (value is None or value > ceiling):
             values[name] = int(ceiling) if name in _INTEGERS else float(ceiling)
-        elif value > ceiling:
+        elif value is not None and value > ceiling:
             refusals.append(Refusal(field=f"limits.{name}", asked=repr(value),
                                     operator=f"at most {ceiling:g}"))
     return Limits.model_validate(values), refusals

@@ -6,10 +6,8 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
+import functools
 import json
-import os
-import sys
 
 from desk import agent
 
@@ -38,8 +36,7 @@ if __name__ == "__main__":
     parser.add_argument("--task-queue", default="weather-desk")
     parser.add_argument("--model", default="gpt-5-mini")
     args = parser.parse_args()
-    asyncio.run(main(args.question, args.temporal, args.task_queue, args.model))
-    # The SDK's runtime can abort while Python tears down its threads at exit
-    # (temporalio/sdk-python#300): flush and leave without that teardown.
-    sys.stdout.flush()
-    os._exit(0)
+    # Exits with main's status in every path, without the interpreter teardown in which
+    # the SDK's runtime can abort (temporalio/sdk-python#300).
+    boundloop.run_client(functools.partial(main, args.question, args.temporal,
+                                           args.task_queue, args.model))
