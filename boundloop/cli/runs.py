@@ -29,7 +29,6 @@ from boundloop.cli.common import (
     load_model_script,
     load_settings,
     print_pending_table,
-    print_session,
     run_result,
     validation_lines,
 )
@@ -41,7 +40,6 @@ from boundloop.terminal import console, exit_code, no_worker, print_event, print
 if TYPE_CHECKING:
     from temporalio.client import Client
 
-    from boundloop import client as ops
     from boundloop.agent import Agent
     from boundloop.contracts import RunStatus
     from boundloop.settings import Settings
@@ -268,8 +266,10 @@ def watch(run_id: Annotated[str, typer.Argument(help="Workflow id")]) -> None:
         handle = client.get_workflow_handle(run_id, result_type=RunResult)
         desc = await describe(handle)
         if desc.workflow_type == SESSION_WORKFLOW:  # follows each turn as it runs
-            return await _watch_session(client, await ops.get_session(client, run_id),
-                                         settings)
+            from boundloop.cli.sessions import watch_session
+
+            return await watch_session(client, await ops.get_session(client, run_id),
+                                       settings)
         await live_watch(handle)
         result = await run_result(handle)
         print_result(result, settings)
@@ -347,31 +347,3 @@ def cancel(run_id: Annotated[str, typer.Argument(help="Workflow id")],
                       f"(follow it with `boundloop watch {safe(run_id)}`)")
 
     _run(go())
-
-
-async def _watch_session(client: Client, session: ops.Session, settings: Settings) -> int:
-    """`boundloop watch SESSION`: follow each turn live as it runs, print its result,
-    until the session ends."""
-    from temporalio.client import WorkflowExecutionStatus
-
-    from boundloop.contracts import RunResult
-    from boundloop.live import watch as live_watch
-
-    followed: set[str] = set()
-    code: int = ExitCode.OK
-    while True:
-        desc = await session.handle.describe()
-        st = await asyncio.wait_for(session.show(), timeout=QUERY_TIMEOUT)
-        turn = st.current_turn
-        if turn is not None and turn not in followed:
-            followed.add(turn)
-            handle = client.get_workflow_handle(turn, result_type=RunResult)
-            await live_watch(handle)
-            result = await run_result(handle)
-            print_result(result, settings)
-            code = exit_code(result)
-            continue
-        if desc.status != WorkflowExecutionStatus.RUNNING:
-            print_session(st)
-            return code
-        await asyncio.sleep(0.3)

@@ -21,6 +21,7 @@ from boundloop.cli.common import (
     fail,
     load_settings,
     print_session,
+    run_result,
     validation_lines,
 )
 from boundloop.errors import RunEnded
@@ -28,6 +29,8 @@ from boundloop.exit_codes import ExitCode
 from boundloop.terminal import console, exit_code, print_event, print_result, safe
 
 if TYPE_CHECKING:  # loaded by the commands that use them (see cli/common.py)
+    from temporalio.client import Client
+
     from boundloop import client as ops
     from boundloop.contracts import RunResult, SessionStatus
     from boundloop.settings import Settings
@@ -184,3 +187,31 @@ def _print_status(session_id: str, as_json: bool,
             print_session(st)
 
     _run(go())
+
+
+async def watch_session(client: Client, session: ops.Session, settings: Settings) -> int:
+    """`boundloop watch SESSION`: follow each turn live as it runs, print its result,
+    until the session ends."""
+    from temporalio.client import WorkflowExecutionStatus
+
+    from boundloop.contracts import RunResult
+    from boundloop.live import watch as live_watch
+
+    followed: set[str] = set()
+    code: int = ExitCode.OK
+    while True:
+        desc = await session.handle.describe()
+        st = await asyncio.wait_for(session.show(), timeout=QUERY_TIMEOUT)
+        turn = st.current_turn
+        if turn is not None and turn not in followed:
+            followed.add(turn)
+            handle = client.get_workflow_handle(turn, result_type=RunResult)
+            await live_watch(handle)
+            result = await run_result(handle)
+            print_result(result, settings)
+            code = exit_code(result)
+            continue
+        if desc.status != WorkflowExecutionStatus.RUNNING:
+            print_session(st)
+            return code
+        await asyncio.sleep(0.3)
