@@ -197,6 +197,26 @@ async def test_a_tightening_runs_under_the_operators_defaults(
     assert (status.limits.max_steps, status.limits.max_tool_executions) == (4, 3)
 
 
+
+async def test_a_run_setting_no_limits_runs_under_ceilings_below_the_defaults(
+        temporal: Client, model: ScriptedModelServer, tmp_path: Path) -> None:
+    """Ceilings under boundloop's own defaults (5 steps, 600 s), no [limits.defaults]: a
+    run that sets nothing is admitted with the ceilings; asking more is still refused."""
+    operator = OperatorPolicy.model_validate({
+        "limits": {"max": {"max_steps": 4, "deadline_seconds": 300}}})
+    model.append(answer("in stock"))
+    queue = f"q-{uuid.uuid4().hex[:8]}"
+    async with served(temporal, model, queue, tmp_path, operator):
+        handle = await start(temporal, queue, {}, ["lookup_stock"])
+        result = await asyncio.wait_for(result_of(handle), RUN_TIMEOUT)
+        status = await query_status(handle)
+        asking = await start(temporal, queue, {"limits": {"max_steps": 6}}, ["lookup_stock"])
+        with pytest.raises(PolicyRefused) as refused:
+            await asyncio.wait_for(result_of(asking), RUN_TIMEOUT)
+    assert result.reason == "completed"
+    assert (status.limits.max_steps, status.limits.deadline_seconds) == (4, 300.0)
+    assert [r["field"] for r in refused.value.refusals] == ["limits.max_steps"]
+
 async def test_an_open_run_keeps_its_recorded_policy_across_a_restart(
         temporal: Client, model: ScriptedModelServer, tmp_path: Path) -> None:
     """Parked under a policy whose approver is alice; the worker restarts with a policy
