@@ -88,19 +88,24 @@ SIDE_FIGURES: dict[str, bool] = {
 }
 
 
-def figures(results: Mapping[str, Any], table: list[tuple[str, str, bool, Figure]] | None = None,
-            ) -> dict[str, tuple[float, str, bool]]:
-    """The headline figures present in `results` (or those of `table`, then without the
-    side-by-side ones): name -> (value, unit, higher_better)."""
-    from bench.side_report import figures as side_figures
-
+def _read(results: Mapping[str, Any], table: list[tuple[str, str, bool, Figure]],
+          ) -> dict[str, tuple[float, str, bool]]:
+    """The figures of `table` present in `results`: name -> (value, unit, higher_better)."""
     out: dict[str, tuple[float, str, bool]] = {}
-    for name, unit, higher, get in FIGURES if table is None else table:
+    for name, unit, higher, get in table:
         try:
             out[name] = (get(results), unit, higher)
         except (KeyError, TypeError, ValueError, ZeroDivisionError):
             continue  # the phase did not run (--only) or has no such figure
-    if table is None and results.get("peers"):
+    return out
+
+
+def figures(results: Mapping[str, Any]) -> dict[str, tuple[float, str, bool]]:
+    """The headline figures present in `results`: name -> (value, unit, higher_better)."""
+    from bench.side_report import figures as side_figures
+
+    out = _read(results, FIGURES)
+    if results.get("peers"):
         for name, value in side_figures(results["peers"]).items():
             out[f"side by side: {name}"] = (value, "", SIDE_FIGURES[name])
     return out
@@ -118,7 +123,7 @@ def worse(previous: Mapping[str, Any], current: Mapping[str, Any],
         change = (value - old) / abs(old)
         if (-change if higher else change) > tolerance:
             lines.append(f"WORSE {name}: {old:.4g} -> {value:.4g} {unit} ({change:+.0%})")
-    before, now = figures(previous, HOST_FIGURES), figures(current, HOST_FIGURES)
+    before, now = _read(previous, HOST_FIGURES), _read(current, HOST_FIGURES)
     for name, (value, unit, _) in now.items():
         old = before.get(name, (0.0, "", False))[0]
         if old and abs(value - old) / abs(old) > tolerance:  # either way: it hides changes too
