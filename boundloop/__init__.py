@@ -11,7 +11,7 @@ Define tools, serve them from a worker, start runs and decide their approvals:
 
     agent = boundloop.Agent(tools, model="gpt-5-mini", instructions="...")
 
-    client = await boundloop.connect("127.0.0.1:7233")
+    client = await boundloop.connect()  # TEMPORAL_ADDRESS, else 127.0.0.1:7233
     async with boundloop.Worker(client, agent, deps=MyDeps(...), model=AsyncOpenAI()):
         run = await agent.start(client, "question")
         async for event in run.events():
@@ -60,6 +60,7 @@ if TYPE_CHECKING:
         RunNotFound,
         RunStuck,
         SessionRefused,
+        TemporalUnreachable,
         ToolDefinitionError,
         ToolFailure,
         TransientToolError,
@@ -127,6 +128,7 @@ def __getattr__(name: str) -> Any:
         "StreamEvent": "boundloop.contracts",
         "StreamItem": "boundloop.contracts",
         "StreamResult": "boundloop.contracts",
+        "TemporalUnreachable": "boundloop.errors",
         "TextDelta": "boundloop.contracts",
         "ToolContext": "boundloop.tools.registry",
         "ToolDefinitionError": "boundloop.errors",
@@ -183,6 +185,7 @@ __all__ = [
     "StreamEvent",
     "StreamItem",
     "StreamResult",
+    "TemporalUnreachable",
     "TextDelta",
     "ToolContext",
     "ToolDefinitionError",

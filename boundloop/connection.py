@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
 from temporalio.client import Client
 from temporalio.runtime import (
     LogForwardingConfig,
@@ -22,11 +23,11 @@ from temporalio.runtime import (
 )
 from temporalio.service import TLSConfig
 
-from boundloop.client import connect as boundloop_connect
+from boundloop.client import client_connect as boundloop_connect
 from boundloop.codec import CodecKeyError, EncryptionCodec, load_keys
 from boundloop.errors import BoundloopError
 from boundloop.secret_files import shared_problem
-from boundloop.settings import Settings
+from boundloop.settings import Settings, TemporalSettings, one_line
 from boundloop.tracing import client_interceptors
 
 
@@ -61,7 +62,7 @@ def _read(path: Path, variable: str, *, secret: bool = False) -> bytes:
     return data
 
 
-def tls_config(settings: Settings) -> bool | TLSConfig | None:
+def tls_config(settings: TemporalSettings) -> bool | TLSConfig | None:
     """The SDK's `tls` argument: a TLSConfig when a CA, client certificate or server name
     is set; True for TEMPORAL_TLS=1 alone (system roots); False for TEMPORAL_TLS=0;
     None otherwise (the SDK turns TLS on when an API key is given)."""
@@ -86,7 +87,7 @@ def tls_config(settings: Settings) -> bool | TLSConfig | None:
     return s.temporal_tls
 
 
-def codec(settings: Settings) -> EncryptionCodec | None:
+def codec(settings: TemporalSettings) -> EncryptionCodec | None:
     """The encryption codec of BOUNDLOOP_CODEC_KEYS / BOUNDLOOP_CODEC_KEY, or None."""
     try:
         keys = load_keys(keys_file=settings.codec_keys_file,
@@ -101,7 +102,7 @@ def codec(settings: Settings) -> EncryptionCodec | None:
     return EncryptionCodec(keys, source=source)
 
 
-def connect_options(settings: Settings) -> ConnectOptions:
+def connect_options(settings: TemporalSettings) -> ConnectOptions:
     """Everything but the address, read (files included) before connecting: a bad
     setting is one line at start, never a half-connected process."""
     api_key = settings.temporal_api_key
@@ -139,20 +140,42 @@ def tls_problem(exc: BaseException) -> str | None:
     return None
 
 
-def tls_dropped(exc: BaseException, settings: Settings) -> bool:
+def tls_dropped(exc: BaseException, settings: TemporalSettings) -> bool:
     """With TLS on, the connection was closed or reset under the client: the shape of a
     refused (or missing) client certificate under TLS 1.3, where the server's verdict
     comes after the handshake. It may also be a server going away, so a worker keeps
     retrying it."""
-    text = str(exc)
     try:
         tls_on = bool(tls_config(settings)) or settings.temporal_api_key is not None
     except ConnectionSettingsError:
         return False
+    return tls_on and _dropped(exc)
+
+
+def _dropped(exc: BaseException) -> bool:
     dropped = ("close_notify", "CertificateRequired", "BadCertificate", "BrokenPipe",
                "broken pipe", "ConnectionReset", "reset by peer", "UnexpectedEof",
                "connection closed")
-    return tls_on and any(d in text for d in dropped)
+    return any(d in str(exc) for d in dropped)
+
+
+def unreachable_line(address: str, exc: BaseException, tls_on: bool) -> str:
+    """Why connecting to `address` failed, in one line: the TLS refusal (never fixed by
+    retrying), else the server not reached and what to do."""
+    problem = tls_problem(exc) or (TLS_DROPPED if tls_on and _dropped(exc) else None)
+    if problem is not None:
+        return f"cannot connect to Temporal at {address}: {problem}"
+    return (f"cannot reach Temporal at {address} ({unreachable_reason(exc)}): start it "
+            "with `boundloop server` or set TEMPORAL_ADDRESS")
+
+
+def environment_settings() -> TemporalSettings:
+    """The connection settings of the environment now (what `boundloop.connect` reads
+    for each argument not given). Raises ConnectionSettingsError, one line."""
+    try:
+        return TemporalSettings()
+    except ValidationError as exc:
+        raise ConnectionSettingsError(f"invalid settings: {one_line(exc)}") from None
 
 
 _core_logs_forwarded = False

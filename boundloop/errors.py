@@ -146,6 +146,12 @@ class PolicyNamesUnservedTools(BoundloopError, ValueError):
     The message names each such entry and the tools served."""
 
 
+class TemporalUnreachable(BoundloopError, ConnectionError):
+    """`boundloop.connect` could not reach Temporal (connection refused, a name that does
+    not resolve, a timeout) or the server refused the TLS connection. The message says
+    where and why in one line."""
+
+
 class NoToolset(BoundloopError):
     """No toolset is registered for a worker's task queue in this process."""
 

@@ -16,11 +16,15 @@ import traceback
 from collections.abc import Callable, Coroutine
 from typing import Any, NoReturn
 
+from boundloop.errors import BoundloopError, TemporalUnreachable
+
 
 def run_client(main: Callable[[], Coroutine[Any, Any, int | None]]) -> NoReturn:
     """Run `main()` (an async function) and exit the process with its status, in every
     path: the int it returns (None: 0), a `SystemExit`'s code, 130 after Ctrl-C, 1 after
-    an exception (its traceback printed to stderr first, as Python would).
+    an exception (its traceback printed to stderr first, as Python would). Temporal not
+    reached (`TemporalUnreachable`) or a connection setting that cannot be used
+    (`ConnectionSettingsError`) is one line, `error: …`, and the CLI's exit code: 4, 2.
 
         async def main() -> None:
             client = await boundloop.connect()
@@ -36,11 +40,32 @@ def run_client(main: Callable[[], Coroutine[Any, Any, int | None]]) -> NoReturn:
         code = _status(exc.code)
     except KeyboardInterrupt:
         code = 130
+    except BoundloopError as exc:
+        told = _connection_code(exc)
+        if told is None:
+            traceback.print_exc()
+            code = 1
+        else:  # a server not reached, a setting not usable: one line, as the CLI says it
+            print(f"error: {exc}", file=sys.stderr)
+            code = told
     except BaseException:
         traceback.print_exc()
         code = 1
     _flush()
     os._exit(code)  # sdk-python #300: no interpreter shutdown for the core to abort in
+
+
+def _connection_code(exc: BoundloopError) -> int | None:
+    """The CLI's exit code for an error of `boundloop.connect` (4: Temporal not reached
+    or refusing TLS; 2: a connection setting that cannot be used), else None."""
+    from boundloop.connection import ConnectionSettingsError
+    from boundloop.exit_codes import ExitCode
+
+    if isinstance(exc, TemporalUnreachable):
+        return int(ExitCode.UNREACHABLE)
+    if isinstance(exc, ConnectionSettingsError):
+        return int(ExitCode.INVALID)
+    return None
 
 
 def _status(value: object) -> int:

@@ -20,7 +20,31 @@ from boundloop.core.operator import OperatorPolicy
 from boundloop.secret_files import writable_problem
 
 
-class Settings(BaseSettings):
+class TemporalSettings(BaseSettings):
+    """How a process reaches Temporal: TEMPORAL_ADDRESS, TEMPORAL_NAMESPACE, the TLS
+    files and server name, TEMPORAL_API_KEY and the payload codec keys (the fields of
+    `Settings` below that `boundloop.connect` reads from the environment too)."""
+
+    # An empty variable means unset (compose files pass `${VAR:-}` as ""), never "".
+    model_config = SettingsConfigDict(env_prefix="", extra="ignore", populate_by_name=True,
+                                      env_ignore_empty=True)
+
+    temporal_address: str = Field("127.0.0.1:7233", alias="TEMPORAL_ADDRESS")
+    temporal_namespace: str = Field("default", alias="TEMPORAL_NAMESPACE")
+    # Secure connections (boundloop/connection.py). A CA, client cert or server name
+    # turns TLS on; TEMPORAL_TLS=1 alone uses the system's roots (Temporal Cloud).
+    temporal_tls: bool | None = Field(None, alias="TEMPORAL_TLS")
+    temporal_tls_ca: Path | None = Field(None, alias="TEMPORAL_TLS_SERVER_CA_CERT_PATH")
+    temporal_tls_cert: Path | None = Field(None, alias="TEMPORAL_TLS_CLIENT_CERT_PATH")
+    temporal_tls_key: Path | None = Field(None, alias="TEMPORAL_TLS_CLIENT_KEY_PATH")
+    temporal_tls_server_name: str | None = Field(None, alias="TEMPORAL_TLS_SERVER_NAME")
+    temporal_api_key: SecretStr | None = Field(None, alias="TEMPORAL_API_KEY")
+    # Payload encryption (boundloop/codec.py): keys never leave this process.
+    codec_keys_file: Path | None = Field(None, alias="BOUNDLOOP_CODEC_KEYS")
+    codec_key: SecretStr | None = Field(None, alias="BOUNDLOOP_CODEC_KEY")
+
+
+class Settings(TemporalSettings):
     """- TEMPORAL_ADDRESS / TEMPORAL_NAMESPACE: the Temporal frontend.
     - BOUNDLOOP_TASK_QUEUE: task queue of workflows and activities.
     - BOUNDLOOP_DATA_DIR: the dev server database and the demo tools' SQLite store.
@@ -60,15 +84,14 @@ class Settings(BaseSettings):
       secret (at least 32 characters) its session cookies are signed with.
 
     This is the only place boundloop reads the environment: the CLI reads it once and
-    hands the values to the public API, which takes them as arguments.
+    hands the values to the public API, which takes them as arguments (but
+    `boundloop.connect`, which reads `TemporalSettings` for each argument not given).
     """
 
     # An empty variable means unset (compose files pass `${VAR:-}` as ""), never "".
     model_config = SettingsConfigDict(env_prefix="", extra="ignore", populate_by_name=True,
                                       env_ignore_empty=True)
 
-    temporal_address: str = Field("127.0.0.1:7233", alias="TEMPORAL_ADDRESS")
-    temporal_namespace: str = Field("default", alias="TEMPORAL_NAMESPACE")
     task_queue: str = Field("boundloop", alias="BOUNDLOOP_TASK_QUEUE")
     data_dir: Path = Field(Path(".boundloop"), alias="BOUNDLOOP_DATA_DIR")
     openai_api_key: SecretStr | None = Field(None, alias="OPENAI_API_KEY")
@@ -88,17 +111,6 @@ class Settings(BaseSettings):
     approver_keys_file: Path | None = Field(None, alias="BOUNDLOOP_APPROVER_KEYS")
     mcp_config: Path | None = Field(None, alias="BOUNDLOOP_MCP_CONFIG")
     policy_file: Path | None = Field(None, alias="BOUNDLOOP_POLICY")
-    # Secure connections (boundloop/connection.py). A CA, client cert or server name
-    # turns TLS on; TEMPORAL_TLS=1 alone uses the system's roots (Temporal Cloud).
-    temporal_tls: bool | None = Field(None, alias="TEMPORAL_TLS")
-    temporal_tls_ca: Path | None = Field(None, alias="TEMPORAL_TLS_SERVER_CA_CERT_PATH")
-    temporal_tls_cert: Path | None = Field(None, alias="TEMPORAL_TLS_CLIENT_CERT_PATH")
-    temporal_tls_key: Path | None = Field(None, alias="TEMPORAL_TLS_CLIENT_KEY_PATH")
-    temporal_tls_server_name: str | None = Field(None, alias="TEMPORAL_TLS_SERVER_NAME")
-    temporal_api_key: SecretStr | None = Field(None, alias="TEMPORAL_API_KEY")
-    # Payload encryption (boundloop/codec.py): keys never leave this process.
-    codec_keys_file: Path | None = Field(None, alias="BOUNDLOOP_CODEC_KEYS")
-    codec_key: SecretStr | None = Field(None, alias="BOUNDLOOP_CODEC_KEY")
     codec_token: SecretStr | None = Field(None, alias="BOUNDLOOP_CODEC_TOKEN")
     codec_cors_origins: str | None = Field(None, alias="BOUNDLOOP_CODEC_CORS_ORIGINS")
     # `boundloop console` (docs/console.md): who may sign in, their signing keys, and

@@ -145,6 +145,62 @@ async def test_another_port_works_as_the_readme_and_the_guide_say(tmp_path: Path
         assert await asyncio.to_thread(server.wait, WAIT) == 0
 
 
+CONNECT_SCRIPT = """
+import sys
+import boundloop
+from boundloop.codec import EncryptionCodec
+
+async def main():
+    client = await boundloop.connect()
+    print(client.service_client.config.target_host, client.namespace,
+          isinstance(client.data_converter.payload_codec, EncryptionCodec))
+    if sys.argv[1:] == ["count"]:
+        await client.count_workflows()  # the server answers
+
+boundloop.run_client(main)
+"""
+
+
+def test_connect_reads_the_settings_the_cli_reads_and_says_an_unreachable_server_in_one_line(
+        temporal: Client, tmp_path: Path) -> None:
+    """`boundloop.connect()` with no argument reads TEMPORAL_ADDRESS, TEMPORAL_NAMESPACE,
+    the TLS settings and the codec keys as the CLI does; a server it cannot reach, or a
+    setting it cannot use, is one line through `run_client` with the CLI's exit code."""
+    import base64
+    import os
+
+    def connect(extra: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+        env = {k: v for k, v in env_for(temporal, tmp_path).items()
+               if not k.startswith(("TEMPORAL_", "BOUNDLOOP_CODEC"))}
+        return subprocess.run([sys.executable, "-c", CONNECT_SCRIPT, *args], cwd=ROOT,
+                              env={**env, **extra}, capture_output=True, text=True,
+                              timeout=60)
+
+    address = temporal.service_client.config.target_host
+    key = base64.b64encode(os.urandom(32)).decode()
+    done = connect({"TEMPORAL_ADDRESS": address, "BOUNDLOOP_CODEC_KEY": f"k1:{key}"},
+                   "count")
+    assert done.returncode == 0, done
+    assert done.stdout.split() == [address, "default", "True"]
+    done = connect({"TEMPORAL_ADDRESS": address, "TEMPORAL_NAMESPACE": "elsewhere"})
+    assert done.returncode == 0 and done.stdout.split() == [address, "elsewhere", "False"]
+    # Nothing set: the CLI's default address; no server answers on port 1.
+    done = connect({"TEMPORAL_ADDRESS": "127.0.0.1:1"})
+    assert done.returncode == 4, done
+    assert done.stderr.strip() == (
+        "error: cannot reach Temporal at 127.0.0.1:1 (connection refused): start it with "
+        "`boundloop server` or set TEMPORAL_ADDRESS")
+    # TLS from the environment: the dev server does not speak it.
+    done = connect({"TEMPORAL_ADDRESS": address, "TEMPORAL_TLS": "1"})
+    assert done.returncode == 4 and "Traceback" not in done.stderr, done
+    assert done.stderr.startswith(f"error: cannot connect to Temporal at {address}: ")
+    done = connect({"TEMPORAL_ADDRESS": address,
+                    "TEMPORAL_TLS_CLIENT_CERT_PATH": str(tmp_path / "cert.pem")})
+    assert done.returncode == 2 and done.stderr.strip() == (
+        "error: mTLS needs both TEMPORAL_TLS_CLIENT_CERT_PATH and "
+        "TEMPORAL_TLS_CLIENT_KEY_PATH"), done
+
+
 # --- the worker -----------------------------------------------------------------------
 
 

@@ -94,13 +94,7 @@ def load_settings() -> Settings:
 
 
 async def connect(settings: Settings) -> Client:
-    from boundloop.connection import (
-        TLS_DROPPED,
-        ConnectionSettingsError,
-        tls_dropped,
-        tls_problem,
-        unreachable_reason,
-    )
+    from boundloop.connection import ConnectionSettingsError, tls_dropped, unreachable_line
     from boundloop.connection import connect as settings_connect
 
     try:
@@ -108,13 +102,9 @@ async def connect(settings: Settings) -> Client:
     except ConnectionSettingsError as exc:
         raise fail(str(exc)) from None
     except RuntimeError as exc:
-        problem = tls_problem(exc) or (TLS_DROPPED if tls_dropped(exc, settings) else None)
-        if problem is not None:
-            raise fail(f"cannot connect to Temporal at {settings.temporal_address}: "
-                       f"{problem}", ExitCode.UNREACHABLE) from None
-        raise fail(f"cannot reach Temporal at {settings.temporal_address} "
-                   f"({unreachable_reason(exc)}): start it with `boundloop server` or set "
-                   "TEMPORAL_ADDRESS", ExitCode.UNREACHABLE) from None
+        raise fail(unreachable_line(settings.temporal_address, exc,
+                                    tls_dropped(exc, settings)),
+                   ExitCode.UNREACHABLE) from None
 
 
 async def run_result(handle: Any) -> RunResult:

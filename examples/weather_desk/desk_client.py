@@ -14,7 +14,7 @@ from desk import agent
 import boundloop
 
 
-async def main(question: str, temporal: str, task_queue: str, model: str) -> None:
+async def main(question: str, temporal: str | None, task_queue: str, model: str) -> None:
     client = await boundloop.connect(temporal)
     desk = agent.replace(task_queue=task_queue, model=model)
     run = await desk.start(client, question)
@@ -32,7 +32,8 @@ async def main(question: str, temporal: str, task_queue: str, model: str) -> Non
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("question")
-    parser.add_argument("--temporal", default="127.0.0.1:7233")
+    parser.add_argument("--temporal", default=None,
+                        help="default: TEMPORAL_ADDRESS, else 127.0.0.1:7233")
     parser.add_argument("--task-queue", default="weather-desk")
     parser.add_argument("--model", default="gpt-5-mini")
     args = parser.parse_args()

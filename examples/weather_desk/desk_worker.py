@@ -1,6 +1,6 @@
 """The weather desk's worker: its tools, their dependencies, a model client.
 
-    python examples/weather_desk/desk_worker.py [--temporal 127.0.0.1:7233] [--data-dir .weather]
+    python examples/weather_desk/desk_worker.py [--temporal HOST:PORT] [--data-dir .weather]
 
 The model endpoint comes from the openai SDK's own settings (OPENAI_API_KEY,
 OPENAI_BASE_URL).
@@ -9,7 +9,7 @@ OPENAI_BASE_URL).
 from __future__ import annotations
 
 import argparse
-import asyncio
+import functools
 from pathlib import Path
 
 import httpx2 as httpx
@@ -20,7 +20,7 @@ from weather_service import start as start_weather_service
 import boundloop
 
 
-async def main(temporal: str, task_queue: str, data_dir: Path) -> None:
+async def main(temporal: str | None, task_queue: str, data_dir: Path) -> None:
     data_dir.mkdir(parents=True, exist_ok=True)
     weather_url, service = start_weather_service()
     client = await boundloop.connect(temporal)
@@ -35,8 +35,11 @@ async def main(temporal: str, task_queue: str, data_dir: Path) -> None:
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
-    parser.add_argument("--temporal", default="127.0.0.1:7233")
+    parser.add_argument("--temporal", default=None,
+                        help="default: TEMPORAL_ADDRESS, else 127.0.0.1:7233")
     parser.add_argument("--task-queue", default="weather-desk")
     parser.add_argument("--data-dir", type=Path, default=Path(".weather"))
     args = parser.parse_args()
-    asyncio.run(main(args.temporal, args.task_queue, args.data_dir))
+    # Temporal not reached: one line (`error: cannot reach Temporal at …`), exit 4.
+    boundloop.run_client(functools.partial(main, args.temporal, args.task_queue,
+                                           args.data_dir))

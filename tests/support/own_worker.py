@@ -1,5 +1,6 @@
 """A user's own worker and client in one script, as the README shows them: the public
-logging setup, `boundloop.run_client`, a tool that raises. Prints the RunResult as JSON.
+logging setup, `boundloop.run_client`, `boundloop.connect()` reading TEMPORAL_ADDRESS, a
+tool that raises. Prints the RunResult as JSON.
 
     TEMPORAL_ADDRESS=... python -m tests.support.own_worker
 """
@@ -23,7 +24,7 @@ async def main() -> int:
     boundloop.configure_logging()
     server = ScriptedModelServer([resp(call("explode", {"x": "y"}, "c1"))])
     model = openai.AsyncOpenAI(base_url=server.start(), api_key="sk-test-not-real")
-    client = await boundloop.connect(os.environ["TEMPORAL_ADDRESS"])
+    client = await boundloop.connect()  # TEMPORAL_ADDRESS, as `boundloop worker` reads it
     agent = boundloop.Agent(tools, model="scripted-model", allowed=["explode"],
                             task_queue=f"own-{uuid.uuid4().hex[:8]}")
     try:
