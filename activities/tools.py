@@ -24,6 +24,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from pydantic import ValidationError
 from temporalio import activity
 from temporalio.exceptions import ApplicationError, ApplicationErrorCategory
 
@@ -40,9 +41,10 @@ from boundloop.core.envelope import (
     unserializable_result,
 )
 from boundloop.core.fingerprint import fingerprint
-from boundloop.core.loop import ToolOutcome, parse_arguments
+from boundloop.core.loop import ToolOutcome, parse_arguments, validation_problems
 from boundloop.core.mcp_tools import MCPToolDeclaration
 from boundloop.errors import (
+    TOOL_ARGUMENTS_CHANGED,
     TOOL_TIMED_OUT,
     TOOL_UNAVAILABLE,
     TRANSIENT_TOOL_ERROR,
@@ -83,10 +85,16 @@ class ToolActivities:
         spec = self._registry.get(req.tool)
         if req.parameters_digest is not None \
                 and spec.schema_digest != req.parameters_digest:
-            raise ApplicationError(
-                f"this worker serves the tool {req.tool!r} with other arguments than the run "
-                "was admitted with (its argument schema changed)", type=TOOL_UNAVAILABLE,
-                non_retryable=True)
+            # A compatible change (an optional argument added, a bound widened) keeps the
+            # admitted, perhaps approved, call valid: it runs as decided. Only a call the
+            # new schema refuses is unavailable, and the message says why.
+            try:
+                parse_arguments(spec.args_model, compact_json(req.arguments))
+            except ValidationError as exc:
+                raise ApplicationError(
+                    f"{req.tool}'s arguments changed since the run was admitted, and this "
+                    f"call no longer fits them: {validation_problems(exc)}",
+                    type=TOOL_ARGUMENTS_CHANGED, non_retryable=True) from None
         fp = fingerprint(req.tool, req.arguments)
         log = {"tool": req.tool, "step": req.step, "fingerprint": fp,
                "attempt": activity.info().attempt}

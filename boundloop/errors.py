@@ -49,6 +49,9 @@ POLICY_REFUSED = "PolicyRefused"
 #: The worker that took a tool call does not serve that tool (renamed or removed since
 #: the run started): never retried; the run stops with `tool_unavailable`.
 TOOL_UNAVAILABLE = "ToolUnavailable"
+#: The worker serves the tool with an argument schema the run's call no longer fits (a
+#: compatible change runs the call): like TOOL_UNAVAILABLE, with the mismatch named.
+TOOL_ARGUMENTS_CHANGED = "ToolArgumentsChanged"
 #: A session refused a message or an end (a turn is running, the session has ended).
 SESSION_REFUSED = "SessionRefused"
 #: A session's turn ended without a RunResult (terminated, its tools not served).

@@ -126,14 +126,15 @@ class Signer:
     def sign(self, *, workflow_id: str, call_id: str, step: int, fingerprint: str,
              approve: bool, arguments: dict[str, Any] | None, reason: str | None,
              signed_at: int | None = None,
-             remember: signatures.Remember | None = None) -> Signature:
+             remember: signatures.Remember | None = None,
+             run: str | None = None) -> Signature:
         """Sign one decision as `self.name` (with the grant of a remembered approval);
         `signed_at` (Unix seconds) defaults to now."""
         at = int(time.time()) if signed_at is None else signed_at
         raw = self._key.sign(signatures.message(
             workflow_id=workflow_id, call_id=call_id, step=step, fingerprint=fingerprint,
             approve=approve, approver=self.name, arguments=arguments, reason=reason,
-            signed_at=at, remember=remember))
+            signed_at=at, remember=remember, run=run))
         return Signature(signed_at=at, value=base64.b64encode(raw).decode("ascii"))
 
     def sign_budget(self, *, namespace: str, key: str, limits: Mapping[str, Any],

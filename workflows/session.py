@@ -63,6 +63,9 @@ TURN_REFUSAL_NAMED = "turn-refusal-named"
 #: The patch under which the approvals a turn remembered for the session are kept by it
 #: and handed to each next turn (each applies those its own policy allows).
 SESSION_GRANTS = "session-grants"
+#: The patch under which a session started by a cron schedule or a retry (Temporal sets
+#: `continued_run_id` on those too) drops the grants and conversation of its input.
+CARRIED_GENUINE = "carried-genuine"
 
 
 @workflow.defn(name=SESSION_WORKFLOW, sandboxed=SANDBOXED)
@@ -71,10 +74,15 @@ class BoundloopSessionWorkflow:
     def __init__(self, inp: SessionInput) -> None:
         self._inp = inp
         self._state = inp.state or core.SessionState(idle_since=workflow.now().isoformat())
-        if workflow.info().continued_run_id is None and (self._state.grants
-                                                         or self._state.follows):
+        info = workflow.info()
+        if (self._state.grants or self._state.follows) and (
+                info.continued_run_id is None
+                or (not core.continued_by_itself(info.continued_run_id, info.cron_schedule,
+                                                 info.attempt)
+                    and workflow.patched(CARRIED_GENUINE))):
             # Only continue-as-new hands grants and the conversation on: a session's
-            # starter cannot bring approvals, nor another conversation for the model.
+            # starter cannot bring approvals, nor another conversation for the model (a
+            # cron schedule's or a retry's next run has the starter's input).
             self._state = self._state.model_copy(update={"grants": [], "follows": None})
         self._running: str | None = None  # the running turn's workflow id
         self._end_asked = False

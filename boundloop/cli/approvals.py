@@ -78,6 +78,11 @@ def _decide(run_id: str, verb: str, make: Callable[[], Decision], signer: Any = 
 
 KeyOption = Annotated[Path | None, typer.Option(
     "--key", help="Sign the decision with this private key (NAME.key from `keys new`)")]
+#: The arguments the decider was shown: the run refuses the decision if they changed.
+FingerprintOption = Annotated[str | None, typer.Option(
+    "--fp", help="The fingerprint of the arguments you decide, as `pending` or `status` "
+    "shows it: refused if the call waiting now has other arguments (default: the call as "
+    "the run shows it now)")]
 
 
 @app.command()
@@ -92,7 +97,7 @@ def approve(run_id: str, call_id: str,
                 "(as in argument rules, e.g. 'priority != \"high\"')")] = None,
             scope: Annotated[str, typer.Option(
                 "--for", help="With --remember: 'run' (this run) or 'session' (this "
-                "session's later turns too)")] = "run") -> None:
+                "session's later turns too)")] = "run", fp: FingerprintOption = None) -> None:
     """Approve a pending call (optionally with edited arguments, or remembered for the
     rest of the run or session)."""
     from boundloop import client as ops
@@ -103,20 +108,21 @@ def approve(run_id: str, call_id: str,
     signer = load_signer(approver, key)
     _decide(run_id, "approved", lambda: ops.approval(
         call_id, approver=approver, args=edited, signer=signer, remember=remember,
-        when=when, scope="session" if scope == "session" else "run"), signer)
+        when=when, scope="session" if scope == "session" else "run", fingerprint=fp),
+        signer)
 
 
 @app.command()
 def reject(run_id: str, call_id: str,
            reason: Annotated[str, typer.Option("--reason", help="Why (shown to the model)")],
            approver: Annotated[str, typer.Option("--as", help="Approver name")] = "operator",
-           key: KeyOption = None) -> None:
+           key: KeyOption = None, fp: FingerprintOption = None) -> None:
     """Reject a pending call; the model is told not to retry it."""
     from boundloop import client as ops
 
     signer = load_signer(approver, key)
     _decide(run_id, "rejected", lambda: ops.rejection(
-        call_id, reason=reason, approver=approver, signer=signer), signer)
+        call_id, reason=reason, approver=approver, signer=signer, fingerprint=fp), signer)
 
 
 keys_app = typer.Typer(no_args_is_help=True, help="Approvers' signing keys.")
@@ -166,7 +172,8 @@ def pending(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
                       "answered its status query: is `boundloop worker` running?")
         if as_json:
             print(json.dumps([{"workflow_id": wf, "call_id": a.call_id, "tool": a.tool,
-                               "arguments": a.arguments, "requested_at": a.requested_at}
+                               "arguments": a.arguments, "requested_at": a.requested_at,
+                               "fingerprint": a.fingerprint, "run": st.run}
                               for wf, st in rows for a in st.pending], ensure_ascii=False))
         elif not rows:
             console.print("no calls are waiting for approval")

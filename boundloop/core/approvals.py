@@ -39,6 +39,8 @@ class DecisionLike(Protocol):
     signature: signatures.Signature | None
     remember: bool
     when: str | None
+    run: str | None
+    fingerprint: str | None
 
     @property
     def scope(self) -> str: ...
@@ -89,8 +91,8 @@ def time_left(approval: Approval, now: datetime, limit: timedelta) -> timedelta:
 
 
 def check(state: LoopState, decision: DecisionLike, rules: dict[str, ToolRule],
-          signed: signatures.Context | None = None, *, in_session: bool = False
-          ) -> str | None:
+          signed: signatures.Context | None = None, *, in_session: bool = False,
+          run: str | None = None, bound: bool = False) -> str | None:
     """Why the decision must be refused, or None. Never changes state.
 
     Refused: unknown call ids, calls already decided (a repeat is harmless: refused and
@@ -99,7 +101,9 @@ def check(state: LoopState, decision: DecisionLike, rules: dict[str, ToolRule],
     allow-list, edited arguments that fail the tool's schema, edited arguments on a
     rejection, `remember` on a rejection, a `when` without `remember`, a `when` that does
     not parse or does not cover the call it approves, a grant for the session in a run
-    that is not a session's turn (`in_session`).
+    that is not a session's turn (`in_session`), a decision made for another run than
+    `run` (this run's first execution run id) or for other arguments than those waiting
+    (see `changed`).
     """
     approval = find(state, decision.call_id)
     if approval is None:
@@ -107,13 +111,16 @@ def check(state: LoopState, decision: DecisionLike, rules: dict[str, ToolRule],
     if approval.status != "pending":
         return (f"call {approval.call_id} is already {approval.status}"
                 + (f" by {approval.approver}" if approval.approver else ""))
+    moved = changed(approval, decision, run, bound=bound)
+    if moved is not None:
+        return moved
     if signed is not None:
         bad = signatures.problem(
             signed, call_id=approval.call_id, step=approval.step,
             fingerprint=approval.fingerprint, approve=decision.approve,
             approver=decision.approver, arguments=decision.arguments,
             reason=decision.reason, signature=decision.signature,
-            remember=remembered(decision))
+            remember=remembered(decision), run=decision.run)
         if bad is not None:
             return bad
     allowed = state.policy.approvers.get(approval.tool)
@@ -137,6 +144,33 @@ def check(state: LoopState, decision: DecisionLike, rules: dict[str, ToolRule],
         except ValidationError as exc:
             return (f"edited arguments do not match the {approval.tool} schema: "
                     f"{validation_problems(exc)}")
+    return None
+
+
+#: The start of every refusal of a decision made for what no longer waits.
+CHANGED = "the call changed since you looked at it"
+
+
+def changed(approval: Approval, decision: DecisionLike, run: str | None, *,
+            bound: bool) -> str | None:
+    """Why a decision does not decide what waits now, or None. A decision binds the run
+    (first execution run id) and the arguments' fingerprint its approver was shown: a
+    new run under the same workflow id, or a call with the same id and other arguments,
+    is not what they decided. A `bound` run (one started under this rule) refuses a
+    signed decision that names neither (its signature must not hold for another run);
+    any other decision is checked for what it names."""
+    if bound and decision.signature is not None and (decision.run is None
+                                                     or decision.fingerprint is None):
+        return ("a signed decision names the run and the arguments it decides (`run` and "
+                "`fingerprint`, as the pending call shows them): look at the call "
+                "(`boundloop pending`) and decide again")
+    if decision.run is not None and run is not None and decision.run != run:
+        return (f"{CHANGED}: the decision was made for run {preview(decision.run, 60)!r}, "
+                f"and a new run ({run}) now holds this workflow id; look at the call again")
+    if decision.fingerprint is not None and decision.fingerprint != approval.fingerprint:
+        return (f"{CHANGED}: you decided arguments with fingerprint "
+                f"{preview(decision.fingerprint, 60)!r}, the call waiting now has "
+                f"{approval.fingerprint}; look at it again")
     return None
 
 

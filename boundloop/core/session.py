@@ -131,6 +131,16 @@ def session_grants(grants: list[Grant], *, tools: list[str],
             and (not keys or g.approver in keys)]
 
 
+def continued_by_itself(continued_run_id: str | None, cron_schedule: str | None,
+                        attempt: int) -> bool:
+    """Whether a run was started by its predecessor's own continue-as-new, the only door
+    through which carried state (a run's counters and approvals, a session's grants and
+    conversation) may arrive. Temporal sets `continued_run_id` for a cron schedule's next
+    run and a workflow retry as well, each with the input its starter wrote; boundloop
+    starts its workflows with neither, and continue-as-new starts attempt 1."""
+    return continued_run_id is not None and not cron_schedule and attempt == 1
+
+
 def turn_id(session_id: str, turn: int) -> str:
     """A turn's workflow id: idempotency keys are scoped by it, so they differ per turn."""
     return f"{session_id}/turn-{turn}"

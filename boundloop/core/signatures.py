@@ -109,11 +109,14 @@ def digest(value: Any) -> str | None:
 
 def message(*, workflow_id: str, call_id: str, step: int, fingerprint: str, approve: bool,
             approver: str, arguments: dict[str, Any] | None, reason: str | None,
-            signed_at: int, remember: Remember | None = None) -> bytes:
+            signed_at: int, remember: Remember | None = None, run: str | None = None
+            ) -> bytes:
     """The bytes an approver signs: canonical JSON, one text per decision. A remembered
     approval signs its grant too (`{"when": ...}`, with `"scope": "session"` when it is for
-    the session), so a run's grant cannot be widened to the session; without one the text
-    is as before, so signatures made before grants existed still verify."""
+    the session), so a run's grant cannot be widened to the session; a decision naming
+    its run (first execution run id) signs it, so it never holds for another run under
+    the same workflow id. Without either the text is as before, so signatures made before
+    them still verify."""
     body = {
         "purpose": PURPOSE, "workflow_id": workflow_id, "call_id": call_id, "step": step,
         "fingerprint": fingerprint, "decision": "approve" if approve else "reject",
@@ -123,6 +126,8 @@ def message(*, workflow_id: str, call_id: str, step: int, fingerprint: str, appr
     if remember is not None:
         body["remember"] = {"when": remember.when} | (
             {"scope": remember.scope} if remember.scope != "run" else {})
+    if run is not None:
+        body["run"] = run
     # surrogatepass: ids come from JSON and may hold lone surrogate escapes.
     return canonical_json(body).encode("utf-8", "surrogatepass")
 
@@ -145,7 +150,8 @@ class Context:
 
 def problem(ctx: Context, *, call_id: str, step: int, fingerprint: str, approve: bool,
             approver: str, arguments: dict[str, Any] | None, reason: str | None,
-            signature: Signature | None, remember: Remember | None = None) -> str | None:
+            signature: Signature | None, remember: Remember | None = None,
+            run: str | None = None) -> str | None:
     """Why the decision's signature does not hold, or None. With no keys configured,
     decisions are not signed and nothing is checked."""
     if not ctx.keys:
@@ -164,7 +170,7 @@ def problem(ctx: Context, *, call_id: str, step: int, fingerprint: str, approve:
     signed = message(workflow_id=ctx.workflow_id, call_id=call_id, step=step,
                      fingerprint=fingerprint, approve=approve, approver=approver,
                      arguments=arguments, reason=reason, signed_at=signature.signed_at,
-                     remember=remember)
+                     remember=remember, run=run)
     return _verified(text, signature, signed, ctx.now, who,
                      "decision (another key, run, call, decision, edited arguments or "
                      "remembered grant)")
