@@ -204,7 +204,8 @@ class Run:
     async def approve(self, call_id: str, *, approver: str | None = None,
                       args: dict[str, Any] | None = None, signer: Signer | None = None,
                       remember: bool = False, when: str | None = None,
-                      scope: Literal["run", "session"] = "run") -> None:
+                      scope: Literal["run", "session"] = "run",
+                      fingerprint: str | None = None, run: str | None = None) -> None:
         """Approve a pending call, optionally with edited arguments (validated against
         the tool's schema). With `signer` the decision is signed as `signer.name` (a run
         with approver keys accepts only that). With `remember`, later calls of the same
@@ -213,16 +214,26 @@ class Run:
         "session" (a session's turn only), so are those of the session's later turns,
         within each turn's own policy; the signature covers the scope. Raises
         InvalidDecision (nothing sent) for a decision malformed in itself, DecisionRefused
-        when the run refuses it."""
+        when the run refuses it.
+
+        A decision binds what its approver was shown: `fingerprint` (the pending call's
+        `Approval.fingerprint`, or its hex part) and `run` (`RunStatus.run`, the run's
+        first execution run id) name it, and the run refuses the decision when the call
+        waiting now has other arguments, or a new run holds the workflow id ("the call
+        changed since you looked at it"). Left out, they are the call as the run shows it
+        now."""
         await self.decide(approval(call_id, approver=approver, args=args, signer=signer,
-                                   remember=remember, when=when, scope=scope), signer)
+                                   remember=remember, when=when, scope=scope,
+                                   fingerprint=fingerprint, run=run), signer)
 
     async def reject(self, call_id: str, *, reason: str, approver: str | None = None,
-                     signer: Signer | None = None) -> None:
-        """Reject a pending call: it never runs; the model reads `reason`. `signer` as for
-        `approve`. Raises InvalidDecision or DecisionRefused as `approve` does."""
+                     signer: Signer | None = None, fingerprint: str | None = None,
+                     run: str | None = None) -> None:
+        """Reject a pending call: it never runs; the model reads `reason`. `signer`,
+        `fingerprint` and `run` as for `approve`. Raises InvalidDecision or
+        DecisionRefused as `approve` does."""
         await self.decide(rejection(call_id, reason=reason, approver=approver,
-                                    signer=signer), signer)
+                                    signer=signer, fingerprint=fingerprint, run=run), signer)
 
     async def decide(self, decision: Decision, signer: Signer | None = None) -> None:
         """Send a decision made by `approval` or `rejection` (signed here with `signer`,
@@ -240,8 +251,7 @@ class Run:
                 "nothing was sent; sign it once a healthy worker serves the run",
                 line=line, recorded=False)
         if line is None:
-            if signer is not None:
-                decision = await self._signed(decision, signer)
+            decision = await self._bound(decision, signer)
             try:
                 line = await _update_unless_stuck(self.handle, decision)
             except WorkflowUpdateFailedError as exc:
@@ -257,6 +267,9 @@ class Run:
                     raise await _gone(self.handle, exc, "decisions") from None
             if line is None:
                 return
+        if decision.run is None:  # what the server knows without a worker
+            first = (await self.handle.describe()).raw_description.workflow_execution_info
+            decision = decision.model_copy(update={"run": first.first_run_id or None})
         await record(self.handle, decision)
         raise errors.RunStuck(
             f"{self.id}: {line}. The decision is recorded in the run's history and waits "
@@ -271,21 +284,30 @@ class Run:
         except RPCError as exc:
             raise await _gone(self.handle, exc, "decisions") from None
 
-    async def _signed(self, decision: Decision, signer: Signer) -> Decision:
-        """`decision` signed over the pending call as the run reports it: its step, and
-        the fingerprint of the arguments shown here, computed here (so a signature
-        always covers what its approver was shown)."""
-        waiting = next((a for a in await self.pending() if a.call_id == decision.call_id),
-                       None)
+    async def _bound(self, decision: Decision, signer: Signer | None) -> Decision:
+        """`decision` naming the run and the arguments it decides (those its caller was
+        shown, else the call as the run shows it now), signed with `signer` over them: a
+        signature always covers what its approver was shown, never what waits later."""
+        status = await self.status()
+        waiting = next((a for a in status.pending if a.call_id == decision.call_id), None)
         if waiting is None:
-            raise errors.DecisionRefused(
-                f"call {preview(decision.call_id, 60)!r} is not waiting for approval in run "
-                f"{self.id}: nothing to sign")
+            if signer is not None:
+                raise errors.DecisionRefused(
+                    f"call {preview(decision.call_id, 60)!r} is not waiting for approval in "
+                    f"run {self.id}: nothing to sign")
+            return decision  # the run says why it refuses it
+        shown = decision.fingerprint or fingerprint(waiting.tool, waiting.arguments)
+        if ":" not in shown:  # the hex part, as `boundloop pending` prints it
+            shown = f"{waiting.tool}:{shown}"
+        decision = decision.model_copy(update={"fingerprint": shown,
+                                               "run": decision.run or status.run or None})
+        if signer is None:
+            return decision
         signature = signer.sign(
             workflow_id=self.id, call_id=waiting.call_id, step=waiting.step,
-            fingerprint=fingerprint(waiting.tool, waiting.arguments), approve=decision.approve,
-            arguments=decision.arguments, reason=decision.reason,
-            remember=approvals.remembered(decision))
+            fingerprint=shown, approve=decision.approve, arguments=decision.arguments,
+            reason=decision.reason, remember=approvals.remembered(decision),
+            run=decision.run)
         return decision.model_copy(update={"signature": signature})
 
     async def cancel(self, reason: str | None = None) -> None:
@@ -333,19 +355,23 @@ class Run:
 def approval(call_id: str, *, approver: str | None = None,
              args: dict[str, Any] | None = None, signer: Signer | None = None,
              remember: bool = False, when: str | None = None,
-             scope: Literal["run", "session"] = "run") -> Decision:
+             scope: Literal["run", "session"] = "run", fingerprint: str | None = None,
+             run: str | None = None) -> Decision:
     """An approval (arguments as for `Run.approve`), checked in itself before anything is
     sent: raises InvalidDecision, saying what is wrong in one line."""
     return _checked(lambda: Decision(call_id=call_id, approve=True,
                                      approver=_approver(approver, signer), arguments=args,
-                                     remember=remember, when=when, scope=scope))
+                                     remember=remember, when=when, scope=scope,
+                                     fingerprint=fingerprint or None, run=run or None))
 
 
 def rejection(call_id: str, *, reason: str, approver: str | None = None,
-              signer: Signer | None = None) -> Decision:
+              signer: Signer | None = None, fingerprint: str | None = None,
+              run: str | None = None) -> Decision:
     """A rejection (arguments as for `Run.reject`), checked like `approval`."""
     return _checked(lambda: Decision(call_id=call_id, approve=False,
-                                     approver=_approver(approver, signer), reason=reason))
+                                     approver=_approver(approver, signer), reason=reason,
+                                     fingerprint=fingerprint or None, run=run or None))
 
 
 def _checked(make: Callable[[], Decision]) -> Decision:

@@ -173,6 +173,14 @@ class Decision(BaseModel):
     #: With `remember`: for the rest of this run, or of the session this run is a turn of
     #: (its later turns approve such calls too, within their own policy).
     scope: Literal["run", "session"] = Field(default="run", exclude_if=lambda v: v == "run")
+    #: The run the approver looked at: its first execution run id (continue-as-new and a
+    #: reset keep it; a new run under the same workflow id has another). A run refuses a
+    #: decision made for another (`RunStatus.run`).
+    run: str | None = Field(default=None, min_length=1, max_length=100, exclude_if=_none)
+    #: The fingerprint of the arguments the approver was shown (`Approval.fingerprint`):
+    #: a run refuses the decision when the call waiting now has other arguments.
+    fingerprint: str | None = Field(default=None, min_length=1, max_length=200,
+                                    exclude_if=_none)
 
 
 class CancelRequest(BaseModel):
@@ -226,6 +234,9 @@ class RunStatus(BaseModel):
     limits: Limits | None = None
     #: The approvals remembered for the rest of this run (or of its session).
     grants: list[Grant] = Field(default_factory=list)
+    #: The run's first execution run id (`Decision.run`): what a decision names as the
+    #: run it was made for. Empty from a worker before it.
+    run: str = ""
 
 
 # --- shared budgets (workflows/budget.py) ----------------------------------------------

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import builtins
+import dataclasses
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -139,6 +140,26 @@ BUNDLED_PATCHES = frozenset({
     COUNTED_RETRIES, WITHDRAWN_ON_STOP, OPERATOR_POLICY, CARRIED_RULES, CARRIED_BY_CONTINUE,
     TURN_FOLLOWS_OWNED, SPARSE_UPSERTS, UNKNOWN_TOOLS_NAMED, ADMITTED_SCHEMAS,
     ADMIT_ATTRIBUTES, LOCAL_TOOLS, SESSION_GRANTS, ROUTE_WHEN_NEEDED})
+#: The patch under which carried state is refused from a run a cron schedule or a
+#: workflow retry started: the server sets `continued_run_id` on those too, with the
+#: input of the first run (a starter's), not one handed over by continue-as-new.
+CARRIED_GENUINE = "carried-genuine"
+#: The patch under which a decision must name the run (first execution run id) and the
+#: arguments' fingerprint its approver was shown (`approvals.changed`).
+DECISIONS_BOUND = "decisions-bound"
+#: The patch under which tool idempotency keys are scoped by the run's first execution
+#: run id, not the workflow id alone: a new run under a reused workflow id never shares a
+#: key with an earlier run, while continue-as-new, a reset and a crash keep them.
+RUN_SCOPED_KEYS = "run-scoped-keys"
+#: The patch under which a tool asks for approval when either the rules the run was
+#: admitted with or the serving worker's rules say so (a deploy never loosens an open
+#: run's approvals; a tightening applies at once).
+STRICTER_APPROVALS = "stricter-approvals"
+#: The next bundle: every patch of BUNDLED_PATCHES and those above, asked as one marker
+#: by a run that starts under it (instead of BUNDLED).
+BUNDLED_04 = "bundled-patches-0.4"
+BUNDLED_04_PATCHES = BUNDLED_PATCHES | {CARRIED_GENUINE, DECISIONS_BOUND, RUN_SCOPED_KEYS,
+                                        STRICTER_APPROVALS}
 
 
 def _worker_lost(counted: list[str]) -> RetryPolicy:
@@ -232,7 +253,11 @@ class BoundLoopWorkflow:
         self._turn_returned = False  # a model turn of this run is in history
         self._waited = 0.0  # approval waits of this run (excluded from processing time)
         self._published: tuple[object, ...] = ()
-        self._bundled = False  # BUNDLED, asked first when the run starts
+        self._bundled = False  # BUNDLED (or BUNDLED_04), asked first when the run starts
+        self._bundled_04 = False  # BUNDLED_04
+        self._decisions_bound = False  # DECISIONS_BOUND, decided when the run starts
+        # What tool idempotency keys are scoped by (RUN_SCOPED_KEYS), set when it starts.
+        self._key_scope = workflow.info().workflow_id
         self._sparse_upserts = False  # SPARSE_UPSERTS, decided when the run starts
         self._session_grants = False  # SESSION_GRANTS, decided when the run starts
         self._refs: dict[str, str] = {}  # call_id -> idempotency key of its tool output
@@ -266,16 +291,22 @@ class BoundLoopWorkflow:
     @workflow.run
     async def run(self, inp: RunInput) -> RunResult:
         # The first command of a new run: every later patch check reads it.
-        self._bundled = workflow.patched(BUNDLED)
+        self._bundled_04 = workflow.patched(BUNDLED_04)
+        self._bundled = self._bundled_04 or workflow.patched(BUNDLED)
         cancelled_first = False
         info = workflow.info()
-        if (inp.carried is not None and info.continued_run_id is None
-                and self._patched(CARRIED_BY_CONTINUE)):
+        if inp.carried is not None and (
+                (info.continued_run_id is None and self._patched(CARRIED_BY_CONTINUE))
+                or (not sessions.continued_by_itself(info.continued_run_id,
+                                                     info.cron_schedule, info.attempt)
+                    and self._patched(CARRIED_GENUINE))):
             # Carried state skips the admission (it was admitted before continue-as-new):
-            # only the server's continue-as-new may hand it over, never a starter.
+            # only the run's own continue-as-new may hand it over, never a starter (a cron
+            # schedule or a workflow retry starts the next run with the starter's input).
             _refuse(Refusal(field="carried", asked="a run state of its own",
                             operator="carried state comes only from the run's own "
-                                     "continue-as-new: start the run without it"))
+                                     "continue-as-new (never a cron schedule or a "
+                                     "retry): start the run without it"))
         if (inp.carried is None and inp.turn is not None and inp.turn.follows is not None
                 and not sessions.owns_turn(inp.turn, info.parent.workflow_id
                                            if info.parent is not None else None,
@@ -291,6 +322,10 @@ class BoundLoopWorkflow:
         # Asked first, with the run's first commands: a patch asked right after the
         # admission's local activity is asked in another workflow task on replay.
         own_schemas = self._patched(ADMITTED_SCHEMAS)
+        stricter = self._patched(STRICTER_APPROVALS)
+        self._decisions_bound = self._patched(DECISIONS_BOUND)
+        self._key_scope = (f"{info.workflow_id}/{info.first_execution_run_id}"
+                           if self._patched(RUN_SCOPED_KEYS) else info.workflow_id)
         # Asked of turns only: runs that are no session's turn never see this patch.
         self._session_grants = inp.turn is not None and self._patched(SESSION_GRANTS)
         if inp.carried is None and self._patched(OPERATOR_POLICY):
@@ -305,6 +340,8 @@ class BoundLoopWorkflow:
             self._refuse_unknown(self._unknown)
         if own_schemas:
             self._own_schemas()
+        if stricter:
+            self._ask_as_admitted()
         if inp.carried is None and self._session_grants:
             self._inherit_grants(inp)
         if inp.carried is None:
@@ -412,6 +449,15 @@ class BoundLoopWorkflow:
                 self._described[declared.name] = declared
         self._unknown = [t for t in self._unknown if t not in self._rules]
 
+    def _ask_as_admitted(self) -> None:
+        """A tool the run was admitted with as asking for approval still asks, whatever
+        the worker serving it now declares: a deploy never loosens an open run's
+        approvals (a worker's stricter rule applies at once: its rules are the base)."""
+        for declared in self._admitted:
+            rule = self._rules.get(declared.name)
+            if rule is not None and declared.needs_approval and rule.needs_approval is False:
+                self._rules[declared.name] = dataclasses.replace(rule, needs_approval=True)
+
     def _own_schemas(self) -> None:
         """Every admitted tool's calls carry its admitted schema's digest; a tool this
         worker serves with another schema is decided by the admitted rules (replay then
@@ -456,7 +502,7 @@ class BoundLoopWorkflow:
                 return state.stop(StopReason.DEADLINE, turn.text)
             if self._interrupted is not None:  # before any call of this response runs
                 return core.cancelled(state, self._interrupted, step_unfinished=False)
-            plans = core.plan_calls(state, turn, plan, self._rules, workflow.info().workflow_id)
+            plans = core.plan_calls(state, turn, plan, self._rules, self._key_scope)
             if isinstance(plans, StopReason):
                 return plans
             outputs = await self._run_calls(plan.step, plans)
@@ -809,10 +855,13 @@ class BoundLoopWorkflow:
         if isinstance(outcome, _Failed):
             cause = outcome.error.cause
             kind = cause.type if isinstance(cause, ApplicationError) else None
-            if kind == errors.TOOL_UNAVAILABLE:
+            if kind in (errors.TOOL_UNAVAILABLE, errors.TOOL_ARGUMENTS_CHANGED):
                 # Renamed or removed by a deploy since the run started: never retried.
+                detail = (preview(cause.message, 300) if isinstance(cause, ApplicationError)
+                          and kind == errors.TOOL_ARGUMENTS_CHANGED
+                          else f"{p.call.name} is not served here")
                 state.log("tool_unavailable", tool=p.call.name, call_id=p.call.call_id,
-                          fp=p.fingerprint, detail=f"{p.call.name} is not served here")
+                          fp=p.fingerprint, detail=detail)
                 return state.stop(StopReason.TOOL_UNAVAILABLE)
             if kind == errors.PAYLOADS_TOO_LARGE:
                 # The body ran; its result could not be returned (never retried).
@@ -851,9 +900,14 @@ class BoundLoopWorkflow:
         return signatures.Context(keys=self._keys, workflow_id=workflow.info().workflow_id,
                                   now=workflow.now())
 
+    def _decision_problem(self, decision: Decision) -> str | None:
+        return approvals.check(self._state, decision, self._rules, self._signed(),
+                               in_session=self._session_grants,
+                               run=workflow.info().first_execution_run_id,
+                               bound=self._decisions_bound)
+
     def _signal_decision(self, decision: Decision) -> None:
-        problem = approvals.check(self._state, decision, self._rules, self._signed(),
-                                  in_session=self._session_grants)
+        problem = self._decision_problem(decision)
         if problem is not None:
             workflow.logger.warning("approval signal ignored", extra={
                 "call_id": preview(decision.call_id, 60), "problem": problem})
@@ -881,8 +935,7 @@ class BoundLoopWorkflow:
 
     @decide.validator
     def _validate_decide(self, decision: Decision) -> None:
-        problem = approvals.check(self._state, decision, self._rules, self._signed(),
-                                  in_session=self._session_grants)
+        problem = self._decision_problem(decision)
         if problem is not None:
             raise ApplicationError(problem, type=errors.INVALID_DECISION, non_retryable=True)
 
@@ -895,13 +948,14 @@ class BoundLoopWorkflow:
             pending=[a for a in self._state.approvals if a.status == "pending"],
             events=list(self._state.events), question=self._inp.question,
             model=self._state.settings.model, limits=self._state.limits,
-            grants=list(self._state.grants))
+            grants=list(self._state.grants), run=workflow.info().first_execution_run_id)
 
     # --- helpers -------------------------------------------------------------------
 
     def _patched(self, patch: str) -> bool:
         """`workflow.patched(patch)`, answered by the bundle for a run started under it."""
-        return (self._bundled and patch in BUNDLED_PATCHES) or workflow.patched(patch)
+        return ((self._bundled_04 and patch in BUNDLED_04_PATCHES)
+                or (self._bundled and patch in BUNDLED_PATCHES) or workflow.patched(patch))
 
     def _on_holder(self) -> bool:
         return self._holder is not None and self._follow

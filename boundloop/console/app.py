@@ -117,6 +117,8 @@ async def snapshot(client: Client, workflow_id: str) -> dict[str, Any]:
         "limits": limits.model_dump(mode="json") if limits else None,
         "events": [ev.model_dump(mode="json", exclude_none=True) for ev in events],
         "pending": [a.model_dump(mode="json") for a in (status.pending if status else [])],
+        # The run the waiting calls belong to (first execution run id): a decision names it.
+        "run": status.run if status else "",
         "text": result.text if result else None,
         "cancel_reason": result.cancel_reason if result else None,
     }
@@ -300,12 +302,18 @@ async def runs_page(request: Request, console: Console, who: auth.SignedIn) -> R
 
 
 def decision_forms(workflow_id: str, a: Approval | dict[str, Any], csrf: str,
-                   back: str) -> str:
-    """Approve / reject with a reason / edit the arguments, for one waiting call."""
+                   back: str, first_run: str = "") -> str:
+    """Approve / reject with a reason / edit the arguments, for one waiting call. Each form
+    carries the run (`first_run`) and the arguments' fingerprint shown here: the run
+    refuses the decision if the call changed since (a new run under the same workflow id,
+    other arguments under the same call id)."""
     call_id = a["call_id"] if isinstance(a, dict) else a.call_id
     arguments = a["arguments"] if isinstance(a, dict) else a.arguments
+    fp = a["fingerprint"] if isinstance(a, dict) else a.fingerprint
     hidden = (h.csrf_field(csrf) + f'<input type="hidden" name="run" value="{h.e(workflow_id)}">'
               f'<input type="hidden" name="call_id" value="{h.e(call_id)}">'
+              f'<input type="hidden" name="fingerprint" value="{h.e(fp)}">'
+              f'<input type="hidden" name="first_run" value="{h.e(first_run)}">'
               f'<input type="hidden" name="back" value="{h.e(back)}">')
     return (
         f'<form class="inline" method="post" action="/decide">{hidden}'
@@ -321,14 +329,15 @@ def decision_forms(workflow_id: str, a: Approval | dict[str, Any], csrf: str,
         '<button name="review">Review the edit</button></form></details>')
 
 
-def approval_card(workflow_id: str, a: Approval, csrf: str, back: str) -> str:
+def approval_card(workflow_id: str, a: Approval, csrf: str, back: str,
+                  first_run: str = "") -> str:
     return (f'<div class="card approval" data-run="{h.e(workflow_id)}" '
             f'data-call="{h.e(a.call_id)}">'
             f'<p><b>{h.e(a.tool)}</b> · call <code>{h.e(a.call_id)}</code> · step {a.step} '
             f'· run {h.run_link(workflow_id)} · waiting since {h.e(a.requested_at)}</p>'
             f'<p class="why">asked because: {h.e(asked_because(a))}</p>'
             f'<pre class="arguments">{h.e(h.pretty(a.arguments))}</pre>'
-            f'{decision_forms(workflow_id, a, csrf, back)}</div>')
+            f'{decision_forms(workflow_id, a, csrf, back, first_run)}</div>')
 
 
 RUN_SCRIPT = """
@@ -418,7 +427,8 @@ async def run_page(request: Request, console: Console, who: auth.SignedIn) -> Re
         f'<tr><th>cost</th><td id="cost"></td></tr>'
         f'<tr><th>model</th><td>{h.e(s["model"])}</td></tr></table>')
     pending = [Approval.model_validate(a) for a in s["pending"]]
-    waiting = "".join(approval_card(workflow_id, a, who.csrf, back) for a in pending)
+    waiting = "".join(approval_card(workflow_id, a, who.csrf, back, s.get("run", ""))
+                      for a in pending)
     not_answered = ("" if s["answered"] or s["closed"] else
                     '<p class="error">no worker answered this run\'s status query: is '
                     '`boundloop worker` running?</p>')
@@ -465,7 +475,7 @@ async def run_api(request: Request, console: Console, who: auth.SignedIn) -> Res
 async def approvals_page(request: Request, console: Console, who: auth.SignedIn) -> Response:
     unanswered: list[str] = []
     rows = await ops.pending_runs(console.client, unanswered)
-    cards = "".join(approval_card(wf, a, who.csrf, "/approvals")
+    cards = "".join(approval_card(wf, a, who.csrf, "/approvals", status.run)
                     for wf, status in rows for a in status.pending)
     notes = "".join(f'<p class="error">{h.run_link(wf)} waits for approval but no worker '
                     'answered its status query</p>' for wf in unanswered)
@@ -501,6 +511,8 @@ async def edit_review(request: Request, console: Console, who: auth.SignedIn) ->
             f'<form method="post" action="/decide">{h.csrf_field(who.csrf)}'
             f'<input type="hidden" name="run" value="{h.e(workflow_id)}">'
             f'<input type="hidden" name="call_id" value="{h.e(call_id)}">'
+            f'<input type="hidden" name="fingerprint" value="{h.e(form.get("fingerprint", ""))}">'
+            f'<input type="hidden" name="first_run" value="{h.e(form.get("first_run", ""))}">'
             f'<input type="hidden" name="back" value="{h.e(back)}">'
             '<input type="hidden" name="action" value="approve">'
             f'<input type="hidden" name="arguments" value="{h.e(json.dumps(edited))}">'
@@ -519,6 +531,8 @@ async def decide(request: Request, console: Console, who: auth.SignedIn) -> Resp
     except RunNotFound as exc:
         return _back(back, error=f"refused: {exc}")
     signer = console.signers.get(who.approver)
+    # What the approver was shown: the run refuses the decision if the call changed since.
+    shown, first_run = form.get("fingerprint") or None, form.get("first_run") or None
     args: dict[str, Any] | None = None
     if form.get("arguments"):
         try:
@@ -529,13 +543,14 @@ async def decide(request: Request, console: Console, who: auth.SignedIn) -> Resp
             return _back(back, error="the edited arguments must be a JSON object")
     try:
         if action == "approve":
-            deciding = run.approve(call_id, approver=who.approver, args=args, signer=signer)
+            deciding = run.approve(call_id, approver=who.approver, args=args, signer=signer,
+                                   fingerprint=shown, run=first_run)
         elif action == "reject":
             reason = form.get("reason", "").strip()
             if not reason:
                 return _back(back, error="a rejection needs a reason (the model reads it)")
             deciding = run.reject(call_id, reason=reason, approver=who.approver,
-                                  signer=signer)
+                                  signer=signer, fingerprint=shown, run=first_run)
         else:
             return _back(back, error="unknown action")
         await asyncio.wait_for(deciding, timeout=DECISION_TIMEOUT)
@@ -635,7 +650,7 @@ async def session_page(request: Request, console: Console, who: auth.SignedIn) -
         chat.append(f'<div class="msg-user">{h.e(t.get("question"))}</div>')
         for a in t.get("pending", []):
             chat.append(approval_card(t["workflow_id"], Approval.model_validate(a), who.csrf,
-                                      back))
+                                      back, t.get("run", "")))
         if t.get("closed"):
             chat.append(f'<div class="msg-bot">{h.e(t.get("text") or "")}</div>'
                         f'<p>{h.state_badge(t.get("status", ""), t.get("reason"))} '
