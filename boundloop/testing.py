@@ -83,7 +83,10 @@ class _Turns:
         return b.turn(b.responses_turn(text=text, calls=calls, id=f"resp_{number}",
                                        usage=b.usage(100, 20) if usage is None else usage))
 
-    def _call(self, tool: str, arguments: Arguments, call_id: str) -> dict[str, Any]:
+    def _call(self, tool: str, arguments: Arguments, call_id: str | None) -> dict[str, Any]:
+        # A call id is unique in a run (the Responses API reuses none): each call left
+        # without one gets a new one, so a script of several calls needs none given.
+        call_id = call_id if call_id is not None else f"call_{uuid.uuid4().hex[:12]}"
         if self.api == "chat":
             return b.chat_tool_call(tool, arguments, id=call_id)
         return b.fn_call(tool, arguments, call_id=call_id)
@@ -93,17 +96,21 @@ class _Turns:
         """The model's final answer `text`."""
         return self._turn(text, [], usage, number)
 
-    def call(self, tool: str, arguments: Arguments, call_id: str = "call_1", *,
+    def call(self, tool: str, arguments: Arguments, call_id: str | None = None, *,
              usage: Mapping[str, Any] | None = None, number: int = 1) -> dict[str, Any]:
-        """The model calls `tool` with `arguments` (a mapping, or JSON text verbatim)."""
+        """The model calls `tool` with `arguments` (a mapping, or JSON text verbatim).
+        `call_id`: the call's id (default: a new one, `call_…`, unique per call; two calls
+        of a run with one id end it `protocol_error`, naming the id)."""
         return self._turn(None, [self._call(tool, arguments, call_id)], usage, number)
 
-    def calls(self, *calls: tuple[str, Arguments, str],
+    def calls(self, *calls: tuple[str, Arguments] | tuple[str, Arguments, str],
               usage: Mapping[str, Any] | None = None, number: int = 1) -> dict[str, Any]:
-        """Several calls in one response: `(tool, arguments, call_id)` each."""
-        return self._turn(None, [self._call(*c) for c in calls], usage, number)
+        """Several calls in one response: `(tool, arguments, call_id)` each, or
+        `(tool, arguments)` for a new call id."""
+        return self._turn(None, [self._call(c[0], c[1], c[2] if len(c) > 2 else None)
+                                 for c in calls], usage, number)
 
-    def malformed_call(self, tool: str, text: str = '{"city": ', call_id: str = "call_1",
+    def malformed_call(self, tool: str, text: str = '{"city": ', call_id: str | None = None,
                        ) -> dict[str, Any]:
         """A call whose arguments are not valid JSON (what small models write): the run
         tells the model and lets it try again."""

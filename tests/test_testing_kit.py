@@ -75,3 +75,23 @@ async def test_the_kit_decides_approvals_by_call_id(temporal: Client) -> None:
         result = await env.result(run)
     assert (approved.arguments, rejected.arguments) == ({"sku": "A"}, {"sku": "B"})
     assert (result.reason, result.tool_executions) == ("completed", 1)
+
+
+async def test_calls_without_ids_get_unique_ones_and_a_reused_id_is_named(
+        temporal: Client) -> None:
+    """A script of several `responses.call(...)` with no call id runs to the stop it was
+    written for (here `max_steps`), not `protocol_error`; a call id the script does
+    reuse ends the run `protocol_error` with a text naming that id."""
+    agent = boundloop.Agent(tools, model="m", limits=boundloop.Limits(max_steps=3))
+    deps = {"A-1": 1, "A-2": 2, "A-3": 3}
+    script = [responses.call("stock", {"sku": f"A-{n}"}, number=n) for n in (1, 2, 3)]
+    async with AgentEnvironment(agent, deps=deps, script=script, client=temporal) as env:
+        result = await env.run("Count them.")
+    assert (result.reason, result.tool_executions) == ("max_steps", 2)
+    script = [responses.call("stock", {"sku": "A-1"}, "call_same"),
+              responses.calls(("stock", {"sku": "A-2"}), ("stock", {"sku": "A-3"}, "call_same"),
+                              number=2)]
+    async with AgentEnvironment(agent, deps=deps, script=script, client=temporal) as env:
+        result = await env.run("Count them.")
+    assert (result.reason, result.tool_executions) == ("protocol_error", 1)
+    assert "reused call id 'call_same' (tool 'stock')" in result.text

@@ -388,6 +388,15 @@ def _schema_problems(exc: ValidationError, rule: ToolRule) -> str:
     return text
 
 
+def duplicate_call_text(call: FunctionCall, text: str) -> str:
+    """The result's text of a run stopped by a reused call id: the cause, then whatever
+    text the model wrote with it."""
+    cause = (f"the model reused call id {preview(call.call_id, 60)!r} (tool "
+             f"{preview(call.name or '?', 60)!r}) of an earlier call of this run: a call id "
+             "is unique in a run, so nothing of this response ran")
+    return cause + (f"\n\n{text}" if text.strip() else "")
+
+
 def plan_calls(state: LoopState, turn: Turn, plan: StepPlan, rules: dict[str, ToolRule],
                workflow_id: str) -> list[CallPlan] | StopReason:
     """From a response up to execution: validate the response, check the batch, then
@@ -411,7 +420,7 @@ def plan_calls(state: LoopState, turn: Turn, plan: StepPlan, rules: dict[str, To
         # treats a reused id as a protocol fault.
         if state.settings.api == "responses" and call.call_id in state.call_ids:
             state.log("duplicate_call_id", call_id=call.call_id)
-            return state.stop(StopReason.PROTOCOL_ERROR, turn.text)
+            return state.stop(StopReason.PROTOCOL_ERROR, duplicate_call_text(call, turn.text))
     if plan.last or state.force_final:
         # tool_choice "none" was sent; providers may ignore it: never execute.
         state.log("tool_calls_ignored")
