@@ -227,6 +227,24 @@ def test_a_worker_refuses_deps_of_another_type_at_start(tmp_path: Path) -> None:
         boundloop.Plugin(agent, deps=DemoDeps(data_dir=tmp_path))
 
 
+async def test_a_toolset_for_any_deps_is_served_by_boundloop_worker(
+        temporal: Client, tmp_path: Path) -> None:
+    """`Toolset[typing.Any]()` takes any deps (no isinstance can check `Any`): `boundloop
+    worker`'s deps check passes it, and a run of its tool completes."""
+    from typing import Any
+
+    assert boundloop.Toolset[Any]().deps_problem(DemoDeps(data_dir=tmp_path)) is None
+    script = tmp_path / "script.json"
+    script.write_text(json.dumps([resp(call("deps_kind", {}, "c1")), answer("DemoDeps")]),
+                      encoding="utf-8")
+    env = {**env_for(temporal, tmp_path), "BOUNDLOOP_TOOLS": "tests.support.any_deps:tools"}
+    code, out, err = await cli("run", "which deps?", "--tools", "deps_kind", "--json",
+                               "--model-script", str(script), env=env)
+    assert code == 0 and "Traceback" not in err, (out, err)
+    result = json.loads(out)
+    assert (result["reason"], result["tool_executions"]) == ("completed", 1)
+
+
 def test_a_wrong_mcp_command_fails_worker_start_naming_the_program(tmp_path: Path) -> None:
     config = tmp_path / "mcp.json"
     config.write_text(json.dumps({"servers": [{"name": "time",

@@ -416,7 +416,12 @@ class Toolset(Generic[Deps]):
         the type (`Toolset()`), or with one no isinstance can check, takes any deps."""
         declared = typing.get_args(getattr(self, "__orig_class__", None))
         wanted = declared[0] if declared else None
-        if not isinstance(wanted, type) or isinstance(deps, wanted):
+        if not isinstance(wanted, type):
+            return None
+        try:
+            if isinstance(deps, wanted):
+                return None
+        except TypeError:  # `Toolset[typing.Any]`, a Protocol not runtime-checkable: any deps
             return None
         return (f"the toolset's tools take {wanted.__qualname__} as ctx.deps "
                 f"(Toolset[{wanted.__qualname__}]), but the worker was given a "
