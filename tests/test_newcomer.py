@@ -126,19 +126,28 @@ async def test_another_port_works_as_the_readme_and_the_guide_say(tmp_path: Path
     guide = " ".join((ROOT / "docs" / "guide.md").read_text(encoding="utf-8").split())
     for page in (readme, guide):
         assert "`boundloop server --port 7300 --ui-port 8300`, then every other command" in page
-        assert "`TEMPORAL_ADDRESS=127.0.0.1:7300`" in page
+        assert "TEMPORAL_ADDRESS=127.0.0.1:7300" in page
+        assert "BOUNDLOOP_UI_URL=http://127.0.0.1:8300" in page  # the links the CLI prints
     assert '`boundloop.connect("127.0.0.1:7300")`' in guide
     port, ui_port = free_port(), free_port()
     env = {**env_for(None, tmp_path), "TEMPORAL_ADDRESS": f"127.0.0.1:{port}"}
+    env.pop("BOUNDLOOP_UI_URL", None)
     log = tmp_path / "server.log"
     with process([BOUNDLOOP, "server", "--port", str(port), "--ui-port", str(ui_port),
                   "--data-dir", str(tmp_path / "server")], env, log) as server:
         await log_has(log, "Ctrl-C stops it.")
+        await log_has(log, "Every other command")
+        printed = " ".join(log.read_text(encoding="utf-8").split())
         assert f"Temporal dev server on 127.0.0.1:{port}, Web UI http://127.0.0.1:{ui_port}" \
-            in log.read_text(encoding="utf-8")
+            in printed
+        # TEMPORAL_ADDRESS is already the server's: the server names what differs.
+        assert (f"Every other command (and a worker) needs BOUNDLOOP_UI_URL=http://127.0.0.1:"
+                f"{ui_port}:") in printed
+        env["BOUNDLOOP_UI_URL"] = f"http://127.0.0.1:{ui_port}"
         code, out, err = await cli("run", "A-001とB-002の在庫をそれぞれ調べて。", "--model-script",
                                    "examples/scripts/stock_two_skus.json", env=env)
         assert code == 0 and "reason: completed" in out, (out, err)
+        assert f"Web UI: http://127.0.0.1:{ui_port}/namespaces/default/workflows/" in out
         client = await boundloop.connect(f"127.0.0.1:{port}")
         assert [r async for r in client.list_workflows(page_size=10)]
         server.terminate()  # the server command stops its dev server on SIGTERM

@@ -43,8 +43,16 @@ def server(
         srv.start()
     except RuntimeError as exc:
         raise fail(str(exc), ExitCode.FAILED) from None
-    console.print(f"Temporal dev server on {srv.address}, Web UI http://127.0.0.1:{ui_port} "
+    ui_url = f"http://127.0.0.1:{ui_port}"
+    console.print(f"Temporal dev server on {srv.address}, Web UI {ui_url} "
                   f"(database {srv.data_dir / 'temporal.db'}). Ctrl-C stops it.")
+    differ = [f"{name}={value}" for name, value, now in (
+        ("TEMPORAL_ADDRESS", srv.address, settings.temporal_address),
+        ("BOUNDLOOP_UI_URL", ui_url, settings.ui_url.rstrip("/"))) if value != now]
+    if differ:  # the CLI's defaults are 7233 and 8233: say what the others need
+        console.print(f"Every other command (and a worker) needs {' '.join(differ)}: "
+                      "the address to reach this server, the base of the Web UI links "
+                      "they print.", highlight=False, soft_wrap=True)
     signal.signal(signal.SIGTERM, lambda *_: srv.stop())
     try:
         while srv.process is not None and srv.process.poll() is None:
