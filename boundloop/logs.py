@@ -2,6 +2,13 @@
 
 Only allow-listed fields are printed, so a raw argument, tool output, prompt or key
 that reached a log record's attributes still never reaches the log line.
+
+Ids and values come from whoever starts a run (a workflow id, a tool name the model
+wrote): a newline in one would write a line of its own, a bidi override would make the
+line read otherwise. So every control and invisible character of a message or field is
+written as its escape (`\\n`, `\\u202e`; boundloop/visible.py), and the lines after a
+record's first (a traceback) are indented: each line that starts at the margin is a
+record's own.
 """
 
 from __future__ import annotations
@@ -10,6 +17,8 @@ import json
 import logging
 import traceback
 from typing import Any, Literal
+
+from boundloop.visible import escaped, invisible
 
 FIELDS = ("step", "tool", "fingerprint", "call_id", "status", "reason", "attempt", "error",
           "failure", "detail", "api", "items", "problem", "task_queue", "traceback")
@@ -26,7 +35,7 @@ def traceback_text(exc: BaseException, *, messages: bool = False) -> str:
         seen.add(id(current))
         frames = "".join(traceback.format_list(traceback.extract_tb(current.__traceback__)))
         name = type(current).__qualname__
-        head = f"{name}: {current}" if messages else name
+        head = f"{name}: {escaped(str(current))}" if messages else name
         parts.append(f"Traceback (most recent call last):\n{frames}{head}")
         chained = current.__cause__ or (None if current.__suppress_context__
                                         else current.__context__)
@@ -74,17 +83,39 @@ class TextFormatter(logging.Formatter):
         trace = fields.pop("traceback", None)
         if trace and trace not in text:
             rest = f"{rest}\n{trace}" if rest else trace
-        extra = " ".join(f"{k}={v}" for k, v in fields.items())
-        line = f"{self.formatTime(record)} {record.levelname} {record.name} {head} {extra}"
-        return f"{line.rstrip()}\n{rest}" if rest else line.rstrip()
+        extra = " ".join(f"{k}={escaped(str(v))}" for k, v in fields.items())
+        line = (f"{self.formatTime(record)} {record.levelname} {escaped(record.name)} "
+                f"{escaped(head)} {extra}")
+        if not rest:
+            return line.rstrip()
+        more = "\n".join(f"  {escaped(x)}" for x in rest.split("\n"))
+        return f"{line.rstrip()}\n{more}"
+
+
+def _visible_json(text: str) -> str:
+    """JSON text whose invisible characters (JSON escapes only those below U+0020) are
+    written as `\\uXXXX` escapes: the same document, parsed."""
+    if not any(invisible(ch) for ch in text):
+        return text
+    out = []
+    for ch in text:
+        code = ord(ch)
+        if not invisible(ch):
+            out.append(ch)
+        elif code < 0x10000:
+            out.append(f"\\u{code:04x}")
+        else:
+            code -= 0x10000
+            out.append(f"\\u{0xd800 + (code >> 10):04x}\\u{0xdc00 + (code & 0x3ff):04x}")
+    return "".join(out)
 
 
 class JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
-        return json.dumps({"time": self.formatTime(record), "level": record.levelname,
-                           "logger": record.name, "message": message(record),
-                           **fields_of(record)},
-                          ensure_ascii=False, default=str)
+        return _visible_json(json.dumps(
+            {"time": self.formatTime(record), "level": record.levelname,
+             "logger": record.name, "message": message(record), **fields_of(record)},
+            ensure_ascii=False, default=str))
 
 
 def tool_error_messages_from_env() -> bool:

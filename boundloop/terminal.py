@@ -9,7 +9,6 @@ would restyle the screen. Everything that did not come from boundloop goes throu
 
 from __future__ import annotations
 
-import re
 import sys
 from typing import TYPE_CHECKING, Any
 
@@ -19,6 +18,7 @@ from rich.markup import escape
 from boundloop.core import model_failures as mf
 from boundloop.core.reasons import NEXT_CHECK, StopReason
 from boundloop.exit_codes import ExitCode
+from boundloop.visible import escape_of, invisible
 
 if TYPE_CHECKING:  # the run's types: loaded by whoever has a RunResult to print
     from boundloop.contracts import RunResult
@@ -27,13 +27,23 @@ if TYPE_CHECKING:  # the run's types: loaded by whoever has a RunResult to print
 # Piped output keeps long run ids whole (tables would cut them at 80 columns).
 console = Console(soft_wrap=True, width=None if sys.stdout.isatty() else 200)
 
-# C0/C1 controls (ANSI escapes) and bidi overrides/isolates (text that reads backwards).
-_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
-
 
 def safe(text: object) -> str:
-    """`text` with control characters replaced (U+FFFD) and rich markup escaped."""
-    return escape(_CONTROL.sub("\ufffd", str(text)))
+    """`text` with rich markup escaped and each invisible character (C0/C1 controls such
+    as ANSI escapes, bidi overrides that make text read backwards, zero-width
+    characters; boundloop/visible.py) written as its escape, highlighted: `\\u202e`.
+    Newlines and tabs stay (an answer has lines)."""
+    text = str(text)
+    out: list[str] = []
+    plain = ""
+    for ch in text:
+        if ch in "\n\t" or not invisible(ch):
+            plain += ch
+            continue
+        # Escaped piece by piece: a piece ending in a backslash keeps the tag a tag.
+        out += [escape(plain), f"[reverse]{escape_of(ch)}[/reverse]"]
+        plain = ""
+    return "".join([*out, escape(plain)])
 
 
 def no_worker(task_queue: str) -> str:
