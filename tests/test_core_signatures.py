@@ -194,3 +194,63 @@ def test_a_signed_grant_for_the_run_cannot_be_widened_to_the_session(alice: Sign
     assert approvals.check(state, for_session, RULES, ctx(alice), in_session=True) is None
     why = approvals.check(state, for_session, RULES, ctx(alice))
     assert why is not None and "not a session's turn" in why
+
+
+# --- a decision binds the run and the arguments its approver was shown -----------------
+
+RUN_A, RUN_B = "run-a-first-execution", "run-b-first-execution"
+
+
+def bound_decision(alice: Signer, *, run: str | None, fp: str | None,
+                   sign_run: str | None = None) -> Decision:
+    """alice's approval of call_t naming `run` and `fp`, signed over `sign_run` (default
+    `run`) and the fingerprint shown."""
+    _, plan = pending_state()
+    signature = alice.sign(workflow_id="wf-approve", call_id="call_t", step=1,
+                           fingerprint=fp or plan.fingerprint, approve=True, arguments=None,
+                           reason=None, signed_at=int(NOW.timestamp()),
+                           run=sign_run if sign_run is not None else run)
+    return Decision(call_id="call_t", approve=True, approver="alice", signature=signature,
+                    run=run, fingerprint=fp)
+
+
+def test_a_decision_for_the_run_and_arguments_shown_holds(alice: Signer) -> None:
+    state, plan = pending_state()
+    ok = bound_decision(alice, run=RUN_A, fp=plan.fingerprint)
+    assert approvals.check(state, ok, RULES, ctx(alice), run=RUN_A, bound=True) is None
+
+
+def test_a_decision_for_another_run_under_the_same_workflow_id_is_refused(
+        alice: Signer) -> None:
+    """The workflow id was reused: the decision (and its signature) was made for run A."""
+    state, plan = pending_state()
+    why = approvals.check(state, bound_decision(alice, run=RUN_A, fp=plan.fingerprint),
+                          RULES, ctx(alice), run=RUN_B, bound=True)
+    assert why is not None and why.startswith(approvals.CHANGED) and RUN_B in why
+    # Naming run B over a signature made for run A does not verify.
+    moved = bound_decision(alice, run=RUN_B, fp=plan.fingerprint, sign_run=RUN_A)
+    why = approvals.check(state, moved, RULES, ctx(alice), run=RUN_B, bound=True)
+    assert why is not None and "not alice's over this decision" in why
+
+
+def test_a_decision_for_other_arguments_than_those_waiting_is_refused(alice: Signer) -> None:
+    state, plan = pending_state()
+    other = "create_ticket:0123456789abcdef"
+    why = approvals.check(state, bound_decision(alice, run=RUN_A, fp=other), RULES,
+                          ctx(alice), run=RUN_A, bound=True)
+    assert why is not None and why.startswith(approvals.CHANGED)
+    assert other in why and plan.fingerprint in why
+    # Unsigned, the same.
+    unsigned = Decision(call_id="call_t", approve=True, run=RUN_A, fingerprint=other)
+    why = approvals.check(state, unsigned, RULES, None, run=RUN_A, bound=True)
+    assert why is not None and why.startswith(approvals.CHANGED)
+
+
+def test_a_signed_decision_naming_no_run_is_refused_by_a_bound_run(alice: Signer) -> None:
+    """A signature over no run would hold for any run under the workflow id: a run
+    started under the rule refuses it; one started before it still takes it."""
+    state, plan = pending_state()
+    loose = bound_decision(alice, run=None, fp=None)
+    why = approvals.check(state, loose, RULES, ctx(alice), run=RUN_A, bound=True)
+    assert why is not None and "names the run and the arguments" in why
+    assert approvals.check(state, loose, RULES, ctx(alice), run=RUN_A) is None

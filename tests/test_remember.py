@@ -134,18 +134,20 @@ async def test_a_signed_remembered_decision_signs_its_grant(
         status = await pending(handle, 2)
         target = status.pending[0]
         # Signed as a plain approval, sent with `remember`: the grant is not signed.
+        shown = {"run": status.run, "fingerprint": target.fingerprint}
         plain = alice.sign(workflow_id=handle.id, call_id="t1", step=target.step,
                            fingerprint=fingerprint(target.tool, target.arguments),
-                           approve=True, arguments=None, reason=None)
+                           approve=True, arguments=None, reason=None, run=status.run)
         assert "not alice's" in await refused(handle, Decision(
-            call_id="t1", approve=True, approver="alice", remember=True, signature=plain))
+            call_id="t1", approve=True, approver="alice", remember=True, signature=plain,
+            **shown))
         wider = alice.sign(workflow_id=handle.id, call_id="t1", step=target.step,
                            fingerprint=fingerprint(target.tool, target.arguments),
                            approve=True, arguments=None, reason=None,
-                           remember=Remember(when=None))
+                           remember=Remember(when=None), run=status.run)
         assert "not alice's" in await refused(handle, Decision(
             call_id="t1", approve=True, approver="alice", remember=True, when=NOT_HIGH,
-            signature=wider))
+            signature=wider, **shown))
         await pending(handle, 2)
         await (await get_run(temporal, handle.id)).approve(
             "t1", signer=alice, remember=True, when=NOT_HIGH)

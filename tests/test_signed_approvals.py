@@ -56,15 +56,18 @@ def signed(status: RunStatus, workflow_id: str, signer: Signer, call_id: str, *,
            sign_run: str | None = None, sign_arguments: dict[str, Any] | None = None,
            ) -> Decision:
     """A decision on `call_id` as `as_name`, signed by `signer` over the pending call
-    `sign_call` (default: the same) of run `sign_run` with `sign_arguments`."""
+    `sign_call` (default: the same) of run `sign_run` with `sign_arguments`. It names the
+    run (first execution run id) and fingerprint shown, as every client's decision does."""
     target = next(a for a in status.pending if a.call_id == (sign_call or call_id))
+    shown = fingerprint(target.tool, target.arguments)
     signature = signer.sign(
         workflow_id=sign_run or workflow_id, call_id=target.call_id, step=target.step,
-        fingerprint=fingerprint(target.tool, target.arguments), approve=approve,
+        fingerprint=shown, approve=approve,
         arguments=sign_arguments if sign_arguments is not None else arguments, reason=reason,
-        signed_at=signed_at)
+        signed_at=signed_at, run=status.run)
     return Decision(call_id=call_id, approve=approve, approver=as_name or signer.name,
-                    arguments=arguments, reason=reason, signature=signature)
+                    arguments=arguments, reason=reason, signature=signature,
+                    run=status.run, fingerprint=shown)
 
 
 async def unchanged(handle: WorkflowHandle[Any, Any], before: RunStatus) -> None:
@@ -173,8 +176,9 @@ async def test_a_signature_replayed_onto_another_call_or_run_is_refused(
 
     async def second(handle: WorkflowHandle[Any, Any]) -> None:
         status = await pending(handle, 2)
-        # Another run, same call id, same step, same arguments: the run id differs.
-        assert "not alice's over this decision" in await refused(handle, captured["c1"])
+        # Another run, same call id, same step, same arguments: the run differs.
+        assert "the call changed since you looked at it" in await refused(
+            handle, captured["c1"])
         await handle.signal("approve", captured["c1"])
         await signals_handled(handle, 1)
         await unchanged(handle, status)

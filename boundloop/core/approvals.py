@@ -166,7 +166,8 @@ def changed(approval: Approval, decision: DecisionLike, run: str | None, *,
                 "(`boundloop pending`) and decide again")
     if decision.run is not None and run is not None and decision.run != run:
         return (f"{CHANGED}: the decision was made for run {preview(decision.run, 60)!r}, "
-                f"and a new run ({run}) now holds this workflow id; look at the call again")
+                f"this is run {run} (another run, or a new run under the same workflow "
+                "id); look at the call again")
     if decision.fingerprint is not None and decision.fingerprint != approval.fingerprint:
         return (f"{CHANGED}: you decided arguments with fingerprint "
                 f"{preview(decision.fingerprint, 60)!r}, the call waiting now has "
