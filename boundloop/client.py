@@ -297,7 +297,7 @@ class Run:
                     f"run {self.id}: nothing to sign")
             return decision  # the run says why it refuses it
         shown = decision.fingerprint or fingerprint(waiting.tool, waiting.arguments)
-        if ":" not in shown:  # the hex part, as `boundloop pending` prints it
+        if ":" not in shown:  # the hex part, as the CLI's hints print it
             shown = f"{waiting.tool}:{shown}"
         decision = decision.model_copy(update={"fingerprint": shown,
                                                "run": decision.run or status.run or None})

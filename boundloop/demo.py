@@ -64,9 +64,11 @@ async def _follow(run: Run, interactive: bool) -> RunResult:
                           f"with these arguments:\n{safe(ops.argument_text(approval))}")
             cmd = cli_command()
             call_id = shlex.quote(approval.call_id)
+            # --fp: the decision is refused if the call changes before it arrives.
+            fp = approval.fingerprint.rpartition(":")[2]
             console.print(f"  approve: [bold]{cmd} approve {run.id} "
-                          f"{safe(call_id)} --as YOUR_NAME[/]")
-            console.print(f"  reject:  {cmd} reject {run.id} {safe(call_id)} "
+                          f"{safe(call_id)} --fp {fp} --as YOUR_NAME[/]")
+            console.print(f"  reject:  {cmd} reject {run.id} {safe(call_id)} --fp {fp} "
                           "--reason '...'")
             if not interactive:
                 await asyncio.sleep(0.5)  # let a reader see the pause
