@@ -10,8 +10,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import subprocess
+import sys
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -21,7 +23,15 @@ import pytest
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
 from temporalio.service import RPCError
 
-from boundloop.client import decide, get_run, query_status, record, result_of
+from boundloop.client import (
+    decide,
+    get_run,
+    pending_runs,
+    query_status,
+    record,
+    result_of,
+)
+from boundloop.console.auth import hash_credential
 from boundloop.contracts import (
     SESSION_WORKFLOW,
     WORKFLOW_NAME,
@@ -37,9 +47,11 @@ from boundloop.core.limits import Policy, RunSettings
 from boundloop.core.loop import LoopState
 from boundloop.core.rules import Grant
 from boundloop.core.session import SessionState, turn_id
+from boundloop.devserver import port_open
 from boundloop.errors import DecisionRefused
 from boundloop.scripted.server import ScriptedModelServer
 from boundloop.signing import Signer, new_key
+from boundloop.testing import free_port
 from boundloop.tools.demo import list_tickets
 from tests import conftest
 from tests.conftest import RUN_TIMEOUT
@@ -327,3 +339,90 @@ async def test_the_api_refuses_a_decision_for_arguments_other_than_those_shown(
         await temporal.get_workflow_handle(wf).terminate("test over")
     assert env.tickets() == []
 
+
+@contextlib.contextmanager
+def console_serving(temporal: Client, tmp_path: Path) -> Iterator[str]:
+    """`boundloop console` as its own process, as an operator runs it (test_console's
+    `deployed`): alice signs in with test_console's PASSWORD and her key signs her
+    decisions; no codec key (the runs' payloads are plain). Yields its URL."""
+    from tests.test_console import PASSWORD
+
+    keys = tmp_path / "console-keys"
+    keys.mkdir()
+    new_key("alice", keys)
+    approvers = tmp_path / "approvers"
+    approvers.write_text(f"alice {hash_credential(PASSWORD)}\n")
+    port = free_port()
+    console = subprocess.Popen(
+        [sys.executable, "-m", "boundloop.cli", "console", "--port", str(port)],
+        env={**env_for(temporal, tmp_path), "BOUNDLOOP_CONSOLE_APPROVERS": str(approvers),
+             "BOUNDLOOP_CONSOLE_KEYS": str(keys)},
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        console.terminate()
+        console.communicate(timeout=30)
+
+
+async def test_the_console_refuses_a_decision_on_a_call_swapped_under_the_same_workflow_id(
+        temporal: Client, tmp_path: Path) -> None:
+    """alice opens the approvals inbox in the browser and sees the benign call; the starter
+    terminates the run and starts another under the same workflow id and call id with
+    other arguments; alice clicks Approve on the card she still sees. The console's form
+    carries the run and the fingerprint she was shown: refused, nothing is written.
+    Before, the form named the workflow id and call id only, and the console approved
+    (and signed as alice) whatever waited under them when she clicked."""
+    from tests.test_web_ui import CHROMIUM, CHROMIUM_ARGS  # skips without Playwright
+
+    if CHROMIUM is None:
+        pytest.skip("Chromium not found")
+    from tests.test_console import WAIT_MS, expect, playwright_api, sign_in_browser
+
+    wf = f"console-swap-{uuid.uuid4().hex[:8]}"
+    async with served(temporal, tmp_path, SWAP_SCRIPT) as env:
+        with console_serving(temporal, tmp_path) as url:
+            await parked(temporal, wf, env.queue)
+
+            async def listed() -> bool:  # the inbox finds waiting runs by search attribute
+                return wf in [w for w, _ in await pending_runs(temporal)]
+
+            await until(listed, "the inbox to list the run")
+            await until(lambda: _port_open(url), "the console to listen")
+            async with playwright_api.async_playwright() as p:
+                browser = await p.chromium.launch(executable_path=CHROMIUM,
+                                                  args=CHROMIUM_ARGS)
+                try:
+                    page = await (await browser.new_context()).new_page()
+                    page.set_default_timeout(WAIT_MS)
+                    await sign_in_browser(page, url)
+                    await page.goto(f"{url}/approvals")
+                    card = page.locator(f'.approval[data-run="{wf}"][data-call="t1"]')
+                    await expect(card.locator(".arguments")).to_contain_text(
+                        BENIGN["description"])
+                    # The swap, while alice's page stays as it is (not reloaded).
+                    await temporal.get_workflow_handle(wf).terminate("swapped")
+                    swapped = await parked(temporal, wf, env.queue)
+                    assert [a.arguments for a in (await query_status(swapped)).pending
+                            ] == [MALICIOUS]
+                    await expect(card.locator(".arguments")).to_contain_text(
+                        BENIGN["description"])
+                    await card.locator("button[name=approve]").click()
+                    await expect(page.locator("#error")).to_contain_text(
+                        "the call changed since you looked at it")
+                    await expect(page.locator("#note")).to_have_count(0)
+                    # The inbox, drawn again, shows what waits now.
+                    await expect(card.locator(".arguments")).to_contain_text(
+                        MALICIOUS["description"])
+                finally:
+                    await browser.close()
+            status = await query_status(swapped)
+            assert [(a.call_id, a.status, a.arguments) for a in status.pending] == [
+                ("t1", "pending", MALICIOUS)]
+            assert not [e for e in status.events if e.event.startswith("approval_a")]
+            await swapped.terminate("test over")
+    assert env.tickets() == []
+
+
+async def _port_open(url: str) -> bool:
+    return port_open("127.0.0.1", int(url.rsplit(":", 1)[1]))
