@@ -1,7 +1,9 @@
-"""Activities of shared budgets: a run's reservation (an update to the ledger, which a
-workflow cannot send itself) and the ledger's check for closed runs."""
+"""Activities of shared budgets: a run's reservation, settlement and release (updates to
+the ledger, which a workflow cannot send itself) and the ledger's check for closed runs."""
 
 from __future__ import annotations
+
+import secrets
 
 from temporalio import activity
 from temporalio.client import WorkflowExecutionStatus, WorkflowUpdateFailedError
@@ -11,12 +13,18 @@ from temporalio.service import RPCError, RPCStatusCode
 from boundloop.activities.heartbeat import heartbeating
 from boundloop.contracts import (
     BUDGET_CLOSED_RUNS_ACTIVITY,
+    BUDGET_RELEASE_ACTIVITY,
     BUDGET_RESERVE_ACTIVITY,
+    BUDGET_SETTLE_ACTIVITY,
+    BudgetRelease,
     BudgetReserve,
+    BudgetSettle,
+    ReleaseRequest,
     ReserveRequest,
+    SettleRequest,
     budget_workflow_id,
 )
-from boundloop.core.budget import Grant
+from boundloop.core.budget import Grant, claim_of
 from boundloop.workflows.budget import BudgetLedgerWorkflow
 
 
@@ -28,15 +36,25 @@ async def budget_reserve(req: BudgetReserve) -> Grant:
     the ledger answers once (Temporal deduplicates updates by id). It heartbeats while
     the ledger answers, so an attempt whose worker died is retried within the heartbeat
     timeout.
+
+    The reservation is made with a random token, drawn here (workflow code has no secret
+    randomness: its seed is the run id) and heartbeated first, so a retried attempt
+    reserves with the same one; the ledger keeps its digest, the grant returned to the
+    run carries the token, and only a settle or release carrying it counts.
     """
     info = activity.info()
     run = info.workflow_id or ""
+    token = next((d for d in info.heartbeat_details if isinstance(d, str)), None) \
+        if info.heartbeat_details else None
+    token = token or secrets.token_hex(16)
+    activity.heartbeat(token)
     handle = activity.client().get_workflow_handle(budget_workflow_id(req.key))
     try:
-        async with heartbeating():
+        async with heartbeating(lambda: (token,)):
             grant = await handle.execute_update(
                 BudgetLedgerWorkflow.reserve,
-                ReserveRequest(run=run, step=req.step, amount=req.amount, priced=req.priced),
+                ReserveRequest(run=run, step=req.step, amount=req.amount, priced=req.priced,
+                               token=token),
                 id=f"{run}/step-{req.step}/reserve")
     except RPCError as err:
         if err.status == RPCStatusCode.NOT_FOUND:
@@ -47,7 +65,46 @@ async def budget_reserve(req: BudgetReserve) -> Grant:
     except WorkflowUpdateFailedError as err:
         raise ApplicationError(f"budget {req.key!r} refused the reservation message",
                                non_retryable=True) from err
-    return grant
+    if grant.granted and grant.claim is not None and grant.claim != claim_of(token):
+        # An earlier attempt reserved with another token (its heartbeat never reached
+        # the server): this run cannot settle that reservation, so it does not spend it.
+        return Grant(granted=False, message=(
+            f"budget {req.key!r} holds step {req.step} of this run under another attempt's "
+            "token: the request is not sent"))
+    return grant.model_copy(update={"token": token})
+
+
+async def _to_ledger(key: str, update: object, arg: object, update_id: str) -> None:
+    """Send a run's settlement or release; a ledger that is gone or refuses it (not the
+    run's open reservation, e.g. a retry of one it took already) is logged by ids."""
+    handle = activity.client().get_workflow_handle(budget_workflow_id(key))
+    try:
+        await handle.execute_update(update, arg, id=update_id)  # type: ignore[call-overload]
+    except RPCError as err:
+        if err.status != RPCStatusCode.NOT_FOUND:
+            raise
+        activity.logger.warning("budget ledger is gone", extra={"budget": key})
+    except WorkflowUpdateFailedError:
+        activity.logger.warning("budget ledger refused the message", extra={
+            "budget": key, "update_id": update_id})
+
+
+@activity.defn(name=BUDGET_SETTLE_ACTIVITY)
+async def budget_settle(req: BudgetSettle) -> None:
+    """Settle this run's reservation of `req.step` with what the request used (an update:
+    a signal racing the ledger's continue-as-new failed its workflow task)."""
+    run = activity.info().workflow_id or ""
+    await _to_ledger(req.key, BudgetLedgerWorkflow.settle_reservation,
+                     SettleRequest(run=run, step=req.step, amount=req.amount,
+                                   token=req.token), f"{run}/step-{req.step}/settle")
+
+
+@activity.defn(name=BUDGET_RELEASE_ACTIVITY)
+async def budget_release(req: BudgetRelease) -> None:
+    """The run ended: give back what it holds."""
+    run = activity.info().workflow_id or ""
+    await _to_ledger(req.key, BudgetLedgerWorkflow.release_reservation,
+                     ReleaseRequest(run=run, token=req.token), f"{run}/release")
 
 
 @activity.defn(name=BUDGET_CLOSED_RUNS_ACTIVITY)

@@ -11,7 +11,14 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 from temporalio.contrib.workflow_streams import WorkflowStreamState
 
-from boundloop.core.budget import Amount, BudgetLimits, LedgerState, Reservation
+from boundloop.core.budget import (
+    TOKEN_PATTERN,
+    Amount,
+    BudgetLimits,
+    BudgetReset,
+    LedgerState,
+    Reservation,
+)
 from boundloop.core.conversation import ConversationMeta, Item
 from boundloop.core.conversation import ConversationRef as ConversationRef  # re-exported
 from boundloop.core.limits import Limits, PromptText, RunSettings
@@ -244,6 +251,11 @@ class RunStatus(BaseModel):
 BUDGET_WORKFLOW = "BoundloopBudget"
 BUDGET_RESERVE_ACTIVITY = "budget_reserve"
 BUDGET_CLOSED_RUNS_ACTIVITY = "budget_closed_runs"
+#: A run's settlement and release, sent as updates by these activities (a workflow
+#: cannot send an update itself; a signal racing the ledger's continue-as-new failed its
+#: workflow task, and every update in flight with it).
+BUDGET_SETTLE_ACTIVITY = "budget_settle"
+BUDGET_RELEASE_ACTIVITY = "budget_release"
 #: The local activity that admits a run under its worker's operator policy.
 ADMIT_ACTIVITY = "admit_run"
 
@@ -259,9 +271,19 @@ class AdmitRequest(BaseModel):
     search_attributes: dict[str, str] = Field(default_factory=dict)
 
 
+#: A reserve activity's token: 128 random bits, hex.
+Token = Annotated[str, Field(pattern=TOKEN_PATTERN)]
+
+
 def budget_workflow_id(key: str) -> str:
     """The ledger of `key`: one long-running workflow per budget key."""
     return f"boundloop-budget-{key}"
+
+
+def budget_key_of(workflow_id: str) -> str:
+    """The key whose ledger has `workflow_id` (what the ledger answers for, whatever its
+    start input says)."""
+    return workflow_id.removeprefix(budget_workflow_id(""))
 
 
 class LedgerInput(BaseModel):
@@ -285,14 +307,59 @@ class ReserveRequest(BaseModel):
     amount: Amount
     #: False when the run's model has no price: a USD-limited ledger refuses it.
     priced: bool = True
+    #: The random token the run's reserve activity drew (None: a run of before claims):
+    #: the ledger keeps its digest, and only a settle or release carrying it counts.
+    token: Token | None = Field(default=None, exclude_if=_none)
 
 
 class SettleRequest(BaseModel):
-    """Signal `settle`: what `run`'s request at `step` really used."""
+    """Update `settle_reservation` (signal `settle` from runs of before it): what `run`'s
+    request at `step` really used, with the token it reserved with."""
 
     run: str = Field(min_length=1)
     step: int = Field(ge=1)
     amount: Amount
+    token: Token | None = Field(default=None, exclude_if=_none)
+
+
+class ReleaseRequest(BaseModel):
+    """Update `release_reservation` (signal `release`): `run` ended; what it holds goes
+    back, if `token` is the one it reserved with."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    run: str = Field(min_length=1)
+    token: Token | None = None
+
+
+class BudgetSettle(BaseModel):
+    """The run workflow's settle activity input."""
+
+    key: str
+    step: int
+    amount: Amount
+    token: Token | None = None
+
+
+class BudgetRelease(BaseModel):
+    """The run workflow's release activity input."""
+
+    key: str
+    token: Token | None = None
+
+
+class SignedReset(BaseModel):
+    """Update `reset`: an operator's recovery of a ledger (spent back to zero, runs'
+    reservations dropped), signed by a budget admin where the workers have approver
+    keys (`boundloop.core.signatures.budget_message`, purpose BUDGET_RESET_PURPOSE)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    reset: BudgetReset
+    admin: ApproverName | None = None
+    nonce: str | None = Field(default=None, min_length=16, max_length=64,
+                              pattern=r"^[0-9a-f]+$")
+    signature: Signature | None = None
 
 
 class SignedLimits(BaseModel):

@@ -82,6 +82,8 @@ class Settings(TemporalSettings):
     - BOUNDLOOP_CONSOLE_APPROVERS / BOUNDLOOP_CONSOLE_KEYS / BOUNDLOOP_CONSOLE_SECRET:
       `boundloop console`'s approvers file, their private keys' directory, and the
       secret (at least 32 characters) its session cookies are signed with.
+    - BOUNDLOOP_CONSOLE_LOCKOUT_SECONDS: how long `boundloop console` first refuses
+      sign-in for a name or address after repeated failures (doubling each time).
 
     This is the only place boundloop reads the environment: the CLI reads it once and
     hands the values to the public API, which takes them as arguments (but
@@ -119,6 +121,10 @@ class Settings(TemporalSettings):
     console_keys: Path | None = Field(None, alias="BOUNDLOOP_CONSOLE_KEYS")
     console_secret: SecretStr | None = Field(None, alias="BOUNDLOOP_CONSOLE_SECRET",
                                              min_length=32)
+    # The first lockout after repeated failed sign-ins (per name and per address; each
+    # next one doubles): boundloop/console/auth.py, SignInGuard.
+    console_lockout_seconds: float = Field(60.0, gt=0,
+                                           alias="BOUNDLOOP_CONSOLE_LOCKOUT_SECONDS")
 
     @property
     def model_configured(self) -> bool:
@@ -136,6 +142,7 @@ CLIENT_SETTINGS = {
     "BOUNDLOOP_CONSOLE_APPROVERS": "set it where `boundloop console` runs",
     "BOUNDLOOP_CONSOLE_KEYS": "set it where `boundloop console` runs",
     "BOUNDLOOP_CONSOLE_SECRET": "set it where `boundloop console` runs",
+    "BOUNDLOOP_CONSOLE_LOCKOUT_SECONDS": "set it where `boundloop console` runs",
 }
 
 

@@ -148,6 +148,17 @@ class Signer:
             signed_at=at))
         return nonce, Signature(signed_at=at, value=base64.b64encode(raw).decode("ascii"))
 
+    def sign_budget_reset(self, *, namespace: str, key: str, reset: Mapping[str, Any],
+                          signed_at: int | None = None) -> tuple[str, Signature]:
+        """Sign a reset of budget `key` (its JSON form: `boundloop budget reset`) in
+        `namespace`, as a budget admin: the nonce and the signature."""
+        at = int(time.time()) if signed_at is None else signed_at
+        nonce = secrets.token_hex(16)
+        raw = self._key.sign(signatures.budget_message(
+            namespace=namespace, key=key, limits=reset, admin=self.name, nonce=nonce,
+            signed_at=at, purpose=signatures.BUDGET_RESET_PURPOSE))
+        return nonce, Signature(signed_at=at, value=base64.b64encode(raw).decode("ascii"))
+
 
 # --- the worker's public keys ----------------------------------------------------------
 

@@ -60,12 +60,14 @@ def json_text(value: Any, *, indent: int | None = 2, sort_keys: bool = False) ->
     return "".join(_json_escape(ch) if ch != "\n" and invisible(ch) else ch for ch in text)
 
 
-def has_invisible(value: Any) -> bool:
-    """Any string in `value` (keys included, nested) holds an invisible character."""
+def has_invisible(value: Any, ordinary: str = "\n\r\t") -> bool:
+    """Any string in `value` (keys included, nested) holds an invisible character other
+    than the `ordinary` ones (line breaks and tabs, which JSON shows as `\\n`, `\\t`)."""
     if isinstance(value, str):
-        return any(invisible(ch) for ch in value)
+        return any(ch not in ordinary and invisible(ch) for ch in value)
     if isinstance(value, dict):
-        return any(has_invisible(k) or has_invisible(v) for k, v in value.items())
+        return any(has_invisible(k, ordinary) or has_invisible(v, ordinary)
+                   for k, v in value.items())
     if isinstance(value, (list, tuple)):
-        return any(has_invisible(v) for v in value)
+        return any(has_invisible(v, ordinary) for v in value)
     return False

@@ -15,7 +15,12 @@ from temporalio.client import Client
 from temporalio.worker import Worker
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
 
-from boundloop.activities.budget import budget_closed_runs, budget_reserve
+from boundloop.activities.budget import (
+    budget_closed_runs,
+    budget_release,
+    budget_reserve,
+    budget_settle,
+)
 from boundloop.budgets import set_budget, show_budget
 from boundloop.contracts import BudgetView, ReserveRequest, SettleRequest, budget_workflow_id
 from boundloop.core.budget import Amount, BudgetLimits, Grant
@@ -41,7 +46,8 @@ async def worker(client: Client, queue: str) -> AsyncIterator[Worker]:
     catalog.register(queue, served)
     try:
         async with Worker(client, task_queue=queue, workflows=[BudgetLedgerWorkflow],
-                          activities=[budget_reserve, budget_closed_runs],
+                          activities=[budget_reserve, budget_settle, budget_release,
+                                      budget_closed_runs],
                           workflow_runner=pass_boundloop_through(
                               SandboxedWorkflowRunner())) as w:
             yield w

@@ -35,7 +35,12 @@ from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
 
 from boundloop import signing
 from boundloop.activities.admission import Admissions
-from boundloop.activities.budget import budget_closed_runs, budget_reserve
+from boundloop.activities.budget import (
+    budget_closed_runs,
+    budget_release,
+    budget_reserve,
+    budget_settle,
+)
 from boundloop.activities.conversation import ConversationCache
 from boundloop.activities.heartbeat import HEARTBEAT_EVERY
 from boundloop.activities.model import ModelActivities
@@ -175,6 +180,7 @@ class Plugin(SimplePlugin, Generic[Deps]):
         # The budget ledger runs on every boundloop worker: runs reserve from it, and
         # `boundloop budget set` starts it on the same task queue.
         activities: list[Callable[..., Any]] = [tools.tool_execute, budget_reserve,
+                                                budget_settle, budget_release,
                                                 budget_closed_runs,
                                                 Admissions(policy, toolset,
                                                            self.served.approver_keys,

@@ -30,26 +30,36 @@ from temporalio.exceptions import (
 )
 
 from boundloop.workflows import SANDBOXED
-from boundloop.workflows.budget import BudgetLedgerWorkflow
+from boundloop.workflows.budget import (
+    RELEASE_WAIT,
+    RUN_MESSAGES_BY_UPDATE,
+    SETTLE_WAIT,
+    BudgetLedgerWorkflow,
+)
 
 with workflow.unsafe.imports_passed_through():
     from boundloop import errors
     from boundloop import search_attributes as sa
     from boundloop.contracts import (
         ADMIT_ACTIVITY,
+        BUDGET_RELEASE_ACTIVITY,
         BUDGET_RESERVE_ACTIVITY,
+        BUDGET_SETTLE_ACTIVITY,
         MODEL_ACTIVITY,
         OUTPUT_REF,
         STREAM_TOPIC,
         TOOL_ACTIVITY,
         WORKFLOW_NAME,
         AdmitRequest,
+        BudgetRelease,
         BudgetReserve,
+        BudgetSettle,
         CancelRequest,
         Carried,
         ConversationRef,
         Decision,
         ModelRequest,
+        ReleaseRequest,
         Reset,
         RunInput,
         RunResult,
@@ -278,6 +288,7 @@ class BoundLoopWorkflow:
         self._keys = signatures.run_keys(served.approver_keys,
                                          self._state.policy.approver_keys)
         self._reserved = Amount()  # the shared budget's hold for the request in flight
+        self._budget_token: str | None = None  # what the hold was reserved with
         self._settling: asyncio.Task[None] | None = None  # the settle signal in flight
         # The live stream (docs/streaming.md): a view of the event log, the model's text
         # (published by the model activity) and the end. Publishing here adds nothing to
@@ -692,7 +703,7 @@ class BoundLoopWorkflow:
         if not grant.granted:
             workflow.logger.info("budget refused the step", extra={"step": step})
             return core.budget_refused(state, grant.message)
-        self._reserved = amount
+        self._reserved, self._budget_token = amount, grant.token
         return None
 
     def _settle_budget(self, step: int, actual: Amount) -> None:
@@ -701,9 +712,16 @@ class BoundLoopWorkflow:
         key = self._state.settings.budget
         if key is None:
             return
+        if workflow.patched(RUN_MESSAGES_BY_UPDATE):
+            self._settling = asyncio.create_task(self._ledger_activity(
+                BUDGET_SETTLE_ACTIVITY, BudgetSettle(key=key, step=step, amount=actual,
+                                                     token=self._budget_token),
+                f"settle step {step} · budget {key}"))
+            return
         self._settling = asyncio.create_task(self._signal_ledger(
             key, BudgetLedgerWorkflow.settle,
-            SettleRequest(run=workflow.info().workflow_id, step=step, amount=actual)))
+            SettleRequest(run=workflow.info().workflow_id, step=step, amount=actual,
+                          token=self._budget_token)))
 
     async def _settled(self) -> None:
         task, self._settling = self._settling, None
@@ -717,8 +735,32 @@ class BoundLoopWorkflow:
         key = self._state.settings.budget
         if key is not None:
             await self._settled()
+            token, run = self._budget_token, workflow.info().workflow_id
+            if workflow.patched(RUN_MESSAGES_BY_UPDATE):
+                await self._ledger_activity(BUDGET_RELEASE_ACTIVITY,
+                                            BudgetRelease(key=key, token=token),
+                                            f"release · budget {key}", give_up=RELEASE_WAIT)
+                return
             await self._signal_ledger(key, BudgetLedgerWorkflow.release,
-                                      workflow.info().workflow_id)
+                                      run if token is None else ReleaseRequest(run=run,
+                                                                               token=token))
+
+    async def _ledger_activity(self, activity: str, arg: object, summary: str,
+                               give_up: timedelta = SETTLE_WAIT) -> None:
+        """Settle or release by the activity that sends the ledger an update; a ledger
+        that does not answer within `give_up` is left to find the run closed itself."""
+        try:
+            await workflow.execute_activity(
+                activity, arg, schedule_to_close_timeout=give_up,
+                heartbeat_timeout=HEARTBEAT_TIMEOUT,
+                retry_policy=RetryPolicy(initial_interval=timedelta(seconds=1),
+                                         backoff_coefficient=1.0, maximum_attempts=0),
+                summary=summary)
+        except ActivityError as exc:
+            if is_cancelled_exception(exc):
+                raise asyncio.CancelledError from None
+            workflow.logger.warning("budget ledger message failed", extra={
+                "activity": activity, "error": type(exc.cause).__name__})
 
     async def _signal_ledger(self, key: str, signal: Callable[[Any, Any], None],
                              arg: object) -> None:

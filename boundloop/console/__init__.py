@@ -38,7 +38,12 @@ def build(settings: Settings, client: Client, *, secure_cookie: bool = False) ->
     """The console for these settings. Raises ApproversFileError / KeyFileError for a
     file it cannot use (before serving anything)."""
     from boundloop.console.app import Console, app
-    from boundloop.console.auth import ApproversFileError, Sessions, load_approvers
+    from boundloop.console.auth import (
+        ApproversFileError,
+        Sessions,
+        SignInGuard,
+        load_approvers,
+    )
 
     if settings.console_approvers is None:
         raise ApproversFileError("set BOUNDLOOP_CONSOLE_APPROVERS to the approvers file "
@@ -50,7 +55,8 @@ def build(settings: Settings, client: Client, *, secure_cookie: bool = False) ->
     secret = (settings.console_secret.get_secret_value().encode("utf-8")
               if settings.console_secret else secrets.token_bytes(32))
     return app(Console(client=client, approvers=approvers, sessions=Sessions(secret),
-                       signers=signers, secure_cookie=secure_cookie))
+                       signers=signers, secure_cookie=secure_cookie,
+                       guard=SignInGuard(settings.console_lockout_seconds)))
 
 
 def __getattr__(name: str) -> Any:

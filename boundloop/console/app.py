@@ -3,6 +3,8 @@
 Every page needs a signed-in approver; every decision is a POST carrying the session's
 CSRF token, made through the public client API (`Run.approve` / `Run.reject`) as the
 signed-in approver, and signed with that approver's key when the console holds one.
+Every response carries a Content-Security-Policy that allows the console's own
+scripts and style sheet only (`/static/…`, no inline script) and no framing.
 """
 
 from __future__ import annotations
@@ -57,6 +59,15 @@ DECISION_TIMEOUT = 30.0
 #: The largest form body read (edited arguments included).
 MAX_FORM_BYTES = 256 * 1024
 STATES = ["running", "waiting_approval", "stopped", "completed"]
+#: How long a refused sign-in waits before its answer (a guesser gets one try a second
+#: per connection; the lockout does the rest).
+FAILED_SIGN_IN_DELAY = 1.0
+#: The sign-in page's errors: `?error=CODE` shows one of these, an unknown code nothing.
+SIGN_IN_ERRORS = {
+    "credential": "wrong approver or credential",
+    "locked": "too many failed sign-ins for this approver or from this address: "
+              "sign-in is refused for a while, try again later",
+}
 #: Turns a session's chat view shows (the latest; older ones by their run pages).
 SESSION_TURNS_SHOWN = 20
 
@@ -73,8 +84,12 @@ class Console:
     #: Set the cookie's Secure flag (the console is served over HTTPS, or behind a proxy
     #: that is).
     secure_cookie: bool = False
+    #: Failed sign-ins per name and address, and their lockouts.
+    guard: auth.SignInGuard = field(default_factory=auth.SignInGuard)
     #: Turns started from the chat view, kept so the task is not collected mid-turn.
     _turns: set[asyncio.Task[Any]] = field(default_factory=set)
+    #: Credential checks at once (each is an scrypt: some 50 ms of CPU and 16 MiB).
+    _scrypts: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(2))
 
 
 # --- what the run page shows --------------------------------------------------------------
@@ -186,12 +201,22 @@ def guarded(console: Console, handler: Handler, *, json_api: bool = False
 def _page(who: auth.SignedIn, title: str, body: str, request: Request,
           script: str = "", body_attrs: dict[str, str] | None = None) -> HTMLResponse:
     q = request.query_params
+    note, error = q.get("note"), q.get("error")
+    # Only what this console said after this session's own request (a link made
+    # elsewhere cannot put words into a console page).
+    if not auth.flash_ok(who, f"{note or ''}\0{error or ''}", q.get("mac")):
+        note = error = None
     return HTMLResponse(h.page(title, body, approver=who.approver, csrf=who.csrf,
-                               note=q.get("note"), error=q.get("error"), script=script,
+                               note=note, error=error, script=script,
                                body_attrs=body_attrs))
 
 
-def _back(target: str, **params: str) -> RedirectResponse:
+def _back(who: auth.SignedIn, target: str, *, note: str | None = None,
+          error: str | None = None) -> RedirectResponse:
+    """Back to `target`, with a note or an error its page shows (under a MAC)."""
+    params = {k: v for k, v in (("note", note), ("error", error)) if v is not None}
+    if params:
+        params["mac"] = auth.flash_mac(who, f"{note or ''}\0{error or ''}")
     sep = "&" if "?" in target else "?"
     return RedirectResponse(f"{target}{sep}{urlencode(params)}" if params else target, 303)
 
@@ -201,7 +226,7 @@ def _back(target: str, **params: str) -> RedirectResponse:
 
 async def login_page(request: Request) -> Response:
     nxt = local(request.query_params.get("next"))
-    error = request.query_params.get("error")
+    error = SIGN_IN_ERRORS.get(request.query_params.get("error") or "")
     body = (f'<form method="post" action="/login" class="card">'
             f'<input type="hidden" name="next" value="{h.e(nxt)}">'
             f'<p><label>Approver <input name="approver" autocomplete="username"></label></p>'
@@ -217,13 +242,27 @@ def login(console: Console) -> Callable[[Request], Awaitable[Response]]:
     async def endpoint(request: Request) -> Response:
         form = await form_of(request)
         name, secret = form.get("approver", ""), form.get("credential", "")
-        credential = console.approvers.get(name)
-        # The same work whether or not the name exists: no telling names apart by time.
-        ok = (credential or _dummy()).matches(secret) and credential is not None
         nxt = local(form.get("next"))
+        keys = console.guard.keys(name, request.client.host if request.client else None)
+        if not console.guard.begin(keys):
+            # Locked out: refused before any scrypt, the right credential included.
+            log.warning("console sign-in refused: locked out")
+            await asyncio.sleep(FAILED_SIGN_IN_DELAY)
+            return RedirectResponse(f"/login?{urlencode({'error': 'locked', 'next': nxt})}",
+                                    303)
+        ok = False
+        try:
+            credential = console.approvers.get(name)
+            async with console._scrypts:
+                # The same work whether or not the name exists: no telling names apart.
+                matched = await asyncio.to_thread((credential or _dummy()).matches, secret)
+            ok = matched and credential is not None
+        finally:
+            console.guard.end(keys, ok)
         if not ok:
             log.warning("console sign-in refused")  # never the name or the credential
-            query = urlencode({"error": "wrong approver or credential", "next": nxt})
+            await asyncio.sleep(FAILED_SIGN_IN_DELAY)
+            query = urlencode({"error": "credential", "next": nxt})
             return RedirectResponse(f"/login?{query}", 303)
         cookie, _ = console.sessions.issue(name)
         response = RedirectResponse(nxt, 303)
@@ -333,79 +372,15 @@ def approval_card(workflow_id: str, a: Approval, csrf: str, back: str,
                   first_run: str = "") -> str:
     return (f'<div class="card approval" data-run="{h.e(workflow_id)}" '
             f'data-call="{h.e(a.call_id)}">'
-            f'<p><b>{h.e(a.tool)}</b> · call <code>{h.e(a.call_id)}</code> · step {a.step} '
-            f'· run {h.run_link(workflow_id)} · waiting since {h.e(a.requested_at)}</p>'
-            f'<p class="why">asked because: {h.e(asked_because(a))}</p>'
-            f'<pre class="arguments">{h.e(h.pretty(a.arguments))}</pre>'
+            f'<p><b>{h.visible(a.tool)}</b> · call <code>{h.visible(a.call_id)}</code> · '
+            f'step {a.step} · run {h.run_link(workflow_id)} · waiting since '
+            f'{h.e(a.requested_at)}</p>'
+            f'<p class="why">asked because: {h.visible(asked_because(a))}</p>'
+            f'{h.arguments_view(a.arguments)}'
             f'{decision_forms(workflow_id, a, csrf, back, first_run)}</div>')
 
 
-RUN_SCRIPT = """
-<script>
-const runId = document.body.dataset.run;
-const key = encodeURIComponent(runId);
-function esc(s){const d=document.createElement('div');d.textContent=s==null?'':String(s);
-  return d.innerHTML;}
-function meter(used, cap, text){ if(!cap) return esc(text);
-  const w=Math.max(0,Math.min(100,100*used/cap));
-  return '<span class="meter"><span style="width:'+w.toFixed(0)+'%"></span></span> '+esc(text);}
-function line(ev, offset){ return '<li'+(offset==null?'':' data-offset="'+offset+'"')+'>step '+
-  ev.step+' · <b>'+esc(ev.event)+'</b>'+(ev.tool?' · '+esc(ev.tool):'')+
-  (ev.call_id?' · '+esc(ev.call_id):'')+(ev.detail?' · '+esc(ev.detail):'')+'</li>';}
-let streamed = false, closed = false, timer = null, submitting = false;
-// A decision being sent: its answer page comes next, never a reload over it.
-document.addEventListener('submit', () => { submitting = true; });
-const texts = {};  // step -> the answer text streamed so far (since its last reset)
-function showText(){ const steps = Object.keys(texts).map(Number).filter(k=>texts[k]);
-  if (!steps.length) return; const a = document.getElementById('answer');
-  a.textContent = texts[Math.max(...steps)]; a.dataset.source = 'stream'; }
-async function refresh(){
-  let r; try { r = await fetch('/api/runs/'+key); } catch(e) { return; }
-  if (r.status === 401) { location.href='/login'; return; }
-  const s = await r.json();
-  const badge = document.getElementById('state');
-  const known=['completed','stopped','running','waiting_approval'];
-  badge.className='badge state-'+(known.includes(s.status)?s.status:'other');
-  badge.textContent=s.status.replace('_',' ')+(s.reason&&s.status!=='completed'?' · '+s.reason:'');
-  const L = s.limits || {};
-  document.getElementById('steps').innerHTML=meter(s.steps,L.max_steps,
-    s.steps+(L.max_steps?' / '+L.max_steps:''));
-  document.getElementById('tools').innerHTML=meter(s.tool_executions,L.max_tool_executions,
-    s.tool_executions+(L.max_tool_executions?' / '+L.max_tool_executions:''));
-  document.getElementById('tokens').innerHTML=meter(s.total_tokens,L.token_threshold,
-    s.total_tokens+(L.token_threshold?' / '+L.token_threshold:''));
-  document.getElementById('cost').innerHTML=s.cost_usd==null?'no price known':
-    meter(s.cost_usd,L.usd_budget,'$'+s.cost_usd.toFixed(6)+(L.usd_budget?' / $'+L.usd_budget:''));
-  if (!streamed) document.getElementById('timeline').innerHTML=s.events.map(ev=>line(ev)).join('');
-  if (s.text != null) { const a=document.getElementById('answer');
-    a.textContent = s.text; a.dataset.source = a.dataset.source || 'result'; }
-  else if (!streamed) document.getElementById('answer').textContent = s.closed?'(no answer)':'…';
-  const waiting = s.pending.map(a=>a.call_id).join(',');
-  if (waiting !== document.body.dataset.pending && !submitting) { location.reload(); return; }
-  closed = s.closed;
-}
-function soon(){ clearTimeout(timer); timer = setTimeout(refresh, 150); }
-// The live stream (docs/streaming.md) over Server-Sent Events: the browser reconnects by
-// itself with the last offset it saw, so nothing is missed or shown twice.
-const source = new EventSource('/api/stream/runs/'+key);
-source.addEventListener('item', m => {
-  const it = JSON.parse(m.data);
-  if (!streamed) { streamed = true; document.getElementById('timeline').innerHTML=''; }
-  if (it.kind === 'event') {
-    document.getElementById('timeline').insertAdjacentHTML('beforeend', line(it.event, it.offset));
-    soon();
-  } else if (it.kind === 'text') { texts[it.step] = (texts[it.step]||'') + it.text; showText(); }
-  else if (it.kind === 'reset') { texts[it.step] = ''; showText(); }
-  else if (it.kind === 'result') { const a=document.getElementById('answer');
-    a.textContent = it.result.text; soon(); }
-});
-source.addEventListener('end', () => { source.close(); soon(); });
-refresh();
-// Counters also come from the status query now and then, in case the stream is not
-// served (a worker without it): the page still follows the run.
-setInterval(() => { if (!closed) refresh(); }, 3000);
-</script>
-"""
+RUN_SCRIPT = "run.js"  # follows the run: its stream, counters and waiting calls
 
 
 async def run_page(request: Request, console: Console, who: auth.SignedIn) -> Response:
@@ -491,22 +466,22 @@ async def edit_review(request: Request, console: Console, who: auth.SignedIn) ->
     try:
         edited = json.loads(form.get("arguments", ""))
     except json.JSONDecodeError as exc:
-        return _back(back, error=f"the edited arguments are not JSON: {exc.msg} "
+        return _back(who, back, error=f"the edited arguments are not JSON: {exc.msg} "
                                  f"(line {exc.lineno})")
     if not isinstance(edited, dict):
-        return _back(back, error="the edited arguments must be a JSON object")
+        return _back(who, back, error="the edited arguments must be a JSON object")
     try:
         run = await ops.get_run(console.client, workflow_id)
         pending = await asyncio.wait_for(run.pending(), timeout=QUERY_TIMEOUT)
     except RunNotFound as exc:
-        return _back(back, error=f"refused: {exc}")
+        return _back(who, back, error=f"refused: {exc}")
     except (RPCError, TimeoutError):
-        return _back(back, error=f"run {workflow_id}: no worker answered")
+        return _back(who, back, error=f"run {workflow_id}: no worker answered")
     waiting = next((a for a in pending if a.call_id == call_id), None)
     if waiting is None:
-        return _back(back, error=f"call {call_id} is no longer waiting for approval")
-    body = (f'<div class="card"><p><b>{h.e(waiting.tool)}</b> · call '
-            f'<code>{h.e(call_id)}</code> · run {h.run_link(workflow_id)}</p>'
+        return _back(who, back, error=f"call {call_id} is no longer waiting for approval")
+    body = (f'<div class="card"><p><b>{h.visible(waiting.tool)}</b> · call '
+            f'<code>{h.visible(call_id)}</code> · run {h.run_link(workflow_id)}</p>'
             f'<p>Your edit:</p>{h.diff(waiting.arguments, edited)}'
             f'<form method="post" action="/decide">{h.csrf_field(who.csrf)}'
             f'<input type="hidden" name="run" value="{h.e(workflow_id)}">'
@@ -529,7 +504,7 @@ async def decide(request: Request, console: Console, who: auth.SignedIn) -> Resp
     try:
         run = await ops.get_run(console.client, workflow_id)
     except RunNotFound as exc:
-        return _back(back, error=f"refused: {exc}")
+        return _back(who, back, error=f"refused: {exc}")
     signer = console.signers.get(who.approver)
     # What the approver was shown: the run refuses the decision if the call changed since.
     shown, first_run = form.get("fingerprint") or None, form.get("first_run") or None
@@ -538,9 +513,9 @@ async def decide(request: Request, console: Console, who: auth.SignedIn) -> Resp
         try:
             args = json.loads(form["arguments"])
         except json.JSONDecodeError:
-            return _back(back, error="the edited arguments are not JSON")
+            return _back(who, back, error="the edited arguments are not JSON")
         if not isinstance(args, dict):
-            return _back(back, error="the edited arguments must be a JSON object")
+            return _back(who, back, error="the edited arguments must be a JSON object")
     try:
         if action == "approve":
             deciding = run.approve(call_id, approver=who.approver, args=args, signer=signer,
@@ -548,24 +523,24 @@ async def decide(request: Request, console: Console, who: auth.SignedIn) -> Resp
         elif action == "reject":
             reason = form.get("reason", "").strip()
             if not reason:
-                return _back(back, error="a rejection needs a reason (the model reads it)")
+                return _back(who, back, error="a rejection needs a reason (the model reads it)")
             deciding = run.reject(call_id, reason=reason, approver=who.approver,
                                   signer=signer, fingerprint=shown, run=first_run)
         else:
-            return _back(back, error="unknown action")
+            return _back(who, back, error="unknown action")
         await asyncio.wait_for(deciding, timeout=DECISION_TIMEOUT)
     except (DecisionRefused, InvalidDecision, RunEnded, RunNotFound) as exc:
-        return _back(back, error=f"refused: {exc}")
+        return _back(who, back, error=f"refused: {exc}")
     except (TimeoutError, WorkflowUpdateFailedError, RPCError) as exc:
         why = ("no worker took the decision in time; it may still apply: look before "
                "deciding again" if isinstance(exc, TimeoutError)
                else getattr(getattr(exc, "cause", None), "message", None)
                or getattr(exc, "message", "") or type(exc).__name__)
-        return _back(back, error=f"run {workflow_id}: {why}")
+        return _back(who, back, error=f"run {workflow_id}: {why}")
     log.info("console decision", extra={"approver": who.approver, "call_id": call_id,
                                         "decision": action, "signed": signer is not None})
     done = "approved" if action == "approve" else "rejected"
-    return _back(back, note=f"{call_id}: {done}" + (" with edited arguments" if args else "")
+    return _back(who, back, note=f"{call_id}: {done}" + (" with edited arguments" if args else "")
                  + (f" (signed by {who.approver})" if signer is not None else ""))
 
 
@@ -603,38 +578,7 @@ async def session_snapshot(console: Console, session_id: str) -> dict[str, Any]:
     return {"session": st.model_dump(mode="json"), "turns": turns}
 
 
-SESSION_SCRIPT = """
-<script>
-const sid = document.body.dataset.session;
-let submitting = false;  // a message or decision being sent: no reload over its answer
-document.addEventListener('submit', () => { submitting = true; });
-async function refresh(){
-  let r; try { r = await fetch('/api/sessions/'+encodeURIComponent(sid)); } catch(e) { return; }
-  if (r.status === 401) { location.href='/login'; return; }
-  const s = await r.json();
-  const sig = s.turns.map(t=>t.workflow_id+':'+t.closed+':'+(t.pending||[]).length).join('|')
-    + '|' + s.session.status;
-  if (sig !== document.body.dataset.sig && !submitting) { location.reload(); return; }
-  setTimeout(refresh, 700);
-}
-if (document.body.dataset.live === '1') refresh();
-const live = document.getElementById('live-answer');
-if (live) {
-  const texts = {};
-  const source = new EventSource('/api/stream/runs/'+encodeURIComponent(live.dataset.turn));
-  source.addEventListener('item', m => {
-    const it = JSON.parse(m.data);
-    if (it.kind === 'text') texts[it.step] = (texts[it.step]||'') + it.text;
-    else if (it.kind === 'reset') texts[it.step] = '';
-    else if (it.kind === 'result') { texts[0] = it.result.text; }
-    const steps = Object.keys(texts).map(Number).filter(k => texts[k]);
-    if (it.kind === 'result') live.textContent = it.result.text;
-    else if (steps.length) live.textContent = texts[Math.max(...steps)];
-  });
-  source.addEventListener('end', () => source.close());
-}
-</script>
-"""
+SESSION_SCRIPT = "session.js"  # reloads the chat as its turns change
 
 
 async def session_page(request: Request, console: Console, who: auth.SignedIn) -> Response:
@@ -692,15 +636,15 @@ async def say(request: Request, console: Console, who: auth.SignedIn) -> Respons
     session_id, message = form.get("session", ""), form.get("message", "").strip()
     back = f"/sessions/{quote(session_id, safe='')}"
     if not message:
-        return _back(back, error="the message is empty")
+        return _back(who, back, error="the message is empty")
     try:
         session = await ops.get_session(console.client, session_id)
         outcome = await asyncio.wait_for(session.send(message), timeout=DECISION_TIMEOUT)
     except (SessionRefused, RunEnded, RunNotFound) as exc:
-        return _back(back, error=f"refused: {exc}")
+        return _back(who, back, error=f"refused: {exc}")
     except (TimeoutError, RPCError):
-        return _back(back, error="no worker took the message in time")
-    return _back(back, note=outcome)
+        return _back(who, back, error="no worker took the message in time")
+    return _back(who, back, note=outcome)
 
 
 # --- the application ------------------------------------------------------------------
@@ -711,6 +655,7 @@ def app(console: Console) -> Starlette:
         return guarded(console, handler, **kw)
 
     routes = [
+        Route("/static/{name}", static_file, methods=["GET"]),
         Route("/login", login_page, methods=["GET"]),
         Route("/login", login(console), methods=["POST"]),
         Route("/logout", g(logout), methods=["POST"]),
@@ -731,14 +676,35 @@ def app(console: Console) -> Starlette:
     return Starlette(routes=routes, middleware=[Middleware(FramesRefused)])
 
 
+async def static_file(request: Request) -> Response:
+    """The style sheet and the scripts (no sign-in: the sign-in page uses the sheet)."""
+    from boundloop.console.static import FILES
+
+    found = FILES.get(request.path_params["name"])
+    if found is None:
+        return Response("not found", 404, media_type="text/plain")
+    return Response(found[0], media_type=found[1],
+                    headers={"Cache-Control": "no-cache"})
+
+
+#: What a console page may load and do: its own scripts, style sheet and API (the live
+#: stream included), forms posted to itself, and nothing inline, framed or elsewhere.
+#: A value that ever reached a page unescaped could still run no script.
+CONTENT_SECURITY_POLICY = ("default-src 'none'; script-src 'self'; style-src 'self'; "
+                           "img-src 'self'; connect-src 'self'; form-action 'self'; "
+                           "base-uri 'none'; frame-ancestors 'none'")
+
+
 class FramesRefused:
-    """No page of the console inside another site's frame (a decision button under a
-    decoy is clickjacking), and no referrer to elsewhere (URLs hold run ids). Plain
-    ASGI, so the live stream is not buffered."""
+    """Every response: the Content-Security-Policy; no page of the console inside
+    another site's frame (a decision button under a decoy is clickjacking); no referrer
+    to elsewhere (URLs hold run ids); no content-type sniffing. Plain ASGI, so the live
+    stream is not buffered."""
 
     HEADERS = ((b"x-frame-options", b"DENY"),
-               (b"content-security-policy", b"frame-ancestors 'none'"),
-               (b"referrer-policy", b"same-origin"))
+               (b"content-security-policy", CONTENT_SECURITY_POLICY.encode("ascii")),
+               (b"referrer-policy", b"same-origin"),
+               (b"x-content-type-options", b"nosniff"))
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app

@@ -8,6 +8,12 @@
   cannot forge or extend it. No server-side session store, so no cleanup either.
 - Every state-changing form carries the session's CSRF token; the cookie is also
   `SameSite=Strict`.
+- Failed sign-ins are counted per approver name and per client address
+  (`SignInGuard`): after MAX_FAILURES, sign-in is refused for a lockout that doubles
+  each time, without spending an scrypt on it.
+- A page shows a note or an error from its query string only with the MAC the console
+  put next to it (`flash_mac`, keyed by the session's CSRF token): a link made
+  elsewhere cannot put words into a console page.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
+import ipaddress
 import json
 import secrets
 import time
@@ -30,6 +37,16 @@ SCRYPT_N, SCRYPT_R, SCRYPT_P = 2**14, 8, 1
 #: How long a sign-in lasts.
 SESSION_SECONDS = 12 * 3600
 COOKIE = "boundloop_console"
+#: Failed sign-ins (per name, per address) before a lockout.
+MAX_FAILURES = 5
+#: The first lockout's default (BOUNDLOOP_CONSOLE_LOCKOUT_SECONDS); each next one of the
+#: same name or address doubles, up to MAX_LOCKOUT_SECONDS (or the first, if longer).
+LOCKOUT_SECONDS = 60.0
+MAX_LOCKOUT_SECONDS = 3600.0
+#: A name or address without a failure for this long starts from nothing again.
+FORGET_SECONDS = 24 * 3600.0
+#: Names and addresses tracked at most (the oldest are dropped past it).
+MAX_TRACKED = 100_000
 
 
 class ApproversFileError(BoundloopError, ValueError):
@@ -168,3 +185,104 @@ class Sessions:
 def csrf_ok(signed: SignedIn, token: str | None) -> bool:
     return token is not None and hmac.compare_digest(signed.csrf.encode(),
                                                      token.encode("utf-8", "replace"))
+
+
+def flash_mac(signed: SignedIn, text: str) -> str:
+    """The MAC a page's note or error travels with (keyed by the session's CSRF token,
+    which only that session's pages hold)."""
+    return _b64(hmac.new(signed.csrf.encode("ascii"), text.encode("utf-8"),
+                         hashlib.sha256).digest()[:16])
+
+
+def flash_ok(signed: SignedIn, text: str, mac: str | None) -> bool:
+    return mac is not None and hmac.compare_digest(flash_mac(signed, text).encode(),
+                                                   mac.encode("utf-8", "replace"))
+
+
+# --- failed sign-ins --------------------------------------------------------------------
+
+
+@dataclass
+class _Tries:
+    failures: int = 0
+    pending: int = 0  # checks under way (their outcome not known yet)
+    lockouts: int = 0
+    until: float = 0.0
+    last: float = 0.0
+
+
+def address_key(host: str | None) -> str:
+    """The client address a lockout applies to: an IPv6 client by its /64 (one machine
+    has a whole /64 to pick from)."""
+    try:
+        ip = ipaddress.ip_address(host or "")
+    except ValueError:
+        return f"addr:{host}"
+    if isinstance(ip, ipaddress.IPv6Address):
+        if ip.ipv4_mapped is not None:
+            return f"addr:{ip.ipv4_mapped}"
+        return f"addr:{ipaddress.ip_network(f'{ip}/64', strict=False)}"
+    return f"addr:{ip}"
+
+
+class SignInGuard:
+    """Failed sign-ins per approver name and per client address. `begin` says whether a
+    sign-in may be checked at all: not while its name or address is locked out, nor once
+    its failures and the checks still under way reach MAX_FAILURES (so a burst of
+    parallel tries costs MAX_FAILURES scrypts, not one each). `end` records the outcome:
+    a success forgets both, the MAX_FAILURES-th failure locks it out for `lockout`
+    seconds, doubled at each further lockout."""
+
+    def __init__(self, lockout: float = LOCKOUT_SECONDS) -> None:
+        if lockout <= 0:
+            raise ValueError("the lockout must be positive")
+        self.lockout = lockout
+        self._tries: dict[str, _Tries] = {}
+
+    @staticmethod
+    def keys(name: str, address: str | None) -> tuple[str, str]:
+        return f"name:{name}", address_key(address)
+
+    def begin(self, keys: tuple[str, ...]) -> bool:
+        now = time.monotonic()
+        self._forget(now)
+        for key in keys:
+            t = self._tries.get(key)
+            if t is not None and (t.until > now or t.failures + t.pending >= MAX_FAILURES):
+                return False
+        for key in keys:
+            t = self._tries.pop(key, None) or _Tries()
+            t.pending += 1
+            t.last = now
+            self._tries[key] = t  # last in order: the dict runs oldest to newest
+        return True
+
+    def end(self, keys: tuple[str, ...], ok: bool) -> None:
+        now = time.monotonic()
+        for key in keys:
+            t = self._tries.get(key)
+            if t is None:
+                continue
+            t.pending = max(0, t.pending - 1)
+            if ok:
+                if t.pending:
+                    t.failures, t.lockouts = 0, 0
+                else:
+                    del self._tries[key]
+                continue
+            t.failures += 1
+            t.last = now
+            if t.failures >= MAX_FAILURES:
+                t.lockouts += 1
+                t.failures = 0
+                longest = max(self.lockout, MAX_LOCKOUT_SECONDS)
+                t.until = now + min(self.lockout * 2 ** min(t.lockouts - 1, 20), longest)
+
+    def _forget(self, now: float) -> None:
+        while self._tries:
+            key, t = next(iter(self._tries.items()))
+            stale = t.pending == 0 and t.until <= now and (
+                (t.failures == 0 and t.lockouts == 0) or t.last + FORGET_SECONDS <= now)
+            if not stale and len(self._tries) <= MAX_TRACKED:
+                return
+            del self._tries[key]

@@ -1,17 +1,24 @@
 """The console's pages: server-rendered HTML, every value escaped, a little vanilla JS.
 
 No template engine: the pages are few and small, and `html.escape` on every value
-(through `e`) is the whole of the escaping rule.
+(through `e`) is the whole of the escaping rule. Text from a run (arguments, ids, tool
+names) also goes through `visible`: a bidi override or zero-width character in it is
+shown as its escape, highlighted, never applied.
+
+The style sheet and the scripts are files of their own (`/static/…`), so the
+Content-Security-Policy allows no inline script or style at all.
 """
 
 from __future__ import annotations
 
 import difflib
-import json
+import re
 from collections.abc import Iterable
 from html import escape
 from typing import Any
 from urllib.parse import quote
+
+from boundloop.visible import escape_of, has_invisible, invisible, json_text
 
 STYLE = """
 body{font-family:system-ui,sans-serif;margin:0;color:#1b1f24;background:#f6f7f9}
@@ -45,7 +52,11 @@ textarea{width:100%;font-family:monospace}
 .msg-user{background:#e8f0ff;border-radius:.4rem;padding:.4rem .7rem;margin:.4rem 0}
 .msg-bot{background:#fff;border:1px solid #e2e5ea;border-radius:.4rem;padding:.4rem .7rem;
  margin:.4rem 0;white-space:pre-wrap}
-"""
+.invisible{background:#ffd43b;color:#7a0000;font-weight:700;border-radius:.2rem;
+ padding:0 .1rem}
+.invisible-note{background:#fff4cc;border:1px solid #e0b400;padding:.3rem .6rem;
+ border-radius:.3rem;font-weight:600}
+""" + "".join(f".meter span.w{n}{{width:{n}%}}" for n in range(101))  # no inline style
 
 
 def e(value: object) -> str:
@@ -55,6 +66,7 @@ def e(value: object) -> str:
 def page(title: str, body: str, *, approver: str | None = None, csrf: str | None = None,
          note: str | None = None, error: str | None = None, script: str = "",
          body_attrs: dict[str, str] | None = None) -> str:
+    """A page; `script`: the name of a script under /static/ (run.js, session.js)."""
     nav = ""
     if approver is not None:
         nav = (f'<a href="/">Runs</a><a href="/approvals">Approvals</a>'
@@ -62,13 +74,56 @@ def page(title: str, body: str, *, approver: str | None = None, csrf: str | None
                f'<span class="who">signed in as <b id="approver">{e(approver)}</b> '
                f'<form class="inline" method="post" action="/logout">{csrf_field(csrf)}'
                f'<button>Sign out</button></form></span>')
-    flash = (f'<p class="note" id="note">{e(note)}</p>' if note else "") + (
-        f'<p class="error" id="error">{e(error)}</p>' if error else "")
+    flash = (f'<p class="note" id="note">{visible(note)}</p>' if note else "") + (
+        f'<p class="error" id="error">{visible(error)}</p>' if error else "")
     attrs = "".join(f' data-{k}="{e(v)}"' for k, v in (body_attrs or {}).items())
+    tag = f'<script src="/static/{e(script)}"></script>' if script else ""
     return (f'<!doctype html><html lang="en"><head><meta charset="utf-8">'
-            f'<title>{e(title)} · boundloop console</title><style>{STYLE}</style></head>'
+            f'<title>{e(title)} · boundloop console</title>'
+            f'<link rel="stylesheet" href="/static/console.css"></head>'
             f'<body{attrs}><header><b>boundloop console</b>{nav}</header>'
-            f'<main><h1>{e(title)}</h1>{flash}{body}</main>{script}</body></html>')
+            f'<main><h1>{visible(title)}</h1>{flash}{body}</main>{tag}</body></html>')
+
+
+def visible(value: object) -> str:
+    """`value` escaped, each invisible character (boundloop/visible.py) shown as its
+    escape in a highlighted span."""
+    text = "" if value is None else str(value)
+    if not any(invisible(ch) for ch in text):
+        return e(text)
+    return "".join(_marked(escape_of(ch), ord(ch)) if invisible(ch) else e(ch)
+                   for ch in text)
+
+
+def _marked(escape_text: str, code: int) -> str:
+    return (f'<span class="invisible" title="invisible character U+{code:04X}">'
+            f'{e(escape_text)}</span>')
+
+
+#: A JSON escape (`\\u202e`), or an escaped backslash (so `\\\\u…` is no escape).
+_JSON_ESCAPE = re.compile(r"\\\\|\\u([0-9a-f]{4})")
+
+
+def marked_json(text: str) -> str:
+    """JSON text (from `pretty`) escaped for HTML, its escapes of invisible characters
+    highlighted."""
+
+    def mark(m: re.Match[str]) -> str:
+        code = m.group(1)
+        if code is None or not invisible(chr(int(code, 16))):
+            return m.group(0)
+        return _marked(m.group(0), int(code, 16))
+
+    return _JSON_ESCAPE.sub(mark, e(text))
+
+
+def arguments_view(arguments: dict[str, Any]) -> str:
+    """A call's arguments in full, pretty-printed, and a note when they hold invisible
+    characters (shown as highlighted escapes)."""
+    note = ('<p class="invisible-note">contains invisible/control characters: shown '
+            'as escapes such as \\u202e, highlighted</p>' if has_invisible(arguments)
+            else "")
+    return f'{note}<pre class="arguments">{marked_json(pretty(arguments))}</pre>'
 
 
 def csrf_field(token: str | None) -> str:
@@ -84,7 +139,7 @@ def state_badge(status: str, reason: str | None = None) -> str:
 
 
 def run_link(workflow_id: str) -> str:
-    return f'<a href="/runs/{quote(workflow_id, safe="")}">{e(workflow_id)}</a>'
+    return f'<a href="/runs/{quote(workflow_id, safe="")}">{visible(workflow_id)}</a>'
 
 
 def options(values: Iterable[str], chosen: str | None) -> str:
@@ -97,11 +152,13 @@ def meter(used: float, cap: float | None, text: str) -> str:
     if not cap:
         return e(text)
     width = max(0.0, min(100.0, 100.0 * used / cap))
-    return f'<span class="meter"><span style="width:{width:.0f}%"></span></span> {e(text)}'
+    return f'<span class="meter"><span class="w{width:.0f}"></span></span> {e(text)}'
 
 
 def pretty(arguments: dict[str, Any]) -> str:
-    return json.dumps(arguments, ensure_ascii=False, indent=2, sort_keys=True)
+    """Arguments as JSON to read and edit: invisible characters as JSON escapes (the
+    same value when parsed)."""
+    return json_text(arguments, indent=2, sort_keys=True)
 
 
 def diff(before: dict[str, Any], after: dict[str, Any]) -> str:
@@ -111,5 +168,5 @@ def diff(before: dict[str, Any], after: dict[str, Any]) -> str:
                                      "proposed", "edited", lineterm="", n=20):
         cls = ("add" if line.startswith("+") and not line.startswith("+++")
                else "del" if line.startswith("-") and not line.startswith("---") else "")
-        lines.append(f'<span class="{cls}">{e(line)}</span>')
+        lines.append(f'<span class="{cls}">{marked_json(line)}</span>')
     return '<pre class="diff">' + "\n".join(lines) + "</pre>"

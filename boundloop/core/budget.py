@@ -11,15 +11,25 @@ under-estimated.
 
 A run's workflow id is its reservation key, and the step number makes each reservation,
 settlement and release idempotent: a retried or replayed message changes nothing.
+
+Under claims (`reserve_claimed`, `settle_claimed`, `release_claimed`), only the run that
+holds a reservation spends it: the reservation keeps the digest of a random token the
+run's reserve activity drew (`claim_of`), and a settlement or release counts only for
+that open (run, step) with that token. A reservation is always checked against the
+limits, a settlement's amount is bounded by its reservation, and nothing else (an
+unknown run or step, a wrong token, an earlier settlement) changes what is spent.
 """
 
 from __future__ import annotations
 
+import hashlib
+import math
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from boundloop.core.limits import USD, PositiveInt, Price
+from boundloop.core.retries import MODEL_BACKOFF
 
 Period = Literal["total", "day"]
 
@@ -60,6 +70,9 @@ class Reservation(BaseModel):
     run: str
     step: int
     amount: Amount
+    #: sha256 of the token the run reserved with (`claim_of`); None: a reservation of a
+    #: run (or ledger) of before claims, settled and released by the run id alone.
+    claim: str | None = Field(default=None, exclude_if=lambda v: v is None)
 
 
 class Grant(BaseModel):
@@ -69,6 +82,11 @@ class Grant(BaseModel):
 
     granted: bool
     message: str = ""
+    #: The claim (digest) the granted reservation is held under (None: no claim).
+    claim: str | None = Field(default=None, exclude_if=lambda v: v is None)
+    #: Set by the run's reserve activity, never by the ledger: the token whose digest is
+    #: the claim, which the run's settle and release carry.
+    token: str | None = Field(default=None, exclude_if=lambda v: v is None)
 
 
 class LedgerState(BaseModel):
@@ -224,3 +242,147 @@ def release(state: LedgerState, run: str) -> None:
 
 def _per(limits: BudgetLimits) -> str:
     return " per day" if limits.period == "day" else ""
+
+
+# --- claims: only the run holding a reservation spends it -------------------------------
+
+#: A settlement may pass its reservation this many times: each model attempt of the step
+#: that reached the provider without an answer is charged its worst case, and the answer
+#: once more (a provider may count more than the worst case). Beyond, it is no usage but
+#: a forged or broken figure: the ledger charges the reservation instead.
+SETTLE_FACTOR = float(MODEL_BACKOFF.max_attempts + 1)
+#: Tokens are 128-bit random hex (the reserve activity's `secrets.token_hex(16)`).
+TOKEN_PATTERN = r"^[0-9a-f]{32}$"
+
+
+def claim_of(token: str) -> str:
+    """The digest a reservation keeps of its run's token: the ledger's state, query and
+    continue-as-new input never carry the token itself."""
+    return hashlib.sha256(token.encode("ascii", "replace")).hexdigest()
+
+
+def amount_problem(amount: Amount) -> str | None:
+    """Why `amount` is no amount a ledger may hold or charge (not finite, negative), or
+    None. Worded without the figures: they may be anyone's."""
+    if not (math.isfinite(amount.usd) and amount.usd >= 0 and amount.tokens >= 0):
+        return "not a finite, non-negative amount"
+    return None
+
+
+def _within(actual: Amount, held: Amount) -> bool:
+    return (actual.usd <= held.usd * SETTLE_FACTOR
+            and actual.tokens <= held.tokens * SETTLE_FACTOR)
+
+
+def reserve_claimed(state: LedgerState, run: str, step: int, amount: Amount, today: str, *,
+                    priced: bool = True, token: str | None = None) -> Grant:
+    """`reserve`, where only the run's own messages spend its reservation.
+
+    The reservation is always checked against the limits: an earlier settlement of the
+    run's (anyone's signal, before) never waves it through. A run holds one reservation
+    at a time: the same (step, amount, token) again is a retry, granted as held; anything
+    else while one is held is refused and changes nothing (a third party cannot replace
+    the run's reservation with a smaller one, or learn its token). A step the run settled
+    already is refused as stale. `token` None: a run of before claims (its reserve
+    activity drew none).
+    """
+    roll(state, today)
+    claim = None if token is None else claim_of(token)
+    problem = amount_problem(amount)
+    held = state.reservations.get(run)
+    if problem is None and held is not None:
+        if held.step == step and held.amount == amount and held.claim == claim:
+            return Grant(granted=True, claim=claim)  # a retried reserve: already held
+        problem = (f"the run already holds a reservation (step {held.step}): a run "
+                   "reserves one request at a time")
+    if problem is None and state.settled.get(run, 0) >= step:
+        problem = f"step {step} of this run was settled already"
+    lim = state.limits
+    problems = ([problem] if problem is not None
+                else ["it has no limits set yet (boundloop budget set "
+                      f"{state.key} --usd AMOUNT)"] if lim is None
+                else _over(lim, state, reserved(state, excluding=run), amount, priced))
+    if problems:
+        if state.refusing.get(run) != step:
+            state.refusing[run] = step
+            state.refused += 1
+        return Grant(granted=False, message=f"budget {state.key!r} refused step {step}: "
+                     + "; ".join(problems))
+    state.reservations[run] = Reservation(run=run, step=step, amount=amount, claim=claim)
+    return Grant(granted=True, claim=claim)
+
+
+def settle_problem(state: LedgerState, run: str, step: int, token: str | None) -> str | None:
+    """Why a settlement of `run`'s `step` is not the run's own (no open reservation of
+    that step, or not its token), or None. Worded without the token."""
+    held = state.reservations.get(run)
+    if held is None or held.step != step:
+        return f"no open reservation of step {step} of this run"
+    if held.claim is not None and (token is None or claim_of(token) != held.claim):
+        return "not the token the reservation was made with"
+    return None
+
+
+def settle_claimed(state: LedgerState, run: str, step: int, actual: Amount, today: str, *,
+                   token: str | None = None) -> str | None:
+    """Turn `run`'s open reservation of `step` into what its request used, when the
+    settlement is the run's own (`settle_problem`); else change nothing and say why.
+
+    An amount that is no amount (negative, not finite) or passes the reservation by more
+    than SETTLE_FACTOR is not added: the reservation's own worst case is charged instead
+    (the request was sent and answered: it may have cost that much). Returns None when the
+    run's figure was charged, else why not (the caller logs it; no figure in it).
+    """
+    problem = settle_problem(state, run, step, token)
+    if problem is not None:
+        return problem
+    roll(state, today)
+    held = state.reservations.pop(run)
+    state.settled[run] = step
+    if amount_problem(actual) is not None or not _within(actual, held.amount):
+        state.spent = state.spent + held.amount
+        return "the amount was out of bounds: the reservation's worst case was charged"
+    state.spent = state.spent + actual
+    return None
+
+
+def release_claimed(state: LedgerState, run: str, token: str | None = None) -> bool:
+    """The run ended: drop what it holds, if the release is its own (a reservation made
+    with a token is dropped only with it: a third party's release would free it before
+    the run settles). False when a reservation stays (the ledger's check for closed runs
+    drops it once the run has ended)."""
+    held = state.reservations.get(run)
+    if held is not None and held.claim is not None and (
+            token is None or claim_of(token) != held.claim):
+        return False
+    release(state, run)
+    return True
+
+
+class BudgetReset(BaseModel):
+    """An operator's recovery of a ledger after an incident (`boundloop budget reset`):
+    spent back to zero, and the reservations of the runs named dropped."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    spent: bool = True
+    drop: list[str] = Field(default_factory=list, max_length=1000)
+
+
+def reset(state: LedgerState, change: BudgetReset) -> None:
+    if change.spent:
+        state.spent = Amount()
+    for run in change.drop:
+        release(state, run)
+
+
+def carried_state(key: str, state: LedgerState, *, continued: bool, cron: bool,
+                  attempt: int) -> LedgerState:
+    """What a ledger starts from: the state its own continue-as-new carried, or an empty
+    one. A start input is anyone's (whoever may start a workflow writes it), and so is
+    the input a cron schedule or a retry hands the next run (that run also has a
+    `continued_run_id`): only a continue-as-new (no cron schedule, first attempt) carries
+    the ledger's own state. The key is always the workflow id's."""
+    if continued and not cron and attempt == 1 and state.key == key:
+        return state
+    return LedgerState(key=key, limits=None)

@@ -203,14 +203,16 @@ def _verified(key: str, signature: Signature, signed: bytes, now: datetime, who:
 
 #: Names the message of a budget change (never valid as an approval decision's).
 BUDGET_PURPOSE = "boundloop budget limits v1"
+#: Names the message of a budget reset (`boundloop budget reset`): never a limits change.
+BUDGET_RESET_PURPOSE = "boundloop budget reset v1"
 
 
 def budget_message(*, namespace: str, key: str, limits: Mapping[str, Any], admin: str,
-                   nonce: str, signed_at: int) -> bytes:
+                   nonce: str, signed_at: int, purpose: str = BUDGET_PURPOSE) -> bytes:
     """The bytes a budget admin signs to set `key`'s limits in `namespace`: another key,
     namespace or limits, or the same change applied twice (the ledger keeps the nonces
     it applied while they are valid), never verifies."""
-    body = {"purpose": BUDGET_PURPOSE, "namespace": namespace, "budget": key,
+    body = {"purpose": purpose, "namespace": namespace, "budget": key,
             "limits": dict(limits), "admin": admin, "nonce": nonce, "signed_at": signed_at}
     return canonical_json(body).encode("utf-8", "surrogatepass")
 
@@ -225,9 +227,11 @@ def unsigned_budget_change(admins: Mapping[str, str], key: str) -> str:
 
 def budget_problem(admins: Mapping[str, str], *, namespace: str, key: str,
                    limits: Mapping[str, Any], admin: str, nonce: str, signature: Signature,
-                   now: datetime, applied: Mapping[str, int]) -> str | None:
-    """Why a signed change of `key`'s limits does not hold, or None. `admins`: the budget
-    admins' public keys by name; `applied`: the nonces the ledger applied."""
+                   now: datetime, applied: Mapping[str, int],
+                   purpose: str = BUDGET_PURPOSE) -> str | None:
+    """Why a signed change of `key`'s limits (or, with BUDGET_RESET_PURPOSE, a reset:
+    `limits` is then the reset) does not hold, or None. `admins`: the budget admins'
+    public keys by name; `applied`: the nonces the ledger applied."""
     who = preview(admin, 60)
     text = admins.get(admin)
     if text is None:
@@ -236,6 +240,6 @@ def budget_problem(admins: Mapping[str, str], *, namespace: str, key: str,
     if nonce in applied:
         return "this signed change was applied already (a signature counts once)"
     signed = budget_message(namespace=namespace, key=key, limits=limits, admin=admin,
-                            nonce=nonce, signed_at=signature.signed_at)
+                            nonce=nonce, signed_at=signature.signed_at, purpose=purpose)
     return _verified(text, signature, signed, now, who,
                      "budget change (another budget, namespace or limits)", "ledger's")
