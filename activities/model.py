@@ -12,10 +12,9 @@ becomes a typed fault, not a crash.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import json
-import time
-from datetime import timedelta
 from typing import Any
 
 import httpx2 as httpx
@@ -35,15 +34,25 @@ from boundloop.core.conversation import to_chat_messages
 from boundloop.core.limits import MAX_TURN_BYTES
 from boundloop.core.model_failures import ModelFailure
 from boundloop.core.sse import ChatStream, ResponsesStream, SSEParser
-from boundloop.core.turn import Turn, parse_chat, parse_responses
+from boundloop.core.turn import Streamed, Turn, parse_chat, parse_responses
 from boundloop.tools.registry import Toolset
 
-#: How often streamed text is sent to the run: each batch is one signal in its history.
-STREAM_BATCH = timedelta(milliseconds=100)
-#: A batch is sent early once it holds this much text, in pieces of at most
-#: STREAM_PIECE characters: one signal stays small (well under 64 KB with its
-#: encoding) however fast the provider writes.
-STREAM_BATCH_BYTES = 16 * 1024
+#: Streamed text goes to the run in signals (each one event in its history, and a
+#: workflow task), sent by a task of their own: reading the provider's stream never
+#: waits for them. The first batch leaves STREAM_FIRST after the first text; each wait
+#: after it is twice the one before, up to STREAM_EVERY_MAX, so an answer of T seconds
+#: costs about log2(T / STREAM_FIRST) + T / STREAM_EVERY_MAX signals whatever its
+#: length in tokens. A signal still in flight when the next is due makes the next one
+#: bigger (text piles up in the buffer and leaves as one batch): a slow run or a busy
+#: host means fewer, larger signals, never a slower answer.
+STREAM_FIRST = 0.25
+STREAM_EVERY_MAX = 5.0
+#: At most this many signals per attempt: past it the text waits for the end, where the
+#: workflow publishes what its stream lacks of the answer (docs/streaming.md).
+STREAM_SIGNALS_MAX = 48
+#: One signal carries at most this much text, in pieces of at most STREAM_PIECE
+#: characters (one `TextDelta` each): a signal stays well under Temporal's limits.
+STREAM_BATCH_BYTES = 32 * 1024
 STREAM_PIECE = 4096
 
 
@@ -61,18 +70,22 @@ class ModelActivities:
 
     @activity.defn(name=MODEL_ACTIVITY)
     async def model_request(self, req: ModelRequest) -> Turn:
-        async with heartbeating():
+        progress = _Progress()
+        # The heartbeats say whether the request went out: an attempt lost or timed out
+        # after it did is charged to the run (the workflow reads the last heartbeat).
+        async with heartbeating(progress.details):
             try:
-                return await self._request(req)
+                return await self._request(req, progress)
             except ApplicationError:
                 raise
             except Exception as exc:  # our own bug or Temporal unreachable: not the provider
                 activity.logger.error("model activity failed", extra={
                     "step": req.step, "error": type(exc).__name__})
                 raise ApplicationError(f"model activity failed: {type(exc).__name__}",
+                                       *progress.details(),
                                        type=errors.MODEL_ACTIVITY_FAILED) from None
 
-    async def _request(self, req: ModelRequest) -> Turn:
+    async def _request(self, req: ModelRequest, progress: _Progress) -> Turn:
         info = activity.info()
         wf_id, run_id = info.workflow_id or "", info.workflow_run_id or ""
         items, rebuilt = await rebuild(self.cache, activity.client(), req, wf_id, run_id)
@@ -81,7 +94,14 @@ class ModelActivities:
             "rebuilt_from_history": rebuilt})
         timeout = req.timeout_seconds or (
             info.start_to_close_timeout.total_seconds() if info.start_to_close_timeout else 60.0)
-        body = await self._send(req, wf_id, items, timeout)
+        streamed: Streamed | None = None
+        try:
+            # `timeout` bounds each wait for the provider (silence); `answer_seconds` the
+            # whole answer, however steadily its tokens arrive.
+            async with asyncio.timeout(req.answer_seconds):
+                body, streamed = await self._send(req, wf_id, items, timeout, progress)
+        except TimeoutError:
+            raise _answer_too_long(req, progress) from None
         turn = parse_chat(body, req.step) if req.api == "chat" else parse_responses(body)
         size = json_bytes(turn.model_dump(mode="json"))
         if size > MAX_TURN_BYTES:
@@ -94,7 +114,7 @@ class ModelActivities:
         # This worker's own queue, where this cache is, and whether the request found the
         # conversation in it: the workflow routes the run's next activities by both.
         return turn.model_copy(update={
-            "worker_queue": self.cache.queue,
+            "worker_queue": self.cache.queue, "streamed": streamed,
             "cached": self.cache.queue is not None and req.prior.count > 0 and not rebuilt})
 
     def _definitions(self, req: ModelRequest) -> list[dict[str, Any]]:
@@ -109,7 +129,7 @@ class ModelActivities:
         return [mcp[n].openai_tool(req.api) if n in mcp else next(own) for n in req.tools]
 
     async def _send(self, req: ModelRequest, workflow_id: str, items: list[Any],
-                    seconds: float) -> Any:
+                    seconds: float, progress: _Progress) -> tuple[Any, Streamed | None]:
         """POST the request with the SDK's client (auth, base URL, error types) and return
         the parsed JSON body. The body is built here and sent as-is: the SDK's per-item
         type transform of `input` costs O(conversation) on the event loop each step
@@ -136,114 +156,172 @@ class ModelActivities:
                 body["stream_options"] = {"include_usage": True}
             # The SDK hands back the response unread: the activity reads the events.
             headers["X-Stainless-Raw-Response"] = "stream"
+        progress.sent = True  # from here on the provider may be answering: it is charged
+        activity.heartbeat(*progress.details())
         try:
             raw = await self._client.post(path, cast_to=httpx.Response, body=body,
                                           options={"headers": headers, "timeout": seconds})
             if req.stream:
-                return await self._read(req, raw, seconds)
+                return await self._read(req, raw, seconds, progress)
         except openai.APIError as exc:
-            error = to_application_error(exc, seconds)
+            progress.sent = _reached(exc)
+            error = to_application_error(exc, seconds, progress.details())
             failure = ModelFailure.from_details(error.details)
             activity.logger.warning("model request failed", extra={
                 "step": req.step, "error": type(exc).__name__,
                 "failure": failure.kind if failure else None, "detail": error.message})
             raise error from None
-        return _json(raw.content)
+        return _json(raw.content), None
 
-    async def _read(self, req: ModelRequest, raw: httpx.Response, seconds: float) -> Any:
+    async def _read(self, req: ModelRequest, raw: httpx.Response, seconds: float,
+                    progress: _Progress) -> tuple[Any, Streamed | None]:
         """The body of a streamed answer, assembled as the unstreamed request returns it;
-        its text is published to the run's stream as it comes (docs/streaming.md). A
-        provider that answered without streaming (JSON, not events) is read as JSON."""
+        its text is published to the run's stream as it comes, by a task of its own that
+        the reading never waits for (docs/streaming.md). A provider that answered without
+        streaming (JSON, not events) is read as JSON."""
         if not raw.headers.get("content-type", "").startswith("text/event-stream"):
-            return _json(await raw.aread())
+            return _json(await raw.aread()), None
         info = activity.info()
         attempt = f"{info.activity_id}.{info.attempt}"
-        publisher = WorkflowStreamClient.from_within_activity(batch_interval=STREAM_BATCH)
-        topic = publisher.topic(STREAM_TOPIC)
         fold: ChatStream | ResponsesStream = ChatStream() if req.api == "chat" \
             else ResponsesStream()
         parser = SSEParser()
-        batch = _TextBatch(publisher, req.step, attempt)
-        async with publisher:
-            if info.attempt > 1:  # the attempt before this one died (its worker was lost)
-                topic.publish(Reset(step=req.step, attempt=f"{info.activity_id}."
-                                    f"{info.attempt - 1}"), force_flush=True)
-
-            stop = asyncio.Event()
-
-            async def tick() -> None:  # a provider that pauses still has its text sent
-                while not stop.is_set():
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(stop.wait(), STREAM_BATCH.total_seconds())
-                    await batch.send(due_only=True)
-
-            ticker = asyncio.create_task(tick())
+        text = _TextStream(WorkflowStreamClient.from_within_activity(), req.step, attempt)
+        if info.attempt > 1:  # the attempt before this one died (its worker was lost)
+            text.reset(Reset(step=req.step, attempt=f"{info.activity_id}.{info.attempt - 1}"))
+        async with text:
             try:
                 async for chunk in raw.aiter_bytes():
+                    progress.output_bytes += len(chunk)
                     for data in parser.feed(chunk):
-                        batch.add(fold.event(data))
+                        text.add(fold.event(data))
                         if fold.error is not None:
-                            await batch.send()
-                            topic.publish(Reset(step=req.step, attempt=attempt))
-                            raise _stream_error(req.step, fold.error.code)
-                    await batch.send(due_only=True)
-                await batch.send()
-            except httpx.TimeoutException:
-                await batch.send()
-                topic.publish(Reset(step=req.step, attempt=attempt))
-                raise to_application_error(openai.APITimeoutError(raw.request),
-                                           seconds) from None
+                            raise _stream_error(req.step, fold.error.code, progress)
+            except httpx.TimeoutException:  # silence: no byte for `seconds`
+                raise to_application_error(openai.APITimeoutError(raw.request), seconds,
+                                           progress.details()) from None
             except httpx.TransportError:
-                await batch.send()  # cut: a cut body is a protocol fault, as unstreamed
+                pass  # cut: a cut body is a protocol fault, as unstreamed
             finally:
-                stop.set()  # not cancelled: a batch it is sending goes out whole
-                with contextlib.suppress(Exception):
-                    await ticker
                 await raw.aclose()
-        return fold.result()
+        return fold.result(), Streamed(attempt=attempt, publisher=text.publisher_id)
 
 
-class _TextBatch:
-    """The answer text read since the last send: one `TextDelta` per batch (each SSE
-    event holds a few characters; an item each would multiply the bytes in history)."""
+class _Progress:
+    """How far one attempt got: whether its request went out (from then on the provider
+    may be answering, and the run is charged for it whatever becomes of the attempt)."""
+
+    def __init__(self) -> None:
+        self.sent = False
+        self.output_bytes = 0
+
+    def details(self) -> tuple[Any, ...]:
+        return (mf.Charge(sent=self.sent, output_bytes=self.output_bytes).model_dump(),)
+
+
+def _reached(exc: openai.APIError) -> bool:
+    """Whether a failed request reached a provider that may have worked on it: not one it
+    refused with an HTTP status, nor one that never connected."""
+    if isinstance(exc, openai.APIStatusError):
+        return False
+    if isinstance(exc, openai.APITimeoutError):
+        return not isinstance(exc.__cause__, httpx.ConnectTimeout | httpx.PoolTimeout)
+    return False  # a connection failure before any answer
+
+
+def _answer_too_long(req: ModelRequest, progress: _Progress) -> ApplicationError:
+    """The answer outlived `answer_seconds` (limits.model_answer_seconds) while its tokens
+    kept coming: a timeout like silence is, counted and retried."""
+    seconds = req.answer_seconds or 0.0
+    failure = ModelFailure(kind=mf.TIMEOUT, detail=f"model step {req.step}: the answer was "
+                           f"not finished after {seconds:g} s (model_answer_seconds)")
+    activity.logger.warning("model answer too long", extra={"step": req.step,
+                                                             "seconds": seconds})
+    return ApplicationError(failure.detail, failure.model_dump(), *progress.details(),
+                            type=errors.MODEL_REQUEST_RETRYABLE)
+
+
+class _TextStream:
+    """The answer text of one attempt on its way to the run's stream: best effort and
+    bounded. `add` only appends to a buffer (the reading of the provider's stream never
+    waits); a task of its own sends the buffer as one signal when the next is due
+    (STREAM_FIRST, doubling up to STREAM_EVERY_MAX, at most STREAM_SIGNALS_MAX). Text a
+    signal could not carry, or that was still on its way when the answer ended, is
+    published by the workflow from the answer itself (it knows what its stream holds)."""
 
     def __init__(self, publisher: WorkflowStreamClient, step: int, attempt: str) -> None:
-        self._topic = publisher.topic(STREAM_TOPIC)
         self._publisher = publisher
+        self._topic = publisher.topic(STREAM_TOPIC)
         self._step, self._attempt = step, attempt
-        self._text: list[str] = []
-        self._bytes = 0  # in the batch
-        self._sent = 0  # in all batches
-        self._since = time.monotonic()
-        self._lock = asyncio.Lock()  # one batch at a time, its pieces in order
+        self._text: collections.deque[str] = collections.deque()
+        self._resets: list[Reset] = []
+        self._total = 0  # bytes taken in
+        self._ready = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def publisher_id(self) -> str:
+        # The stream's own dedup id for this publisher: the workflow closes it once the
+        # answer is in (a signal still on its way is dropped, not appended twice).
+        return self._publisher._publisher_id
 
     def add(self, text: str) -> None:
-        if text:
-            self._text.append(text)
-            self._bytes += len(text.encode("utf-8", "surrogatepass"))
-
-    async def send(self, *, due_only: bool = False) -> None:
-        """Publish the batch (with `due_only`, only once it is STREAM_BATCH old or full),
-        and wait until the run has it."""
-        async with self._lock:
-            await self._send(due_only)
-
-    async def _send(self, due_only: bool) -> None:
-        if not self._text or (due_only and self._bytes < STREAM_BATCH_BYTES
-                              and time.monotonic() - self._since
-                              < STREAM_BATCH.total_seconds()):
+        if not text:
             return
-        text, self._text, size, self._bytes = "".join(self._text), [], self._bytes, 0
-        self._since = time.monotonic()
+        size = len(text.encode("utf-8", "surrogatepass"))
         # Past the size an answer may have, text is not streamed: the answer will be
         # refused as too large, and its text would only grow history.
-        if self._sent + size > MAX_TURN_BYTES:
+        if self._total + size > MAX_TURN_BYTES:
             return
-        self._sent += size
-        for start in range(0, len(text), STREAM_PIECE):
-            self._topic.publish(TextDelta(step=self._step, attempt=self._attempt,
-                                          text=text[start:start + STREAM_PIECE]))
-            await self._publisher.flush()  # one piece a signal: each stays small
+        self._total += size
+        self._text.append(text)
+        self._ready.set()
+
+    def reset(self, item: Reset) -> None:
+        self._resets.append(item)
+        self._ready.set()
+
+    async def __aenter__(self) -> _TextStream:
+        self._task = asyncio.create_task(self._send_due())
+        return self
+
+    async def __aexit__(self, *_exc: object) -> None:
+        # Not awaited to the end: the answer is in, a signal on its way goes or not.
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._task
+
+    async def _send_due(self) -> None:
+        wait = STREAM_FIRST
+        for _ in range(STREAM_SIGNALS_MAX):
+            await self._ready.wait()
+            await asyncio.sleep(wait)  # the batch fills meanwhile
+            self._ready.clear()
+            for item in self._take():
+                self._topic.publish(item)
+            try:
+                await self._publisher.flush()  # one signal (or a retry of a failed one)
+            except Exception as exc:  # the run is slow or gone: the workflow fills in
+                activity.logger.debug("stream batch not sent", extra={
+                    "step": self._step, "error": type(exc).__name__})
+            wait = min(wait * 2, STREAM_EVERY_MAX)
+
+    def _take(self) -> list[Reset | TextDelta]:
+        """The resets, then at most STREAM_BATCH_BYTES of text in STREAM_PIECE pieces."""
+        out: list[Reset | TextDelta] = [*self._resets]
+        self._resets = []
+        text, size = "", 0
+        while self._text and size < STREAM_BATCH_BYTES:
+            piece = self._text.popleft()
+            text += piece
+            size += len(piece.encode("utf-8", "surrogatepass"))
+        if self._text:
+            self._ready.set()  # more than a batch: the next one is due too
+        out += [TextDelta(step=self._step, attempt=self._attempt,
+                          text=text[start:start + STREAM_PIECE])
+                for start in range(0, len(text), STREAM_PIECE)]
+        return out
 
 
 def _json(content: bytes) -> Any:
@@ -253,12 +331,12 @@ def _json(content: bytes) -> Any:
         return None  # the core turns a non-object body into a protocol fault
 
 
-def _stream_error(step: int, code: str | None) -> ApplicationError:
+def _stream_error(step: int, code: str | None, progress: _Progress) -> ApplicationError:
     """An error event mid-stream: the provider failed after answering 200, which is a
     server error like a 5xx (retried, counted); its message stays out of history."""
     failure = ModelFailure(kind=mf.http_kind(500),
                            detail=f"model step {step}: the provider sent an error event "
                                   f"mid-stream (code {code or 'none'})")
     activity.logger.warning("model stream failed", extra={"step": step, "code": code})
-    return ApplicationError(failure.detail, failure.model_dump(),
+    return ApplicationError(failure.detail, failure.model_dump(), *progress.details(),
                             type=errors.MODEL_REQUEST_RETRYABLE)

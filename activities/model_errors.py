@@ -13,6 +13,7 @@ import socket
 import ssl
 from datetime import UTC, datetime, timedelta
 from email.utils import parsedate_to_datetime
+from typing import Any
 
 import openai
 from temporalio.exceptions import ApplicationError, ApplicationErrorCategory
@@ -83,15 +84,17 @@ def _connection_kind(exc: BaseException) -> str:
     return mf.CONNECTION
 
 
-def to_application_error(exc: Exception, timeout_seconds: float = 60.0) -> ApplicationError:
+def to_application_error(exc: Exception, timeout_seconds: float = 60.0,
+                         charge: tuple[Any, ...] = ()) -> ApplicationError:
     """The ApplicationError the model activity raises for `exc`: its message is the
     failure's detail, its first detail the `ModelFailure` (for the workflow's event log).
 
     A provider's answer or a transport failure is an expected failure: Temporal's benign
     category, so the worker logs it in the one line of "model request failed", without
-    the SDK's traceback (that is for failures in our own code)."""
+    the SDK's traceback (that is for failures in our own code). `charge`: the attempt's
+    `Charge` record, after the failure (whether the request reached the provider)."""
     failure = classify(exc, timeout_seconds)
-    details = [failure.model_dump()]
+    details = [failure.model_dump(), *charge]
     benign = ApplicationErrorCategory.BENIGN
     if isinstance(exc, openai.APIStatusError):
         status = exc.status_code

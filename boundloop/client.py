@@ -26,17 +26,17 @@ from temporalio.client import (
     WorkflowHandle,
     WorkflowHistoryEventFilterType,
     WorkflowQueryFailedError,
+    WorkflowQueryRejectedError,
     WorkflowUpdateFailedError,
     WorkflowUpdateHandle,
     WorkflowUpdateStage,
 )
 from temporalio.common import (
-    RawValue,
     SearchAttributePair,
     TypedSearchAttributes,
     WorkflowIDReusePolicy,
 )
-from temporalio.contrib.workflow_streams import WorkflowStreamClient
+from temporalio.contrib.workflow_streams._types import PollInput, PollResult, _decode_payload
 from temporalio.converter import PayloadCodec
 from temporalio.exceptions import ApplicationError, WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
@@ -704,30 +704,79 @@ async def refusal_message(handle: WorkflowHandle[Any, Any]) -> str | None:
 _STREAM_ITEM: TypeAdapter[StreamItem] = TypeAdapter(StreamItem)
 
 
+#: A reader of a run's stream asks again at once after a read that brought items, and
+#: after an empty one waits STREAM_POLL_FIRST, growing by half each time up to
+#: STREAM_POLL_MAX (then the text shows within a second of its arrival).
+STREAM_POLL_FIRST = 0.1
+STREAM_POLL_MAX = 1.0
+#: A read that failed for a moment is tried again after this, growing up to 2 s.
+STREAM_RETRY = 0.2
+_POLL_QUERY = "__temporal_workflow_stream_poll"  # the stream's own read-only query
+
+
 async def stream_items(handle: WorkflowHandle[Any, Any],
                        from_offset: int = 0) -> AsyncIterator[StreamItem]:
-    """The items of a run's stream from `from_offset`, each with its offset."""
+    """The items of a run's stream from `from_offset`, each with its offset.
+
+    Read by query, never by update: a query is not written to the run's history, so a
+    reader costs the run nothing however many read it and however long the answer is
+    (docs/streaming.md, "What it costs"). The workflow id's latest run is read, which
+    holds the whole stream across continue-as-new. A read that fails for a moment (the
+    server or the worker busy, a run closing or continuing as it is read, a timeout) is
+    tried again from the last item seen; only a run that does not exist ends it."""
     client: Client = handle._client  # the handle's own client: its converter and codec
-    reader = WorkflowStreamClient.create(client, handle.id)
+    latest = client.get_workflow_handle(handle.id)
     converter = client.data_converter.payload_converter
-    offset, retries = from_offset, 0
+    offset, failures, idle = from_offset, 0, STREAM_POLL_FIRST
     while True:
         try:
-            async for wire in reader.subscribe([STREAM_TOPIC], offset, result_type=RawValue):
-                item = _STREAM_ITEM.validate_python(converter.from_payload(wire.data.payload))
-                item = item.model_copy(update={"offset": wire.offset})
-                offset, retries = wire.offset + 1, 0
-                yield item
-                if isinstance(item, StreamResult):
-                    return
-            return
-        except RPCError as exc:
-            # A read the server refused for a moment (a run closing as it is read):
-            # resume after the last item, as any reconnecting reader does.
-            retries += 1
-            if exc.status == RPCStatusCode.NOT_FOUND or retries > 3:
+            batch = await latest.query(
+                _POLL_QUERY, PollInput(topics=[STREAM_TOPIC], from_offset=offset),
+                result_type=PollResult)
+        except (RPCError, WorkflowQueryFailedError, WorkflowQueryRejectedError) as exc:
+            if isinstance(exc, RPCError) and exc.status == RPCStatusCode.NOT_FOUND:
                 raise
-            await asyncio.sleep(0.2 * retries)
+            failures += 1
+            await asyncio.sleep(min(STREAM_RETRY * failures, 2.0))
+            continue
+        failures = 0
+        for wire in batch.items:
+            item = _STREAM_ITEM.validate_python(
+                converter.from_payload(_decode_payload(wire.data)))
+            item = item.model_copy(update={"offset": wire.offset})
+            offset = wire.offset + 1
+            yield item
+            if isinstance(item, StreamResult):
+                return
+        offset = max(offset, batch.next_offset)
+        if batch.items:
+            idle = STREAM_POLL_FIRST
+            continue
+        if await _closed(latest):
+            # Closed without a StreamResult (terminated, timed out): one last read for
+            # what came before the end, then the stream is over.
+            last = await latest.query(
+                _POLL_QUERY, PollInput(topics=[STREAM_TOPIC], from_offset=offset),
+                result_type=PollResult)
+            for wire in last.items:
+                item = _STREAM_ITEM.validate_python(
+                    converter.from_payload(_decode_payload(wire.data)))
+                yield item.model_copy(update={"offset": wire.offset})
+            return
+        await asyncio.sleep(idle)
+        idle = min(idle * 1.5, STREAM_POLL_MAX)
+
+
+async def _closed(handle: WorkflowHandle[Any, Any]) -> bool:
+    """Whether the workflow id's latest run is closed (not running, not continued)."""
+    try:
+        desc = await handle.describe()
+    except RPCError as exc:
+        if exc.status == RPCStatusCode.NOT_FOUND:
+            raise
+        return False  # asked again at the next empty read
+    return desc.status not in (None, WorkflowExecutionStatus.RUNNING,
+                               WorkflowExecutionStatus.CONTINUED_AS_NEW)
 
 
 async def query_status(handle: WorkflowHandle[Any, Any]) -> RunStatus:

@@ -128,6 +128,9 @@ class ModelRequest(BaseModel):
     base: ConversationRef | None = Field(default=None, exclude_if=_none)
     #: The provider's time for one attempt (None: the activity's start-to-close).
     timeout_seconds: float | None = Field(default=None, exclude_if=_none)
+    #: The longest the whole answer may take while it keeps coming (None: no bound but
+    #: the activity's start-to-close); `timeout_seconds` bounds each silence.
+    answer_seconds: float | None = Field(default=None, exclude_if=_none)
     #: The most output tokens the response may hold (limits.max_output_tokens).
     max_output_tokens: int | None = Field(default=None, exclude_if=_none)
     #: Request a streamed answer and publish its text to the run's stream.

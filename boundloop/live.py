@@ -108,21 +108,32 @@ async def watch(handle: Any, interval: float = 0.3, warn_silence: bool = True) -
 
 
 class Answer:
-    """The answer text a reader of the stream shows: the latest step's deltas since its
-    last reset."""
+    """The answer text a reader of the stream shows: the latest step's deltas, less those
+    of every attempt a `Reset` voided (a voided attempt's text that arrives late is
+    dropped too)."""
 
     def __init__(self) -> None:
         self.step = 0
-        self.text = ""
+        self._texts: dict[str, str] = {}  # attempt -> its text, in the order they came
+        self._void: set[tuple[int, str]] = set()
+
+    @property
+    def text(self) -> str:
+        return "".join(self._texts.values())
 
     def add(self, item: StreamItem) -> bool:
         """Take one stream item in; True when the text changed."""
         if isinstance(item, TextDelta):
+            if (item.step, item.attempt) in self._void or item.step < self.step:
+                return False
             if item.step != self.step:
-                self.step, self.text = item.step, ""
-            self.text += item.text
+                self.step, self._texts = item.step, {}
+            self._texts[item.attempt] = self._texts.get(item.attempt, "") + item.text
             return True
-        if isinstance(item, Reset) and item.step == self.step and self.text:
-            self.text = ""
-            return True
+        if isinstance(item, Reset):
+            voided = [item.attempt] if item.attempt is not None else (
+                list(self._texts) if item.step == self.step else [])
+            self._void.update((item.step, a) for a in voided)
+            if item.step == self.step and any(self._texts.pop(a, "") for a in voided):
+                return True
         return False

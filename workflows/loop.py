@@ -20,12 +20,14 @@ from typing import Any, NoReturn, TypeVar
 from temporalio import workflow
 from temporalio.common import RetryPolicy
 from temporalio.contrib.workflow_streams import WorkflowStream
+from temporalio.contrib.workflow_streams._types import PublisherState
 from temporalio.exceptions import (
     ActivityError,
     ApplicationError,
     FailureError,
     RetryState,
     TimeoutError,
+    TimeoutType,
     is_cancelled_exception,
 )
 
@@ -67,6 +69,7 @@ with workflow.unsafe.imports_passed_through():
         SettleRequest,
         StreamEvent,
         StreamResult,
+        TextDelta,
         ToolRequest,
         budget_workflow_id,
     )
@@ -170,6 +173,14 @@ STRICTER_APPROVALS = "stricter-approvals"
 BUNDLED_04 = "bundled-patches-0.4"
 BUNDLED_04_PATCHES = BUNDLED_PATCHES | {CARRIED_GENUINE, DECISIONS_BOUND, RUN_SCOPED_KEYS,
                                         STRICTER_APPROVALS}
+#: The patch under which the workflow alone retries a model request (Temporal never
+#: does: a lost worker's attempt is retried without counting, a start-to-close timeout
+#: counts as a timeout), the activity bounds the whole answer (model_answer_seconds,
+#: start-to-close follows it), every attempt that reached the provider is charged to
+#: the run and its shared budget (usage, else the worst case), each retry is a
+#: `model_retried:<kind>` event, and the stream gets what of the answer's text the
+#: activity did not send (docs/streaming.md). Asked on its own.
+CHARGED_ATTEMPTS = "charged-model-attempts"
 
 
 def _worker_lost(counted: list[str]) -> RetryPolicy:
@@ -188,6 +199,8 @@ def _worker_lost(counted: list[str]) -> RetryPolicy:
 MODEL_RETRYABLE = (errors.MODEL_REQUEST_RETRYABLE, errors.MODEL_ACTIVITY_FAILED)
 MODEL_RETRY = _worker_lost([*MODEL_RETRYABLE, errors.MODEL_REQUEST_REJECTED,
                             errors.MODEL_RESPONSE_TOO_LARGE, errors.CONVERSATION_MISMATCH])
+#: Under CHARGED_ATTEMPTS: one attempt per activity; the workflow retries it.
+MODEL_ONCE = RetryPolicy(maximum_attempts=1)
 #: A tool's own failures, each counted against the tool's attempts.
 TOOL_RETRYABLE = (errors.TRANSIENT_TOOL_ERROR, errors.TOOL_TIMED_OUT,
                   errors.UNEXPECTED_TOOL_ERROR)
@@ -202,6 +215,12 @@ HOLDER_RETRY = RetryPolicy(maximum_attempts=1)
 
 _R = TypeVar("_R")
 
+
+#: Event names of a model attempt that failed and was sent again start with this; the
+#: failure's kind follows (`worker_lost` for an attempt lost with its request sent).
+MODEL_RETRIED = "model_retried:"
+#: Text of one `TextDelta` the workflow publishes (as the activity's pieces).
+STREAM_PIECE = 4096
 
 #: Failure kinds of model activity errors that carry no `ModelFailure` of their own.
 MODEL_FAILURES = {
@@ -304,6 +323,9 @@ class BoundLoopWorkflow:
         # The first command of a new run: every later patch check reads it.
         self._bundled_04 = workflow.patched(BUNDLED_04)
         self._bundled = self._bundled_04 or workflow.patched(BUNDLED)
+        # Asked here, before any local activity: asked after one, a query that replays
+        # the run could see the marker one workflow task early.
+        self._charged = workflow.patched(CHARGED_ATTEMPTS)
         cancelled_first = False
         info = workflow.info()
         if inp.carried is not None and (
@@ -506,7 +528,8 @@ class BoundLoopWorkflow:
             stop = core.account_usage(state, turn, state.conversation.bytes)
             self._settle_budget(plan.step, shared.settlement(
                 self._reserved, state.usage.total_tokens - before[0],
-                state.cost_usd - before[1], turn.usage is not None or state.usage.estimated))
+                state.cost_usd - before[1], turn.usage is not None or state.usage.estimated)
+                + self._take_abandoned())
             if stop is not None:
                 return stop
             if self._processing_seconds() >= state.limits.deadline_seconds:
@@ -581,6 +604,8 @@ class BoundLoopWorkflow:
     async def _model_attempts(self, plan: core.StepPlan, req: ModelRequest) -> Turn | StopReason:
         """The request's attempts: each provider failure counts (MODEL_BACKOFF, with the
         provider's Retry-After), attempts lost to a dead worker do not."""
+        if self._charged:
+            return await self._charged_model_attempts(plan, req)
         state = self._state
         limit = state.limits.model_timeout_seconds
         req = req.model_copy(update={"timeout_seconds": limit})
@@ -601,6 +626,169 @@ class BoundLoopWorkflow:
             "step": plan.step, "failure": failure.kind, "detail": failure.detail})
         state.log(f"{mf.EVENT_PREFIX}{failure.kind}", detail=failure.detail)
         return state.stop(StopReason.MODEL_ERROR)
+
+    #: Under CHARGED_ATTEMPTS: what the step's abandoned attempts were charged, not yet
+    #: settled with the shared budget (settled with the step, or when the run stops).
+    _abandoned: Amount = Amount()
+    _charged = False  # CHARGED_ATTEMPTS, asked first thing in `run`
+
+    async def _charged_model_attempts(self, plan: core.StepPlan,
+                                      req: ModelRequest) -> Turn | StopReason:
+        """The request's attempts under CHARGED_ATTEMPTS. Each attempt is one activity that
+        Temporal does not retry. A provider failure, a timeout of the activity's own
+        (silence: model_timeout_seconds; the whole answer: model_answer_seconds) and a
+        start-to-close timeout (a wedged or overloaded worker) count against
+        MODEL_BACKOFF; an attempt whose worker was lost (heartbeat timeout) or that the
+        holder's queue did not run is retried without counting. Every attempt that
+        reached the provider and brought no answer is charged its worst case, and each
+        retry is an event naming why."""
+        state = self._state
+        silence = state.limits.model_timeout_seconds
+        failures = 0
+        while True:
+            remaining = state.limits.deadline_seconds - self._processing_seconds()
+            answer = max(min(state.limits.model_answer_seconds or remaining, remaining), 1.0)
+            sent = req.model_copy(update={"timeout_seconds": silence,
+                                          "answer_seconds": answer})
+            try:
+                turn: Turn = await workflow.execute_activity(
+                    MODEL_ACTIVITY, sent, result_type=Turn,
+                    start_to_close_timeout=timedelta(seconds=answer + WEDGED_MARGIN),
+                    schedule_to_close_timeout=timedelta(seconds=max(remaining, 1.0)),
+                    heartbeat_timeout=HEARTBEAT_TIMEOUT, **self._route(MODEL_ONCE),
+                    summary=f"model step {plan.step} · {state.settings.model}")
+            except ActivityError as err:
+                if req.stream:  # its text is void, and so is any that arrives later
+                    self._topic.publish(Reset(step=plan.step, attempt=f"{err.activity_id}.1"))
+                cause = err.cause
+                charge = mf.Charge.from_details(
+                    cause.details if isinstance(cause, ApplicationError)
+                    else cause.last_heartbeat_details if isinstance(cause, TimeoutError)
+                    else ())
+                if is_cancelled_exception(err):
+                    # The run was cancelled with the request out: charged, as it may have
+                    # been answered.
+                    self._charge_abandoned(plan.step, "cancelled", None)
+                    self._settle_abandoned(plan.step)
+                    raise asyncio.CancelledError from None
+                timeout = cause.type if isinstance(cause, TimeoutError) else None
+                in_time = self._processing_seconds() < state.limits.deadline_seconds
+                if timeout == TimeoutType.SCHEDULE_TO_CLOSE or not in_time:
+                    self._charge_abandoned(plan.step, "deadline", charge)
+                    self._settle_abandoned(plan.step)
+                    return state.stop(StopReason.DEADLINE)
+                if timeout == TimeoutType.HEARTBEAT or (
+                        timeout == TimeoutType.SCHEDULE_TO_START and self._on_holder()):
+                    # Its worker was lost (or the holder never took it): not the
+                    # provider's failure, not counted; sent again only once it had gone
+                    # out, which the event says.
+                    if self._on_holder():
+                        self._holder = None
+                    if charge is not None and charge.sent:
+                        tokens = self._charge_abandoned(plan.step, "worker_lost", charge)
+                        state.log(f"{MODEL_RETRIED}worker_lost", detail=(
+                            f"the worker was lost with the request sent; charged {tokens} "
+                            "tokens (worst case)"))
+                    continue
+                failures += 1
+                failure = _model_failure(err, silence) if timeout != TimeoutType.START_TO_CLOSE \
+                    else mf.ModelFailure(kind=mf.TIMEOUT, detail=(
+                        f"the attempt outlived its start-to-close timeout "
+                        f"({answer + WEDGED_MARGIN:g} s): its worker was overloaded or wedged"))
+                tokens = self._charge_abandoned(plan.step, failure.kind, charge)
+                charged = f"; charged {tokens} tokens (worst case)" if tokens else ""
+                retryable = timeout == TimeoutType.START_TO_CLOSE or (
+                    isinstance(cause, ApplicationError) and cause.type in MODEL_RETRYABLE)
+                asked = cause.next_retry_delay if isinstance(cause, ApplicationError) else None
+                delay = retries.next_delay(
+                    retries.MODEL_BACKOFF, failures,
+                    asked.total_seconds() if asked is not None else None,
+                    state.limits.deadline_seconds - self._processing_seconds()) \
+                    if retryable else "exhausted"
+                if delay == "deadline":
+                    self._settle_abandoned(plan.step)
+                    return state.stop(StopReason.DEADLINE)
+                if not isinstance(delay, str):
+                    workflow.logger.warning("model request failed; retrying", extra={
+                        "step": plan.step, "failure": failure.kind, "failures": failures})
+                    state.log(f"{MODEL_RETRIED}{failure.kind}", detail=(
+                        f"attempt {failures} of {retries.MODEL_BACKOFF.max_attempts}: "
+                        f"{failure.detail}{charged}"))
+                    await workflow.sleep(delay)
+                    continue
+                workflow.logger.warning("model request failed", extra={
+                    "step": plan.step, "failure": failure.kind, "detail": failure.detail})
+                state.log(f"{mf.EVENT_PREFIX}{failure.kind}", detail=failure.detail + charged)
+                self._settle_abandoned(plan.step)
+                return state.stop(StopReason.MODEL_ERROR)
+            if req.stream and turn.streamed is not None:
+                self._complete_text(plan.step, turn)
+            return turn
+
+    def _charge_abandoned(self, step: int, outcome: str, charge: mf.Charge | None) -> int:
+        """Charge an attempt that brought no answer to the run (its usage totals and cost)
+        and to what the step settles with the shared budget: its worst case, every input
+        token the request may hold plus the most output it may produce (without
+        max_output_tokens: its streamed bytes / 4), when it reached the provider. Returns
+        the tokens charged (0: it never went out)."""
+        state = self._state
+        if charge is not None and not charge.sent:
+            return 0
+        if charge is None and outcome not in ("cancelled", "deadline", mf.TIMEOUT):
+            return 0  # a failure the provider refused before answering (an HTTP status)
+        input_tokens = shared.input_tokens_bound(
+            conversation_bytes=state.conversation.bytes, fixed_bytes=self._fixed_bytes(),
+            last_tokens=state.last_tokens, last_bytes=state.last_bytes)
+        cap = state.limits.max_output_tokens
+        output_tokens = cap if cap is not None else max(
+            1, (charge.output_bytes if charge is not None else 0) // 4)
+        price = state.policy.prices.get(state.settings.model)
+        amount = shared.worst_case(price, input_tokens, output_tokens)
+        # In the run's own totals, as an answered request's usage is (the token threshold
+        # and the USD budget see it at the next response).
+        state.usage.input_tokens += input_tokens
+        state.usage.output_tokens += output_tokens
+        state.usage.total_tokens += amount.tokens
+        state.cost_usd += amount.usd
+        workflow.logger.info("model attempt charged", extra={
+            "step": step, "outcome": outcome, "tokens": amount.tokens})
+        self._abandoned = self._abandoned + amount
+        return amount.tokens
+
+    def _take_abandoned(self) -> Amount:
+        taken, self._abandoned = self._abandoned, Amount()
+        return taken
+
+    def _settle_abandoned(self, step: int) -> None:
+        """The step ends without an answer: settle what its attempts were charged."""
+        if self._abandoned.tokens or self._abandoned.usd:
+            self._settle_budget(step, self._take_abandoned())
+
+    def _complete_text(self, step: int, turn: Turn) -> None:
+        """Publish what of the answer's text the stream lacks (the activity sends its text
+        best effort, and stops waiting for it once the answer is in), then close the
+        attempt's publisher: a batch of it still on its way is dropped, not appended."""
+        assert turn.streamed is not None
+        attempt = turn.streamed.attempt
+        converter = workflow.payload_converter()
+        shown = ""
+        for item in self._stream._log:  # the stream's own record (private)
+            if item.topic != STREAM_TOPIC:
+                continue
+            value = converter.from_payload(item.data)
+            if isinstance(value, dict) and value.get("kind") == "text" \
+                    and value.get("step") == step and value.get("attempt") == attempt:
+                shown += str(value.get("text", ""))
+        self._stream._publishers[turn.streamed.publisher] = PublisherState(
+            sequence=2 ** 62, last_seen=workflow.now())
+        text = turn.text
+        if not text.startswith(shown):
+            self._topic.publish(Reset(step=step, attempt=attempt))
+            shown = ""
+        rest = text[len(shown):]
+        for start in range(0, len(rest), STREAM_PIECE):
+            self._topic.publish(TextDelta(step=step, attempt=attempt,
+                                          text=rest[start:start + STREAM_PIECE]))
 
     async def _attempts(self, a: _Attempts, arg: object,
                         result_type: type[_R]) -> _R | _Failed:

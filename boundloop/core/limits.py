@@ -118,7 +118,12 @@ class Limits(BaseModel):
       model (`max_output_tokens` on Responses, `max_completion_tokens` on Chat); needed
       when the run spends from a shared budget (it bounds each request's worst case).
     - tool_timeout_seconds: overrides every tool's own timeout (one attempt).
-    - model_timeout_seconds: one model request attempt (the provider's time to answer).
+    - model_timeout_seconds: how long one model request attempt may wait for the
+      provider: for its first byte, and between two pieces of a streamed answer. An
+      answer may take longer while its tokens keep coming.
+    - model_answer_seconds: how long one attempt's whole answer may take, however
+      steadily it streams (None: until the run's deadline). An attempt cut by either
+      timeout is `model_retried:timeout` (or the run's `model_failed:timeout`) and counts.
     - deadline_seconds: processing time of the run, approval waits excluded.
     - approval_timeout_seconds: how long one pending approval may wait (default 24 h).
     """
@@ -137,6 +142,7 @@ class Limits(BaseModel):
     max_output_tokens: PositiveInt | None = None
     tool_timeout_seconds: Seconds | None = None
     model_timeout_seconds: Seconds = 60.0
+    model_answer_seconds: Seconds | None = Field(default=None, exclude_if=lambda v: v is None)
     deadline_seconds: Seconds = 600.0
     approval_timeout_seconds: Seconds = 86400.0
 

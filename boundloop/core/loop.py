@@ -405,7 +405,7 @@ def plan_calls(state: LoopState, turn: Turn, plan: StepPlan, rules: dict[str, To
     Text that merely looks like a tool call is an answer (never parsed for calls).
     """
     if turn.fault is not None:
-        state.log("protocol_fault")
+        state.log("protocol_fault", detail=turn.fault)  # the fault, never the model's text
         return state.stop(StopReason.PROTOCOL_ERROR, turn.text)
     if turn.status != "completed":
         return state.stop(StopReason.INCOMPLETE, turn.text)

@@ -46,6 +46,31 @@ class ModelFailure(BaseModel):
             return None
 
 
+class Charge(BaseModel):
+    """What a model attempt reports beside its failure (and in its heartbeats): whether
+    its request went out to the provider. An attempt that failed, timed out, was lost or
+    cancelled after it did is charged to the run and its shared budget: the worst case
+    of its request (docs/budgets.md), since no usage came back for it."""
+
+    model_config = ConfigDict(frozen=True)
+
+    sent: bool
+    output_bytes: int = 0
+
+    @staticmethod
+    def from_details(details: Any) -> Charge | None:
+        """The charge record among an error's (or a heartbeat's) details, or None."""
+        if not isinstance(details, list | tuple):
+            return None
+        for item in details:
+            if isinstance(item, dict) and "sent" in item:
+                try:
+                    return Charge.model_validate(item)
+                except ValidationError:
+                    return None
+        return None
+
+
 def http_kind(status: int) -> str:
     return f"http_{status}"
 

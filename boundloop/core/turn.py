@@ -53,6 +53,17 @@ class Usage(BaseModel):
     total_tokens: int = 0
 
 
+class Streamed(BaseModel):
+    """Which attempt streamed a turn's text, and its publisher's id in the run's stream:
+    the workflow publishes what of the answer its stream lacks, then closes that
+    publisher (a batch still on its way is dropped, not appended twice)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    attempt: str
+    publisher: str
+
+
 class Turn(BaseModel):
     """One model response, normalised.
 
@@ -91,6 +102,8 @@ class Turn(BaseModel):
     worker_queue: str | None = Field(default=None, exclude_if=lambda v: v is None)
     # Where the request found its conversation: the workflow's routing reads it.
     cached: bool = Field(default=False, exclude_if=lambda v: not v)
+    # Set by the model activity for a streamed answer.
+    streamed: Streamed | None = Field(default=None, exclude_if=lambda v: v is None)
 
     @model_validator(mode="after")
     def _text_from_items(self) -> Turn:
