@@ -186,6 +186,25 @@ def test_delay_seconds_is_waited_out_before_answering(serve: Serve) -> None:
     assert delays == [0.25]
 
 
+def test_chunk_interval_alone_paces_a_stream_one_event_at_a_time(serve: Serve) -> None:
+    """`chunk_interval_seconds` without `chunk_bytes` waits between the stream's events
+    (it did nothing: the stream went out in one write); with it, between the pieces."""
+    waits: list[float] = []
+    paced = {**turn(responses_turn(text="paced")), "chunk_interval_seconds": 0.25}
+    pieces = {**turn(responses_turn(text="pieces")), "chunk_interval_seconds": 0.5,
+              "chunk_bytes": 4096}
+    server = serve([paced, pieces], sleep=waits.append)
+    client = client_for(server)
+    events = list(client.responses.create(model=MODEL, input="q", stream=True))
+    assert events[-1].type == "response.completed"
+    assert events[-1].response.output_text == "paced"
+    assert waits == [0.25] * (len(events) - 1)  # one write per event
+    waits.clear()
+    events = list(client.responses.create(model=MODEL, input="q", stream=True))
+    assert events[-1].response.output_text == "pieces"
+    assert waits == []  # the whole stream is one 4 KiB piece: nothing to wait between
+
+
 def test_exhausted_script_answers_500_and_records_violation(serve: Serve) -> None:
     server = serve([turn(responses_turn(text="only"))])
     client = client_for(server)

@@ -66,7 +66,8 @@ class Turn(BaseModel):
     """Write a streamed answer this many bytes at a time (odd sizes split UTF-8
     characters and events across reads)."""
     chunk_interval_seconds: float = Field(default=0.0, ge=0.0)
-    """Seconds between the writes of a streamed answer (a model writing at its pace)."""
+    """Seconds between the writes of a streamed answer (a model writing at its pace):
+    between its `chunk_bytes` pieces, or without `chunk_bytes` between its events."""
 
     @model_validator(mode="before")
     @classmethod

@@ -105,6 +105,21 @@ class _Answer:
     chunk_interval: float = 0.0
 
 
+def _pieces(answer: _Answer) -> list[bytes]:
+    """A streamed answer's writes: `chunk_bytes` bytes each; without it, one event each
+    when there is an interval to wait between them (a model writing at its pace), else
+    the whole stream at once."""
+    payload = answer.payload
+    if answer.chunk_bytes is not None:
+        size = answer.chunk_bytes
+        return [payload[i:i + size] for i in range(0, len(payload), size)] or [b""]
+    if answer.chunk_interval > 0:
+        events = [e + b"\n\n" for e in payload.split(b"\n\n")]
+        events[-1] = events[-1][:-2]  # what followed the last separator, as it was
+        return [e for e in events if e] or [b""]
+    return [payload]
+
+
 def _error_body(message: str, type_: str, code: str | None = None) -> bytes:
     body = {"error": {"message": message, "type": type_, "param": None, "code": code}}
     return json.dumps(body, ensure_ascii=False).encode("utf-8")
@@ -148,11 +163,10 @@ class _Handler(BaseHTTPRequestHandler):
             if answer.streamed:  # events until the connection closes, as providers do
                 self.send_header("Connection", "close")
                 self.end_headers()
-                size = answer.chunk_bytes or len(answer.payload) or 1
-                for start in range(0, len(answer.payload), size):
-                    if start and answer.chunk_interval > 0:
+                for index, piece in enumerate(_pieces(answer)):
+                    if index and answer.chunk_interval > 0:
                         owner._sleep(answer.chunk_interval)
-                    self.wfile.write(answer.payload[start:start + size])
+                    self.wfile.write(piece)
                     self.wfile.flush()
                 self.close_connection = True
                 return
