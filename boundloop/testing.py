@@ -18,7 +18,7 @@ place of the model's intelligence (docs/testing.md).
   agent on a task queue of its own, and a dev server (started for it, or the client or
   address you give: share one across a test session with `dev_server()`).
 - `env.approve(run)` / `env.reject(run, reason=...)`: wait for a pending call and decide
-  it; `env.result(run)`: the RunResult; `env.model.requests`: what the model was sent.
+  it; `env.result(run)`: the RunResult; `env.requests`: what the model was sent.
 - `wait_until(predicate)`: poll until an async condition holds (no fixed sleeps).
 """
 
@@ -184,7 +184,8 @@ class AgentEnvironment(Generic[Deps]):
       of this environment's own, so environments never see each other's runs).
     - deps: what your tools get as `ctx.deps`.
     - script: the model's turns, in order (`responses.…` / `chat.…`, for the agent's
-      API); `env.model` records each request.
+      API); `env.requests` lists each request the model was sent (`env.model` is the
+      scripted model server itself).
     - client: a client of a running server (from `dev_server()` or `boundloop.connect`);
       address: connect to that server instead; neither: a dev server is started for this
       environment (a few seconds: share one across tests when you can).

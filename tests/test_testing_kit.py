@@ -95,3 +95,20 @@ async def test_calls_without_ids_get_unique_ones_and_a_reused_id_is_named(
         result = await env.run("Count them.")
     assert (result.reason, result.tool_executions) == ("protocol_error", 1)
     assert "reused call id 'call_same' (tool 'stock')" in result.text
+
+
+def test_the_testing_page_and_the_reference_name_the_environments_attributes_alike() -> None:
+    """docs/testing.md and boundloop.testing's docstrings (the API reference) name what
+    the model was sent the same way, and every `env.…` they name is there."""
+    import re
+
+    import boundloop.testing as kit
+
+    page = (ROOT / "docs" / "testing.md").read_text(encoding="utf-8")
+    reference = "\n".join(d for d in (kit.__doc__, kit.AgentEnvironment.__doc__) if d)
+    for text in (page, reference):
+        assert "`env.requests`" in text
+        assert "env.model.requests" not in text
+        env = AgentEnvironment(boundloop.Agent(tools, model="m"), deps={}, script=[])
+        for name in set(re.findall(r"\benv\.(\w+)", text)):
+            assert name in vars(env) or hasattr(AgentEnvironment, name), name
