@@ -78,7 +78,9 @@ class Settings(TemporalSettings):
       cluster or Temporal Cloud (the names the `temporal` CLI reads too).
     - BOUNDLOOP_CODEC_KEYS / BOUNDLOOP_CODEC_KEY: payload encryption keys, a file of
       `id:base64key` lines or the lines themselves (boundloop/codec.py).
-    - BOUNDLOOP_CODEC_TOKEN / BOUNDLOOP_CODEC_CORS_ORIGINS: `boundloop codec-server`.
+    - BOUNDLOOP_CODEC_TOKEN / BOUNDLOOP_CODEC_CORS_ORIGINS / BOUNDLOOP_CODEC_HOSTS:
+      `boundloop codec-server`'s token (required), the Web UI's origins, and the Host
+      headers it answers.
     - BOUNDLOOP_CONSOLE_APPROVERS / BOUNDLOOP_CONSOLE_KEYS / BOUNDLOOP_CONSOLE_SECRET:
       `boundloop console`'s approvers file, their private keys' directory, and the
       secret (at least 32 characters) its session cookies are signed with.
@@ -115,6 +117,9 @@ class Settings(TemporalSettings):
     policy_file: Path | None = Field(None, alias="BOUNDLOOP_POLICY")
     codec_token: SecretStr | None = Field(None, alias="BOUNDLOOP_CODEC_TOKEN")
     codec_cors_origins: str | None = Field(None, alias="BOUNDLOOP_CODEC_CORS_ORIGINS")
+    # The Host headers `boundloop codec-server` answers (comma-separated `name:port`;
+    # default: the address it listens on): boundloop/codec_server.py.
+    codec_hosts: str | None = Field(None, alias="BOUNDLOOP_CODEC_HOSTS")
     # `boundloop console` (docs/console.md): who may sign in, their signing keys, and
     # the secret its session cookies are signed with (default: new at each start).
     console_approvers: Path | None = Field(None, alias="BOUNDLOOP_CONSOLE_APPROVERS")
@@ -139,6 +144,7 @@ CLIENT_SETTINGS = {
     "BOUNDLOOP_UI_URL": "the Web UI links the CLI prints",
     "BOUNDLOOP_CODEC_TOKEN": "set it where `boundloop codec-server` runs",
     "BOUNDLOOP_CODEC_CORS_ORIGINS": "set it where `boundloop codec-server` runs",
+    "BOUNDLOOP_CODEC_HOSTS": "set it where `boundloop codec-server` runs",
     "BOUNDLOOP_CONSOLE_APPROVERS": "set it where `boundloop console` runs",
     "BOUNDLOOP_CONSOLE_KEYS": "set it where `boundloop console` runs",
     "BOUNDLOOP_CONSOLE_SECRET": "set it where `boundloop console` runs",

@@ -41,6 +41,8 @@ ARGUMENT = "receipts scanned"
 OUTPUT = "Expense claims"  # the title of the document the tool returns
 ANSWER = "Receipts over 10,000 JPY need a scanned copy (AMARK-88)."
 MARKERS = [QUESTION, "QMARK-5521", ARGUMENT, OUTPUT, "AMARK-88"]
+#: A codec server's token, as `openssl rand -hex 32` makes one (32+ URL-safe characters).
+TOKEN = "3f9c1d7a5e2b8046c1d9e7f3a2b5c8d0"
 
 
 def script() -> list[dict[str, Any]]:
@@ -130,9 +132,9 @@ async def test_encrypted_history_holds_no_prompt_argument_or_output_in_clear(
     assert in_clear(text, datas) == []
     assert "binary/encrypted" in text
     # Through the codec server, `temporal workflow show` reads it all again.
-    with codec_server(tmp_path, keys) as url:
-        assert sorted(in_clear(*show(address, enc.id, "--codec-endpoint", url))) == sorted(
-            MARKERS)
+    with codec_server(tmp_path, keys, token=TOKEN) as url:
+        assert sorted(in_clear(*show(address, enc.id, "--codec-endpoint", url,
+                                     "--codec-auth", f"Bearer {TOKEN}"))) == sorted(MARKERS)
 
 
 async def test_key_rotation_new_payloads_use_the_newest_key_old_ones_still_decrypt(
@@ -267,8 +269,9 @@ def test_key_lines_are_checked_without_echoing_a_key() -> None:
 # --- the codec server --------------------------------------------------------------------
 
 
-def codec_server(tmp_path: Path, keys: Path, *, token: str | None = None,
-                 origin: str = "http://127.0.0.1:8233", args: tuple[str, ...] = ()) -> Any:
+def codec_server(tmp_path: Path, keys: Path, *, token: str | None = TOKEN,
+                 origin: str = "http://127.0.0.1:8233", args: tuple[str, ...] = (),
+                 env_hosts: str | None = None) -> Any:
     """A real `boundloop codec-server` process on a free port, as a context manager."""
 
     @contextlib.contextmanager
@@ -278,6 +281,8 @@ def codec_server(tmp_path: Path, keys: Path, *, token: str | None = None,
         env.update(BOUNDLOOP_CODEC_KEYS=str(keys), BOUNDLOOP_CODEC_CORS_ORIGINS=origin)
         if token:
             env["BOUNDLOOP_CODEC_TOKEN"] = token
+        if env_hosts:
+            env["BOUNDLOOP_CODEC_HOSTS"] = env_hosts
         log = (tmp_path / f"codec-{port}.log").open("ab")
         proc = subprocess.Popen([*CLI, "codec-server", "--port", str(port), *args], cwd=ROOT,
                                 env=env, stdout=log, stderr=subprocess.STDOUT,
@@ -297,28 +302,77 @@ def codec_server(tmp_path: Path, keys: Path, *, token: str | None = None,
     return running()
 
 
-def test_codec_server_refuses_to_listen_beyond_loopback_without_a_token(
-        tmp_path: Path) -> None:
-    keys = keyfile(tmp_path, "k1")
+def start_refused(keys: Path, *args: str, **env_extra: str) -> str:
+    """`boundloop codec-server ARGS` refused at start (exit 2, nothing listening): its
+    one error line."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("BOUNDLOOP_")}
     port = free_port()
-    done = subprocess.run([*CLI, "codec-server", "--host", "0.0.0.0", "--port", str(port)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=60, check=False,
-                          env={**env, "BOUNDLOOP_CODEC_KEYS": str(keys)})
+    done = subprocess.run([*CLI, "codec-server", "--port", str(port), *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=60, check=False,
+                          env={**env, "BOUNDLOOP_CODEC_KEYS": str(keys), **env_extra})
     assert done.returncode == 2, (done.stdout, done.stderr)
-    assert " ".join(done.stderr.split()) == (
-        f"error: refusing to decrypt for anyone who reaches 0.0.0.0:{port} without a token: "
-        "set BOUNDLOOP_CODEC_TOKEN, listen on 127.0.0.1, or pass --allow-no-token where "
-        "only a port published on the host's loopback reaches it"), done.stderr
     assert not port_open("127.0.0.1", port)
-    empty = {"payloads": []}
-    # With a token it listens there and asks every request for it.
-    with codec_server(tmp_path, keys, token="t0ken", args=("--host", "0.0.0.0")) as url:
-        assert post(f"{url}/decode", empty)[0] == 401
-        assert post(f"{url}/decode", empty, Authorization="Bearer t0ken")[0] == 200
-    # The operator's word for the compose stack's codec network (loopback-published only).
-    with codec_server(tmp_path, keys, args=("--host", "0.0.0.0", "--allow-no-token")) as url:
-        assert post(f"{url}/decode", empty)[0] == 200
+    return " ".join(done.stderr.split())
+
+
+def test_the_codec_server_encodes_for_nobody_without_its_token(tmp_path: Path) -> None:
+    """A run starter without the keys could have its run's input encrypted through
+    /encode (and so pass `require_encryption`): the server needs its token on every
+    request, on loopback too, and does not start without one."""
+    keys = keyfile(tmp_path, "k1")
+    question = {"payloads": [plain_payload({"question": "started without keys"})]}
+    for args in ((), ("--host", "0.0.0.0")):
+        assert start_refused(keys, *args) == (
+            "error: BOUNDLOOP_CODEC_TOKEN is not set: whoever can use the codec server can "
+            "encrypt and decrypt with its keys, so every request needs the token (`openssl "
+            "rand -hex 32` makes one; the Web UI's codec endpoint is then "
+            "http://HOST:PORT/TOKEN). For development on this machine only, --dev-no-token "
+            "serves without one on 127.0.0.1")
+    assert start_refused(keys, BOUNDLOOP_CODEC_TOKEN="t0ken").startswith(
+        "error: BOUNDLOOP_CODEC_TOKEN must be at least 32 characters")
+    assert start_refused(keys, "--host", "0.0.0.0", "--allow-no-token").startswith(
+        "error: --allow-no-token is gone")
+    assert start_refused(keys, "--host", "0.0.0.0", "--dev-no-token") == (
+        "error: --dev-no-token serves on loopback only, not on 0.0.0.0: set "
+        "BOUNDLOOP_CODEC_TOKEN to listen there")
+    with codec_server(tmp_path, keys) as url:
+        for path, headers in (("/encode", {}), ("/decode", {}),
+                              ("/encode", {"Authorization": "Bearer guess"}),
+                              ("/guess/encode", {}), (f"/{TOKEN}x/encode", {})):
+            status, body, _ = post(f"{url}{path}", question, **headers)
+            assert status == 401 and "payloads" not in body, (path, body)
+        # The token as the CLI sends it, and as the Web UI does (the endpoint's path).
+        status, sealed, _ = post(f"{url}/encode", question, Authorization=f"Bearer {TOKEN}")
+        assert status == 200
+        assert base64.b64decode(sealed["payloads"][0]["metadata"]["encoding"]) == ENCODING
+        assert post(f"{url}/{TOKEN}/decode", sealed)[:2] == (200, question)
+    # Development on this machine, said so: no token, on loopback only.
+    with codec_server(tmp_path, keys, token=None, args=("--dev-no-token",)) as url:
+        assert post(f"{url}/encode", question)[0] == 200
+
+
+def test_the_codec_server_answers_only_its_own_host_names(tmp_path: Path) -> None:
+    """DNS rebinding: a page at evil.example whose name now resolves to this machine
+    sends `Host: evil.example:PORT`, the token notwithstanding (a browser's page for a
+    dev server without one): refused before anything else."""
+    keys = keyfile(tmp_path, "k1")
+    question = {"payloads": [plain_payload({"question": "rebound"})]}
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    for token, args in ((TOKEN, ()), (None, ("--dev-no-token",))):
+        with codec_server(tmp_path, keys, token=token, args=args) as url:
+            port = url.rsplit(":", 1)[1]
+            for host in (f"evil.example:{port}", f"127.0.0.1.evil.example:{port}",
+                         "127.0.0.1:1"):
+                status, body, _ = post(f"{url}/encode", question, Host=host, **auth)
+                assert status == 421 and "payloads" not in body, (host, body)
+                assert "BOUNDLOOP_CODEC_HOSTS" in body["error"]
+            for host in (f"127.0.0.1:{port}", f"localhost:{port}"):
+                assert post(f"{url}/encode", question, Host=host, **auth)[0] == 200, host
+    # The names it answers are the operator's to set (a proxy's name, say).
+    with codec_server(tmp_path, keys, env_hosts="codec.example.com") as url:
+        assert post(f"{url}/encode", question, Host="codec.example.com", **auth)[0] == 200
+        port = url.rsplit(":", 1)[1]
+        assert post(f"{url}/encode", question, Host=f"127.0.0.1:{port}", **auth)[0] == 421
 
 
 def test_compose_codec_healthcheck_asks_a_real_codec_server(tmp_path: Path) -> None:
@@ -336,7 +390,7 @@ def test_compose_codec_healthcheck_asks_a_real_codec_server(tmp_path: Path) -> N
         return subprocess.run([sys.executable, "-c", code], capture_output=True,
                               timeout=30, check=False).returncode
 
-    with codec_server(tmp_path, keyfile(tmp_path, "k1"), token="t0ken") as url:
+    with codec_server(tmp_path, keyfile(tmp_path, "k1")) as url:
         assert check(url) == 0
     assert check(url) != 0
 
@@ -354,7 +408,7 @@ def post(url: str, body: Any, **headers: str) -> tuple[int, Any, dict[str, str]]
 @pytest_asyncio.fixture
 async def served(tmp_path: Path) -> AsyncIterator[tuple[str, Path]]:
     keys = keyfile(tmp_path, "k1")
-    with codec_server(tmp_path, keys, token="s3cret-token") as url:
+    with codec_server(tmp_path, keys) as url:
         yield url, keys
 
 
@@ -366,7 +420,7 @@ def plain_payload(value: Any) -> dict[str, Any]:
 async def test_codec_server_encodes_decodes_and_requires_its_token(
         served: tuple[str, Path]) -> None:
     url, _ = served
-    auth = {"Authorization": "Bearer s3cret-token"}
+    auth = {"Authorization": f"Bearer {TOKEN}"}
     original = {"payloads": [plain_payload({"question": QUESTION})]}
     status, encoded, _ = await asyncio.to_thread(post, f"{url}/encode", original, **auth)
     assert status == 200

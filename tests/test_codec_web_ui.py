@@ -1,7 +1,9 @@
 """The Web UI shows encrypted runs decoded through `boundloop codec-server`.
 
 A dev server with its UI (`--ui-codec-endpoint` pointing at a real `boundloop
-codec-server` process, CORS for the UI's origin), a worker and client with codec keys,
+codec-server` process, CORS for the UI's origin, its token in the endpoint's path as an
+operator configures it: the UI has no other way to send one), a worker and client with
+codec keys,
 and headless Chromium (Debian's `chromium`, as in tests/test_web_ui.py). The history in
 Temporal is ciphertext (tests/test_codec.py checks that); the browser fetches it and
 the UI decodes every payload by POSTing it to the codec server.
@@ -31,7 +33,7 @@ from boundloop.scripted.server import ScriptedModelServer
 from boundloop.settings import Settings
 from boundloop.testing import free_port, wait_until
 from boundloop.worker.main import build_worker, connect
-from tests.test_codec import ANSWER, ARGUMENT, CLI, QUESTION, ROOT, keyfile, script
+from tests.test_codec import ANSWER, ARGUMENT, CLI, QUESTION, ROOT, TOKEN, keyfile, script
 
 CHROMIUM = (os.environ.get("BOUNDLOOP_CHROMIUM") or shutil.which("chromium")
             or shutil.which("chromium-browser"))
@@ -64,9 +66,9 @@ async def encrypted_run(tmp_path_factory: pytest.TempPathFactory
     base = tmp_path_factory.mktemp("codec-ui")
     keys = keyfile(base, "2026-12")
     ui_port, codec_port = free_port(), free_port()
-    codec_url = f"http://127.0.0.1:{codec_port}"
+    codec_url = f"http://127.0.0.1:{codec_port}/{TOKEN}"  # the UI adds /decode
     env = {k: v for k, v in os.environ.items() if not k.startswith("BOUNDLOOP_")}
-    env.update(BOUNDLOOP_CODEC_KEYS=str(keys),
+    env.update(BOUNDLOOP_CODEC_KEYS=str(keys), BOUNDLOOP_CODEC_TOKEN=TOKEN,
                BOUNDLOOP_UI_URL=f"http://127.0.0.1:{ui_port}")  # the CORS origin
     log = (base / "codec-server.log").open("ab")
     codec = subprocess.Popen([*CLI, "codec-server", "--port", str(codec_port)], cwd=ROOT,

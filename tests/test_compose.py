@@ -305,20 +305,22 @@ def test_codec_server_serves_the_ui_with_the_workers_keys(
     assert mounts(codec) == {"/run/boundloop-secrets": (str(ROOT / "deploy/secrets"), True)}
     unset = codec["environment"]
     assert unset["BOUNDLOOP_CODEC_KEYS"] is None and unset["BOUNDLOOP_CODEC_TOKEN"] is None
+    assert unset["BOUNDLOOP_CODEC_HOSTS"] is None
     # The UI's origins: opened at localhost or 127.0.0.1, both decode.
     both = "http://localhost:8080,http://127.0.0.1:8080"
     assert unset["BOUNDLOOP_CODEC_CORS_ORIGINS"] == both
     assert services["ui"]["environment"]["TEMPORAL_CORS_ORIGINS"] == both
     assert [p for p in codec["ports"] if str(p).startswith("127.0.0.1:")] == codec["ports"]
     # No other container reaches it: alone on its network, published on loopback only;
-    # so (and only so) it may listen without a token.
+    # and even so it needs its token (whoever can use it holds the keys).
     assert list(codec["networks"]) == ["codec"]
     assert [n for n, s in services.items() if "codec" in s.get("networks", {})
             ] == ["codec-server"]
-    assert codec["command"][-1] == "--allow-no-token"
+    assert not {"--allow-no-token", "--dev-no-token"} & set(codec["command"])
     assert services["ui"]["environment"]["TEMPORAL_CODEC_ENDPOINT"] == ""
-    given = compose_config(BOUNDLOOP_UI_CODEC_ENDPOINT="http://localhost:8081")["services"]
-    assert given["ui"]["environment"]["TEMPORAL_CODEC_ENDPOINT"] == "http://localhost:8081"
+    endpoint = "http://localhost:8081/TOKEN"  # the UI sends the token in the path
+    given = compose_config(BOUNDLOOP_UI_CODEC_ENDPOINT=endpoint)["services"]
+    assert given["ui"]["environment"]["TEMPORAL_CODEC_ENDPOINT"] == endpoint
 
 
 def test_the_dev_server_is_an_extra_the_image_leaves_out() -> None:

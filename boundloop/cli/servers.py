@@ -150,19 +150,26 @@ def codec_server(
     tls_cert: Annotated[Path | None, typer.Option(help="Serve HTTPS with this "
                                                   "certificate (PEM)")] = None,
     tls_key: Annotated[Path | None, typer.Option(help="Its private key (PEM)")] = None,
-    allow_no_token: Annotated[bool, typer.Option(
-        "--allow-no-token",
-        help="Listen beyond loopback without BOUNDLOOP_CODEC_TOKEN: only where nothing but "
-             "a port published on the host's loopback reaches this address (the compose "
-             "stack's codec network)")] = False,
+    dev_no_token: Annotated[bool, typer.Option(
+        "--dev-no-token",
+        help="Development only: serve without BOUNDLOOP_CODEC_TOKEN, on loopback only. "
+             "Anyone and anything on this machine can then encrypt and decrypt with the "
+             "keys")] = False,
+    allow_no_token: Annotated[bool, typer.Option("--allow-no-token", hidden=True)] = False,
 ) -> None:
     """Serve Temporal's codec endpoints (/encode, /decode) with the BOUNDLOOP_CODEC_KEYS
-    keys, for the Web UI (its "Codec Server" setting, or `boundloop server
-    --ui-codec-endpoint`) and `temporal workflow show --codec-endpoint`."""
+    keys, for the Web UI (its codec endpoint http://HOST:PORT/TOKEN, or `boundloop server
+    --ui-codec-endpoint`) and `temporal workflow show --codec-endpoint URL --codec-auth
+    "Bearer TOKEN"`. Every request needs BOUNDLOOP_CODEC_TOKEN: whoever can use the codec
+    server holds the keys."""
     from boundloop import codec_server as cs
     from boundloop.connection import ConnectionSettingsError
     from boundloop.connection import codec as settings_codec
 
+    if allow_no_token:  # gone: a container's port is no proof of who reaches it
+        raise fail("--allow-no-token is gone: set BOUNDLOOP_CODEC_TOKEN (the Web UI's codec "
+                   "endpoint is then http://HOST:PORT/TOKEN), or use --dev-no-token on "
+                   "127.0.0.1 for development")
     settings = load_settings()
     try:
         codec = settings_codec(settings)
@@ -175,14 +182,17 @@ def codec_server(
         raise fail("--tls-cert and --tls-key go together")
     origins = cs.origins_of(settings.codec_cors_origins, settings.ui_url)
     token = settings.codec_token.get_secret_value() if settings.codec_token else None
-    problem = cs.exposure_problem(host, port, token=token, allow_no_token=allow_no_token)
+    problem = cs.token_problem(host, token=token, dev_no_token=dev_no_token)
     if problem is not None:
         raise fail(problem)
+    hosts = cs.hosts_of(settings.codec_hosts, host, port)
     scheme = "https" if tls_cert else "http"
     console.print(f"codec server on {scheme}://{host}:{port} (keys {', '.join(codec.key_ids)};"
-                  f" encrypting with {codec.current}; CORS {', '.join(origins)}; "
-                  f"{'bearer token required' if token else 'no token'}). Ctrl-C stops it.")
-    cs.serve(codec, host=host, port=port, origins=origins, token=token,
+                  f" encrypting with {codec.current}; CORS {', '.join(origins)}; Host "
+                  f"{', '.join(hosts)}; "
+                  f"{'token required' if token else 'NO TOKEN: development only'}). "
+                  "Ctrl-C stops it.", highlight=False)
+    cs.serve(codec, host=host, port=port, origins=origins, token=token, hosts=hosts,
              certfile=str(tls_cert) if tls_cert else None,
              keyfile=str(tls_key) if tls_key else None)
 
