@@ -3,10 +3,16 @@ the ledger, which a workflow cannot send itself) and the ledger's check for clos
 
 from __future__ import annotations
 
+import asyncio
 import secrets
+from typing import Any
 
 from temporalio import activity
-from temporalio.client import WorkflowExecutionStatus, WorkflowUpdateFailedError
+from temporalio.client import (
+    WorkflowExecutionStatus,
+    WorkflowHandle,
+    WorkflowUpdateFailedError,
+)
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
@@ -26,6 +32,39 @@ from boundloop.contracts import (
 )
 from boundloop.core.budget import Grant, claim_of
 from boundloop.workflows.budget import BudgetLedgerWorkflow
+
+#: Updates one worker process sends one ledger at once. The server takes at most 10
+#: updates in flight per workflow (history.maxInFlightUpdates): 100 runs reserving at
+#: once got "limit on number of concurrent in-flight updates", and under that load
+#: "workflow update was aborted", each time the client's own retries ran out.
+IN_FLIGHT = 5
+#: Answers that leave the update unsent or unfinished, so the same update (the same id:
+#: answered once) is sent again: the server's in-flight limit, an update aborted by the
+#: server (a continue-as-new, a workflow task failure, a cleared update registry).
+RESEND = (RPCStatusCode.RESOURCE_EXHAUSTED, RPCStatusCode.UNAVAILABLE,
+          RPCStatusCode.FAILED_PRECONDITION)
+_slots: dict[tuple[int, str], asyncio.Semaphore] = {}
+
+
+async def send_update(handle: WorkflowHandle[Any, Any], update: Any, arg: Any,
+                      update_id: str, result_type: type | None = None) -> Any:
+    """`handle.execute_update`, at most IN_FLIGHT at once per ledger from this process,
+    sent again (same id) while the server answers with one of RESEND: the caller sees
+    the ledger's answer, never the server's load. The activity's heartbeat and timeouts
+    bound it."""
+    slot = _slots.setdefault((id(asyncio.get_running_loop()), handle.id),
+                             asyncio.Semaphore(IN_FLIGHT))
+    delay = 0.05
+    while True:
+        async with slot:
+            try:
+                return await handle.execute_update(update, arg, id=update_id,
+                                                   result_type=result_type)
+            except RPCError as err:
+                if err.status not in RESEND:
+                    raise
+        await asyncio.sleep(delay)  # outside the slot: another update goes meanwhile
+        delay = min(delay * 2, 1.0)
 
 
 @activity.defn(name=BUDGET_RESERVE_ACTIVITY)
@@ -51,11 +90,11 @@ async def budget_reserve(req: BudgetReserve) -> Grant:
     handle = activity.client().get_workflow_handle(budget_workflow_id(req.key))
     try:
         async with heartbeating(lambda: (token,)):
-            grant = await handle.execute_update(
-                BudgetLedgerWorkflow.reserve,
+            grant: Grant = await send_update(
+                handle, BudgetLedgerWorkflow.reserve,
                 ReserveRequest(run=run, step=req.step, amount=req.amount, priced=req.priced,
                                token=token),
-                id=f"{run}/step-{req.step}/reserve")
+                f"{run}/step-{req.step}/reserve", Grant)
     except RPCError as err:
         if err.status == RPCStatusCode.NOT_FOUND:
             return Grant(granted=False, message=(
@@ -79,7 +118,8 @@ async def _to_ledger(key: str, update: object, arg: object, update_id: str) -> N
     run's open reservation, e.g. a retry of one it took already) is logged by ids."""
     handle = activity.client().get_workflow_handle(budget_workflow_id(key))
     try:
-        await handle.execute_update(update, arg, id=update_id)  # type: ignore[call-overload]
+        async with heartbeating():
+            await send_update(handle, update, arg, update_id)
     except RPCError as err:
         if err.status != RPCStatusCode.NOT_FOUND:
             raise

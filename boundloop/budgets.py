@@ -23,9 +23,10 @@ from boundloop.contracts import (
     BudgetView,
     LedgerInput,
     SignedLimits,
+    SignedReset,
     budget_workflow_id,
 )
-from boundloop.core.budget import Amount, BudgetLimits, LedgerState
+from boundloop.core.budget import Amount, BudgetLimits, BudgetReset, LedgerState
 from boundloop.core.limits import BUDGET_KEY_PATTERN
 
 if TYPE_CHECKING:  # `cryptography` loads only where a change is signed
@@ -68,6 +69,31 @@ async def set_budget(client: Client, key: str, limits: BudgetLimits, *,
             BudgetLedgerWorkflow.set_signed_limits,
             SignedLimits(limits=limits, admin=signer.name, nonce=nonce, signature=signature),
             start_workflow_operation=start)
+    except WorkflowUpdateFailedError as exc:
+        cause = exc.cause
+        if isinstance(cause, ApplicationError) and cause.type == errors.BUDGET_UNSIGNED:
+            raise errors.BudgetRefused(cause.message) from None
+        raise
+
+
+async def reset_budget(client: Client, key: str, reset: BudgetReset, *,
+                       signer: Signer | None = None) -> BudgetView:
+    """An operator's recovery of the ledger of `key` after an incident: spent back to
+    zero (`reset.spent`) and the reservations of the runs in `reset.drop` dropped; the
+    limits stay. `signer`: a budget admin's key, needed where the workers have approver
+    keys. Raises BudgetRefused (nothing changed) when the ledger refuses it, and
+    RPCError NOT_FOUND when no ledger runs for `key`."""
+    from boundloop.workflows.budget import BudgetLedgerWorkflow
+
+    check_key(key)
+    req = SignedReset(reset=reset)
+    if signer is not None:
+        nonce, signature = signer.sign_budget_reset(
+            namespace=client.namespace, key=key, reset=reset.model_dump(mode="json"))
+        req = SignedReset(reset=reset, admin=signer.name, nonce=nonce, signature=signature)
+    try:
+        return await client.get_workflow_handle(budget_workflow_id(key)).execute_update(
+            BudgetLedgerWorkflow.reset, req)
     except WorkflowUpdateFailedError as exc:
         cause = exc.cause
         if isinstance(cause, ApplicationError) and cause.type == errors.BUDGET_UNSIGNED:

@@ -23,6 +23,7 @@ from boundloop.contracts import (
     BUDGET_WORKFLOW,
     LedgerInput,
     ReserveRequest,
+    SettleRequest,
     SignedLimits,
     budget_workflow_id,
 )
@@ -191,3 +192,39 @@ def test_the_signed_message_binds_namespace_key_limits_admin_and_time(
     assert "s old" in (signatures.budget_problem(admins, **{**base, "now": late}) or "")
     # An approval decision's signature is never a budget change's.
     assert signatures.BUDGET_PURPOSE != signatures.PURPOSE
+
+
+async def test_only_a_budget_admins_signed_reset_recovers_a_ledger(
+        temporal: Client, worker: dict[str, str], keys: dict[str, Signer],
+        tmp_path: Path) -> None:
+    """After an incident (here: a run's spending, and a run holding a reservation), an
+    operator recovers the ledger with `budget reset`: signed by a budget admin it zeroes
+    spent and drops the runs named; unsigned, or signed by someone else, it changes
+    nothing."""
+    queue = worker["BOUNDLOOP_TASK_QUEUE"]
+    key = f"team-{uuid.uuid4().hex[:6]}"
+    await set_budget(temporal, key, BudgetLimits(usd=5.0), task_queue=queue,
+                     signer=keys["alice"])
+    ledger = temporal.get_workflow_handle(budget_workflow_id(key))
+    for run, token in (("spender", "1" * 32), ("holder", "2" * 32)):
+        grant = await ledger.execute_update(BudgetLedgerWorkflow.reserve, ReserveRequest(
+            run=run, step=1, amount=Amount(usd=2.0), token=token))
+        assert grant.granted, grant.message
+    await ledger.execute_update(BudgetLedgerWorkflow.settle_reservation, SettleRequest(
+        run="spender", step=1, amount=Amount(usd=1.5), token="1" * 32))
+
+    unsigned = await cli("budget", "reset", key, "--drop", "holder", env=worker)
+    mallory = await cli("budget", "reset", key, "--as", "mallory", "--key",
+                        str(tmp_path / "mallory.key"), env=worker)
+    assert [code for code, _, _ in (unsigned, mallory)] == [1, 1]
+    assert "only a change signed by a budget admin (alice)" in " ".join(unsigned[2].split())
+    assert "'mallory' is not a budget admin" in " ".join(mallory[2].split())
+    view = await show_budget(temporal, key)
+    assert view is not None and view.spent.usd == 1.5 and len(view.holders) == 1
+
+    code, out, err = await cli("budget", "reset", key, "--drop", "holder", "--as", "alice",
+                               "--key", str(tmp_path / "alice.key"), env=worker)
+    assert code == 0, err
+    lines = out.splitlines()
+    assert lines[0] == f"budget {key}: $5 in total"
+    assert "  spent     $0.000000" in lines and "  runs holding reservations: none" in lines

@@ -140,3 +140,150 @@ def test_settlement_is_the_runs_count_or_the_whole_reservation_without_usage() -
     assert budget.settlement(held, 120, 0.01, usage_known=True) == Amount(usd=0.01,
                                                                          tokens=120)
     assert budget.settlement(held, 0, 0.0, usage_known=False) == held
+
+
+# --- claims: only the run holding a reservation spends it -------------------------------
+
+TOKEN, OTHER = "a" * 32, "b" * 32
+
+
+def test_a_settled_step_never_waves_a_reservation_through() -> None:
+    """A forged `settle {run, step: 1000000}` exempted the run: its reservations were
+    granted unchecked. Under claims it is refused (no reservation of that step), and the
+    run's reservations are checked against the limits."""
+    state = ledger(usd=60)
+    forged = budget.settle_claimed(state, "run-1", 1_000_000, Amount(), DAY)
+    assert forged is not None and "no open reservation" in forged
+    assert state.settled == {} and state.spent == Amount()
+    grant = budget.reserve_claimed(state, "run-1", 1, Amount(usd=100), DAY, token=TOKEN)
+    assert not grant.granted and "USD budget 60" in grant.message
+
+
+def test_a_settlement_counts_only_for_the_open_reservation_with_its_token() -> None:
+    state = ledger(tokens=1000)
+    grant = budget.reserve_claimed(state, "run-1", 1, Amount(tokens=500), DAY, token=TOKEN)
+    assert grant.granted and grant.claim == budget.claim_of(TOKEN) != TOKEN
+    for run, step, token in (("fake", 1, TOKEN), ("run-1", 2, TOKEN), ("run-1", 1, None),
+                             ("run-1", 1, OTHER)):
+        assert budget.settle_claimed(state, run, step, Amount(), DAY, token=token)
+    assert not budget.release_claimed(state, "run-1", OTHER)
+    assert not budget.release_claimed(state, "run-1")
+    assert set(state.reservations) == {"run-1"} and state.spent == Amount()
+    assert budget.settle_claimed(state, "run-1", 1, Amount(tokens=120), DAY,
+                                 token=TOKEN) is None
+    assert state.spent.tokens == 120 and state.reservations == {}
+    # Settled once: the same settlement again (a retry) changes nothing.
+    assert budget.settle_claimed(state, "run-1", 1, Amount(tokens=120), DAY, token=TOKEN)
+    assert state.spent.tokens == 120
+
+
+def test_an_unbounded_settlement_charges_the_reservation_instead() -> None:
+    for actual in (Amount(usd=1e9), Amount(usd=-1.0), Amount(usd=float("nan")),
+                   Amount(usd=float("inf")), Amount(tokens=-5), Amount(tokens=10**12)):
+        state = ledger(usd=10, tokens=1000)
+        budget.reserve_claimed(state, "run-1", 1, Amount(usd=2, tokens=100), DAY,
+                               token=TOKEN)
+        problem = budget.settle_claimed(state, "run-1", 1, actual, DAY, token=TOKEN)
+        assert problem is not None and "worst case was charged" in problem
+        assert state.spent == Amount(usd=2, tokens=100) and state.reservations == {}
+    # Within the bound (attempts charged their worst case, a provider counting more).
+    state = ledger(usd=100)
+    budget.reserve_claimed(state, "run-1", 1, Amount(usd=2), DAY, token=TOKEN)
+    assert budget.settle_claimed(state, "run-1", 1, Amount(usd=2 * budget.SETTLE_FACTOR),
+                                 DAY, token=TOKEN) is None
+
+
+def test_a_reservation_is_never_replaced_or_re_answered_to_another_token() -> None:
+    state = ledger(tokens=1000)
+    assert budget.reserve_claimed(state, "run-1", 1, Amount(tokens=500), DAY,
+                                  token=TOKEN).granted
+    # The same reserve again (a retry, e.g. after continue-as-new): granted, held once.
+    assert budget.reserve_claimed(state, "run-1", 1, Amount(tokens=500), DAY,
+                                  token=TOKEN).granted
+    for step, tokens, token in ((1, 500, OTHER), (1, 1, TOKEN), (2, 1, OTHER)):
+        grant = budget.reserve_claimed(state, "run-1", step, Amount(tokens=tokens), DAY,
+                                       token=token)
+        assert not grant.granted and "already holds a reservation" in grant.message
+    assert state.reservations["run-1"].amount.tokens == 500
+    assert budget.reserved(state).tokens == 500
+
+
+def test_a_settled_step_reserved_again_is_refused_as_stale() -> None:
+    state = ledger(tokens=1000)
+    budget.reserve_claimed(state, "run-1", 1, Amount(tokens=10), DAY, token=TOKEN)
+    budget.settle_claimed(state, "run-1", 1, Amount(tokens=5), DAY, token=TOKEN)
+    late = budget.reserve_claimed(state, "run-1", 1, Amount(tokens=10), DAY, token=TOKEN)
+    assert not late.granted and "settled already" in late.message
+    assert budget.reserve_claimed(state, "run-1", 2, Amount(tokens=10), DAY,
+                                  token=OTHER).granted
+
+
+def test_a_non_finite_reservation_is_refused() -> None:
+    """NaN passes every comparison with a limit: granted, it made every later
+    reservation pass too."""
+    state = ledger(usd=1)
+    for amount in (Amount(usd=float("nan")), Amount(usd=float("inf")), Amount(usd=-1)):
+        assert budget.amount_problem(amount) is not None
+        assert not budget.reserve_claimed(state, "run-1", 1, amount, DAY).granted
+    assert state.reservations == {}
+
+
+def test_a_reservation_of_a_run_of_before_claims_is_settled_by_its_run_id() -> None:
+    state = ledger(tokens=1000)
+    assert budget.reserve_claimed(state, "old-run", 1, Amount(tokens=100), DAY).granted
+    assert budget.settle_claimed(state, "old-run", 1, Amount(tokens=40), DAY) is None
+    assert state.spent.tokens == 40
+
+
+def test_a_ledger_keeps_only_what_its_own_continue_as_new_carried() -> None:
+    carried = LedgerState(key="team-a", limits=BudgetLimits(usd=1e9),
+                          spent=Amount(usd=1e9), settled={"exempt": 10**6})
+    genuine = {"continued": True, "cron": False, "attempt": 1}
+    assert budget.carried_state("team-a", carried, **genuine) is carried
+    empty = LedgerState(key="team-a", limits=None)
+    for forged in ({"continued": False}, {"cron": True}, {"attempt": 2}):
+        assert budget.carried_state("team-a", carried, **{**genuine, **forged}) == empty
+    assert budget.carried_state("team-b", carried, **genuine) == LedgerState(
+        key="team-b", limits=None)
+
+
+def test_a_reset_zeroes_spent_and_drops_the_runs_named() -> None:
+    state = ledger(tokens=1000)
+    budget.reserve_claimed(state, "run-1", 1, Amount(tokens=100), DAY, token=TOKEN)
+    budget.reserve_claimed(state, "run-2", 1, Amount(tokens=100), DAY, token=OTHER)
+    state.spent = Amount(tokens=900)
+    budget.reset(state, budget.BudgetReset(drop=["run-1"]))
+    assert state.spent == Amount() and set(state.reservations) == {"run-2"}
+    budget.reset(state, budget.BudgetReset(spent=False, drop=["run-2"]))
+    assert state.reservations == {}
+
+
+@given(st.lists(st.tuples(st.integers(0, 5), st.integers(1, 3), st.integers(0, 400),
+                          st.sampled_from(["own", "none", "other"]),
+                          st.sampled_from(["reserve", "settle", "release"])), max_size=80))
+def test_only_a_runs_own_settlement_moves_spent_and_it_stays_within_its_reservation(
+        ops: list[tuple[int, int, int, str, str]]) -> None:
+    """Any interleaving of reservations, settlements and releases, a third of them with
+    no token and a third with a third party's: spent grows only by a settlement with the
+    token the reservation was made with, by at most SETTLE_FACTOR times it, and a message
+    with another token leaves the reservation as it was."""
+    state = ledger(tokens=1000)
+    tokens = {f"run-{i}": f"{i:032x}" for i in range(6)}
+    for run_no, step, amount, who, what in ops:
+        run = f"run-{run_no}"
+        token = {"own": tokens[run], "none": None, "other": "f" * 32}[who]
+        before, held = state.spent.tokens, state.reservations.get(run)
+        if what == "reserve":
+            budget.reserve_claimed(state, run, step, Amount(tokens=amount), DAY, token=token)
+        elif what == "settle":
+            budget.settle_claimed(state, run, step, Amount(tokens=amount), DAY, token=token)
+        else:
+            budget.release_claimed(state, run, token)
+        grew = state.spent.tokens - before
+        own = held is not None and (held.claim is None or (
+            token is not None and budget.claim_of(token) == held.claim))
+        if grew:
+            assert what == "settle" and held is not None and held.step == step and own
+            assert grew <= held.amount.tokens * budget.SETTLE_FACTOR
+        if held is not None and not own:
+            assert state.reservations.get(run) == held  # another's message moved nothing

@@ -1,4 +1,4 @@
-"""Shared budgets: `budget set`, `budget show`.
+"""Shared budgets: `budget set`, `budget show`, `budget reset`.
 """
 
 from __future__ import annotations
@@ -88,6 +88,53 @@ def budget_set(
             raise fail(f"no worker answered within {UPDATE_TIMEOUT:g} s: is `boundloop "
                        f"worker` running on task queue {settings.task_queue!r}? (the ledger "
                        "takes the limits when one starts)", ExitCode.FAILED) from None
+        _print_view(view, as_json)
+
+    _run(go())
+
+
+@budget_app.command("reset")
+def budget_reset(
+    key: Annotated[str, typer.Argument(help="Budget key")],
+    drop: Annotated[list[str] | None, typer.Option(
+        "--drop", help="Drop this run's reservation (repeat for several runs)")] = None,
+    keep_spent: Annotated[bool, typer.Option(
+        "--keep-spent", help="Keep the spent total (only drop reservations)")] = False,
+    admin: Annotated[str, typer.Option("--as", help="Budget admin name")] = "operator",
+    key_file: Annotated[Path | None, typer.Option(
+        "--key", help="Sign the reset with this private key (NAME.key from `keys new`)")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object")] = False,
+) -> None:
+    """Recover KEY's ledger after an incident: spent back to zero, and the reservations
+    of the runs named by --drop dropped (the limits stay). Where the workers have approver
+    keys, only a budget admin's signed reset counts."""
+    from temporalio.service import RPCError, RPCStatusCode
+
+    from boundloop.budgets import reset_budget
+    from boundloop.cli.approvals import load_signer
+    from boundloop.core.budget import BudgetReset
+    from boundloop.errors import BudgetRefused
+
+    settings = load_settings()
+    _budget_key(key)
+    signer = load_signer(admin, key_file)
+    change = BudgetReset(spent=not keep_spent, drop=drop or [])
+
+    async def go() -> None:
+        client = await connect(settings)
+        try:
+            view = await asyncio.wait_for(reset_budget(client, key, change, signer=signer),
+                                          UPDATE_TIMEOUT)
+        except BudgetRefused as exc:
+            raise fail(str(exc), ExitCode.FAILED) from None
+        except RPCError as exc:
+            if exc.status != RPCStatusCode.NOT_FOUND:
+                raise
+            raise fail(f"no budget {key!r}: nothing to reset") from None
+        except TimeoutError:
+            raise fail(f"no worker answered within {UPDATE_TIMEOUT:g} s: is `boundloop "
+                       "worker` running?", ExitCode.FAILED) from None
         _print_view(view, as_json)
 
     _run(go())
