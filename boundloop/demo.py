@@ -26,7 +26,7 @@ from boundloop.devserver import DevServer, port_open
 from boundloop.scripted.script import Script, load_script
 from boundloop.scripted.script import Turn as ScriptTurn
 from boundloop.settings import Settings
-from boundloop.terminal import console, print_event, print_result, safe
+from boundloop.terminal import console, invisible_note, print_event, print_result, safe
 from boundloop.tools.demo import list_tickets
 
 STOCK_QUESTION = "A-001とB-002の在庫をそれぞれ調べて。"
@@ -61,7 +61,8 @@ async def _follow(run: Run, interactive: bool) -> RunResult:
             if approval.call_id != ev.call_id:
                 continue
             console.print(f"[bold yellow]waiting for approval:[/] {safe(approval.tool)} "
-                          f"with these arguments:\n{safe(ops.argument_text(approval))}")
+                          f"with these arguments:\n{safe(ops.argument_text(approval))}"
+                          f"{invisible_note(approval.arguments)}")
             cmd = cli_command()
             call_id = shlex.quote(approval.call_id)
             # --fp: the decision is refused if the call changes before it arrives.

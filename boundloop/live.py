@@ -16,7 +16,7 @@ from temporalio.client import WorkflowFailureError
 from boundloop import client as ops
 from boundloop.contracts import Reset, RunResult, RunStatus, StreamItem, TextDelta
 from boundloop.core.reasons import StopReason
-from boundloop.terminal import no_worker, safe
+from boundloop.terminal import invisible_note, no_worker, safe
 
 
 def render(workflow_id: str, st: RunStatus, answer: str = "") -> Panel:
@@ -40,7 +40,7 @@ def render(workflow_id: str, st: RunStatus, answer: str = "") -> Panel:
             waiting.add_column(header, overflow="fold")  # wrapped, never cut
         for a in st.pending:
             waiting.add_row(safe(a.tool), safe(a.call_id), a.requested_at,
-                            safe(ops.argument_text(a)))
+                            safe(ops.argument_text(a)) + invisible_note(a.arguments))
         parts.append(waiting)
     recent = st.events[-5:]
     if recent:

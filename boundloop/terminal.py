@@ -18,7 +18,7 @@ from rich.markup import escape
 from boundloop.core import model_failures as mf
 from boundloop.core.reasons import NEXT_CHECK, StopReason
 from boundloop.exit_codes import ExitCode
-from boundloop.visible import escape_of, invisible
+from boundloop.visible import escape_of, has_invisible, invisible
 
 if TYPE_CHECKING:  # the run's types: loaded by whoever has a RunResult to print
     from boundloop.contracts import RunResult
@@ -46,10 +46,21 @@ def safe(text: object) -> str:
     return "".join([*out, escape(plain)])
 
 
+def invisible_note(arguments: Any) -> str:
+    """A line under a call's arguments when they hold invisible characters (`safe`
+    shows each as its escape): the approver is told to look at them."""
+    if not has_invisible(arguments):
+        return ""
+    return ("\n[bold yellow]contains invisible/control characters, shown as escapes such "
+            "as \\u202e[/]")
+
+
 def no_worker(task_queue: str) -> str:
     """The line for a run no worker has answered for a while (`client.follow`)."""
-    return (f"[yellow]no worker is answering for this run (task queue {safe(task_queue)}): "
-            "start `boundloop worker`[/]")
+    from boundloop.errors import worker_hint
+
+    return (f"[yellow]no worker is answering for this run: {safe(worker_hint(task_queue))}"
+            "[/]")
 
 
 def print_event(ev: Any) -> None:

@@ -6,6 +6,7 @@ headless Chromium."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import subprocess
@@ -200,3 +201,16 @@ async def test_a_bidi_argument_is_shown_escaped_and_marked_in_the_inbox(
             assert refused == []
         finally:
             await browser.close()
+
+
+async def test_the_cli_shows_the_bidi_argument_escaped_and_marked(console: Console,
+                                                                  temporal: Client) -> None:
+    """`boundloop pending`, as an approver at a terminal reads it."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("BOUNDLOOP_", "TEMPORAL_"))}
+    env["TEMPORAL_ADDRESS"] = temporal.service_client.config.target_host
+    done = await asyncio.to_thread(
+        subprocess.run, [sys.executable, "-m", "boundloop.cli", "pending"], env=env,
+        capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    assert '"\\u202e000,01$"' in done.stdout and "\u202e" not in done.stdout, done.stdout
+    assert "contains invisible/control" in " ".join(done.stdout.split()), done.stdout

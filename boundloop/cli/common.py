@@ -25,7 +25,7 @@ from boundloop.errors import (
     UnknownTools,
 )
 from boundloop.exit_codes import ExitCode
-from boundloop.terminal import console, safe
+from boundloop.terminal import console, invisible_note, safe
 
 # Each command imports the Temporal client, the run types and the connection when it
 # uses them: `--help`, and input refused before connecting, start a process without them.
@@ -232,5 +232,5 @@ def print_pending_table(rows: list[tuple[str, RunStatus]]) -> None:
         for a in status.pending:
             table.add_row(safe(wf_id), safe(a.call_id), safe(a.tool), a.requested_at,
                           safe(a.asked_because or "tool setting"),
-                          safe(ops.argument_text(a)))
+                          safe(ops.argument_text(a)) + invisible_note(a.arguments))
     console.print(table)
