@@ -496,3 +496,163 @@ async def test_the_busy_queue_transcript_prints_what_sessions_shows(
     assert (first.returncode, second.returncode) == (0, 0)
     printed = normalized([x for out, _ in ends for x in out.decode().splitlines()], names)
     assert shown_matches(printed, normalized(wait[1])), "\n".join(printed)
+
+
+# --- every python block of every page runs (or says it is a fragment) -------------------
+
+#: The marker on the line before a block that is part of a program, not one: it names
+#: what it needs (a run, a session, an MCP server's code).
+FRAGMENT = "<!-- fragment:"
+#: Blocks that are files a test runs as they are (the page holds them verbatim: the
+#: tests named say so): their first line.
+RUN_AS_FILES = {
+    '"""The weather desk\'s tools:': "examples/weather_desk/desk.py "
+                                      "(tests/test_example_weather_desk.py)",
+    '"""The weather desk\'s worker:': "examples/weather_desk/desk_worker.py",
+    '"""Ask the weather desk a question,': "examples/weather_desk/desk_client.py",
+    '"""The weather desk\'s tests:': "examples/weather_desk/test_desk.py "
+                                     "(tests/test_testing_kit.py)",
+}
+#: Blocks run below, by page and first line.
+RUN_HERE = {
+    ("approvals.md", "from boundloop.core.limits import Policy"),
+    ("scripted-server.md", "import openai"),
+    ("security.md", "from boundloop import OperatorPolicy, Worker"),
+    ("streaming.md", "import boundloop"),
+    ("streaming.md", 'agent = boundloop.Agent(tools, model="llama3", api="chat", stream=False)'),
+    ("guide.md", "session = await boundloop.start_session(client, tools=tools, "
+                 "limits=boundloop.Limits(max_steps=4),"),
+}
+
+
+def python_blocks(page: Path) -> list[tuple[str, str, bool]]:
+    """(first line, code, marked a fragment) of each python block of `page`."""
+    found: list[tuple[str, str, bool]] = []
+    lines = page.read_text(encoding="utf-8").splitlines(keepends=True)
+    for i, line in enumerate(lines):
+        if line.strip() != "```python":
+            continue
+        end = next(j for j in range(i + 1, len(lines)) if lines[j].startswith("```"))
+        code = "".join(lines[i + 1:end])
+        marked = i > 0 and lines[i - 1].startswith(FRAGMENT)
+        found.append((code.splitlines()[0], code, marked))
+    return found
+
+
+def block(page: str, first: str) -> str:
+    [code] = [c for line, c, _ in python_blocks(ROOT / "docs" / page) if line == first]
+    return code
+
+
+async def run_block(code: str, namespace: dict[str, Any]) -> dict[str, Any]:
+    """Run a page's block as a reader pastes it into `python -m asyncio` (top-level
+    `await` allowed), with `namespace` holding what the page says it needs."""
+    import ast
+    import inspect
+
+    ran = eval(compile(code, "<docs block>", "exec",  # the docs' own code
+                       flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT), namespace)
+    if inspect.iscoroutine(ran):
+        await ran
+    return namespace
+
+
+def test_every_python_block_of_the_docs_runs_or_is_marked_a_fragment() -> None:
+    """Each block is run below, or is a file a test runs, or says (`<!-- fragment: … -->`
+    on the line before it) what program it belongs in; the home page is the README,
+    whose blocks tests/test_readme.py runs."""
+    unaccounted: list[str] = []
+    for page in sorted((ROOT / "docs").glob("*.md")):
+        if page.name == "index.md":
+            continue
+        for first, _code, marked in python_blocks(page):
+            if not (marked or (page.name, first) in RUN_HERE
+                    or any(first.startswith(f) for f in RUN_AS_FILES)):
+                unaccounted.append(f"{page.name}: {first}")
+    assert unaccounted == [], unaccounted
+    for page, first in RUN_HERE:
+        assert block(page, first)  # each one is still on its page
+    for first, name in RUN_AS_FILES.items():
+        text = (ROOT / name.split()[0]).read_text(encoding="utf-8")
+        assert text.startswith(first), name
+
+
+async def test_the_pure_blocks_run() -> None:
+    """The argument rules of approvals.md and the scripted server of scripted-server.md."""
+    from boundloop.core.limits import Policy
+
+    ran = await run_block(block("approvals.md", "from boundloop.core.limits import Policy"),
+                          {})
+    assert isinstance(ran["policy"], Policy) and len(ran["policy"].rules) == 3
+    ran = await run_block(block("scripted-server.md", "import openai"), {})
+    assert ran["server"].requests == []
+
+
+async def test_the_security_policy_block_builds_its_worker(temporal: Client,
+                                                           tmp_path: Path) -> None:
+    import openai
+
+    import boundloop
+    from boundloop.tools.demo import DemoDeps, tools
+
+    ran = await run_block(block("security.md", "from boundloop import OperatorPolicy, Worker"),
+                          {"client": temporal, "agent": boundloop.Agent(
+                              tools, model="gpt-5-mini", task_queue=queue()),
+                           "deps": DemoDeps(data_dir=tmp_path),
+                           "model": openai.AsyncOpenAI(api_key="sk-test-not-real",
+                                                       base_url="http://127.0.0.1:1/v1")})
+    assert isinstance(ran["worker"], boundloop.Worker)
+
+
+async def test_the_stream_reader_block_reads_a_finished_run(
+        temporal: Client, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """streaming.md's reader, as shown (`boundloop.connect()` reads TEMPORAL_ADDRESS), on
+    a run that has ended: it prints each event and, last, the result."""
+    import boundloop
+    from tests.conftest import test_worker
+
+    q = queue()
+    model = ScriptedModelServer([answer("A-001: 12 in stock.")])
+    try:
+        async with test_worker(temporal, q, model.start(), tmp_path / "data"):
+            agent = boundloop.Agent(["lookup_stock"], model="scripted-model", task_queue=q)
+            run = await agent.start(temporal, "A-001?")
+            await asyncio.wait_for(run.result(), WAIT)
+            monkeypatch.setenv("TEMPORAL_ADDRESS", temporal.service_client.config.target_host)
+            code = block("streaming.md", "import boundloop").replace("boundloop-3f2a9c0d1e2b",
+                                                                     run.id)
+            await asyncio.wait_for(run_block(code, {}), WAIT)  # a worker answers the reads
+    finally:
+        model.stop()
+    printed = capsys.readouterr().out.splitlines()
+    assert printed[-1] == "completed A-001: 12 in stock.", printed
+    assert any("run_started" in line for line in printed), printed
+
+
+async def test_the_session_and_unstreamed_run_blocks_run(tmp_path: Path) -> None:
+    """The guide's session from Python and streaming.md's unstreamed agent, as shown (the
+    default task queue: a dev server of their own)."""
+    import boundloop
+    from tests.conftest import test_worker
+
+    async with dev_server() as client:
+        unstreamed = block("streaming.md", 'agent = boundloop.Agent(tools, model="llama3", '
+                                           'api="chat", stream=False)')
+        ran = await run_block(unstreamed, {"boundloop": boundloop, "client": client,
+                                           "tools": ["lookup_stock"]})
+        assert ran["agent"].stream is False
+        await ran["run"].handle.terminate()  # no worker serves llama3 here
+        model = ScriptedModelServer([answer("A-001: 12 in stock."),
+                                     answer("You asked about A-001.")])
+        try:
+            async with test_worker(client, boundloop.DEFAULT_TASK_QUEUE, model.start(),
+                                   tmp_path / "data"):
+                code = block("guide.md", "session = await boundloop.start_session(client, "
+                                         "tools=tools, limits=boundloop.Limits(max_steps=4),")
+                ran = await asyncio.wait_for(run_block(code, {
+                    "boundloop": boundloop, "client": client, "tools": ["lookup_stock"]}), WAIT)
+        finally:
+            model.stop()
+    assert ran["result"].text == "You asked about A-001."
+    assert ran["status"].turns == 2
