@@ -522,6 +522,7 @@ RUN_HERE = {
     ("streaming.md", 'agent = boundloop.Agent(tools, model="llama3", api="chat", stream=False)'),
     ("guide.md", "session = await boundloop.start_session(client, tools=tools, "
                  "limits=boundloop.Limits(max_steps=4),"),
+    ("testing.md", '"""Writes desk_script.json: the model\'s side of one weather-desk run."""'),
 }
 
 
@@ -656,3 +657,52 @@ async def test_the_session_and_unstreamed_run_blocks_run(tmp_path: Path) -> None
             model.stop()
     assert ran["result"].text == "You asked about A-001."
     assert ran["status"].turns == 2
+
+
+async def test_an_own_worker_runs_with_no_api_key_as_testing_shows(
+        temporal: Client, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """testing.md's "Your own worker with no API key": the script written by its block,
+    the scripted server as a process of its own, the weather desk's worker and client
+    with only OPENAI_BASE_URL, OPENAI_API_KEY and TEMPORAL_ADDRESS set: the run completes
+    with the warning approved."""
+    import sys
+
+    monkeypatch.chdir(tmp_path)
+    await run_block(block("testing.md", '"""Writes desk_script.json: the model\'s side of '
+                                        'one weather-desk run."""'), {})
+    page = (ROOT / "docs" / "testing.md").read_text(encoding="utf-8")
+    shown = page[page.index("## Your own worker with no API key"):]
+    port = free_port()
+    assert "--port 8400 &" in shown and "OPENAI_BASE_URL=http://127.0.0.1:8400/v1" in shown
+    example = ROOT / "examples" / "weather_desk"
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("OPENAI_")},
+           "OPENAI_BASE_URL": f"http://127.0.0.1:{port}/v1", "OPENAI_API_KEY": "no-key-needed",
+           "TEMPORAL_ADDRESS": temporal.service_client.config.target_host,
+           "PYTHONUNBUFFERED": "1"}
+    queue_name = queue()  # the page's default, weather-desk, is any test's: one of its own
+    procs = [subprocess.Popen([sys.executable, "-m", "boundloop.scripted.server",
+                               "desk_script.json", "--port", str(port)], cwd=tmp_path, env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)]
+    try:
+        assert procs[0].stdout is not None
+        assert procs[0].stdout.readline().strip() == f"http://127.0.0.1:{port}/v1"
+        procs.append(subprocess.Popen(
+            [sys.executable, str(example / "desk_worker.py"), "--task-queue", queue_name,
+             "--data-dir", str(tmp_path / "weather")], cwd=tmp_path, env=env,
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+        assert procs[1].stdout is not None
+        assert "weather desk worker on" in procs[1].stdout.readline()
+        client = await asyncio.to_thread(
+            subprocess.run, [sys.executable, str(example / "desk_client.py"),
+                             "Storm coming to Osaka on 2026-12-03?", "--task-queue", queue_name],
+            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=WAIT)
+    finally:
+        for proc in procs:
+            proc.terminate()
+            proc.wait(timeout=30)
+    assert client.returncode == 0, client
+    out = client.stdout
+    assert "waiting for approval: issue_warning" in out
+    result = json.loads(out[out.index("\n{"):])
+    assert (result["reason"], result["tool_executions"], result["text"]) == (
+        "completed", 2, "A red warning for Osaka is out.")
