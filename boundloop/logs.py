@@ -18,7 +18,7 @@ import logging
 import traceback
 from typing import Any, Literal
 
-from boundloop.visible import escaped, invisible
+from boundloop.visible import escaped, json_visible
 
 FIELDS = ("step", "tool", "fingerprint", "call_id", "status", "reason", "attempt", "error",
           "failure", "detail", "api", "items", "problem", "task_queue", "traceback")
@@ -92,27 +92,9 @@ class TextFormatter(logging.Formatter):
         return f"{line.rstrip()}\n{more}"
 
 
-def _visible_json(text: str) -> str:
-    """JSON text whose invisible characters (JSON escapes only those below U+0020) are
-    written as `\\uXXXX` escapes: the same document, parsed."""
-    if not any(invisible(ch) for ch in text):
-        return text
-    out = []
-    for ch in text:
-        code = ord(ch)
-        if not invisible(ch):
-            out.append(ch)
-        elif code < 0x10000:
-            out.append(f"\\u{code:04x}")
-        else:
-            code -= 0x10000
-            out.append(f"\\u{0xd800 + (code >> 10):04x}\\u{0xdc00 + (code & 0x3ff):04x}")
-    return "".join(out)
-
-
 class JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
-        return _visible_json(json.dumps(
+        return json_visible(json.dumps(
             {"time": self.formatTime(record), "level": record.levelname,
              "logger": record.name, "message": message(record), **fields_of(record)},
             ensure_ascii=False, default=str))

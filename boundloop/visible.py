@@ -50,14 +50,20 @@ def _json_escape(ch: str) -> str:
     return f"\\u{0xd800 + (code >> 10):04x}\\u{0xdc00 + (code & 0x3ff):04x}"
 
 
-def json_text(value: Any, *, indent: int | None = 2, sort_keys: bool = False) -> str:
-    """`value` as JSON whose invisible characters are JSON escapes (`\\u202e`): the same
-    value when parsed, readable as it is. Outside strings JSON has ASCII only, so every
-    such character stands in a string, where the escape is valid."""
-    text = json.dumps(value, ensure_ascii=False, indent=indent, sort_keys=sort_keys)
-    if not any(invisible(ch) for ch in text if ch != "\n"):
+def json_visible(text: str) -> str:
+    """JSON text with its invisible characters as JSON escapes (`\\u202e`): the same
+    document when parsed. Outside strings JSON has ASCII only, so every such character
+    stands in a string, where the escape is valid; the text's own line breaks (between
+    values, as `indent` writes them) stay."""
+    if not any(ch != "\n" and invisible(ch) for ch in text):
         return text
     return "".join(_json_escape(ch) if ch != "\n" and invisible(ch) else ch for ch in text)
+
+
+def json_text(value: Any, *, indent: int | None = 2, sort_keys: bool = False) -> str:
+    """`value` as JSON whose invisible characters are JSON escapes (`json_visible`)."""
+    return json_visible(json.dumps(value, ensure_ascii=False, indent=indent,
+                                   sort_keys=sort_keys))
 
 
 def has_invisible(value: Any, ordinary: str = "\n\r\t") -> bool:

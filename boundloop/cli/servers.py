@@ -31,7 +31,8 @@ def server(
     port: int = 7233, ui_port: int = 8233,
     ui_codec_endpoint: Annotated[str | None, typer.Option(
         help="The Web UI decodes payloads through this codec server "
-             "(`boundloop codec-server`), e.g. http://127.0.0.1:8081")] = None,
+             "(`boundloop codec-server`), its token as the path: "
+             "http://127.0.0.1:8081/$BOUNDLOOP_CODEC_TOKEN")] = None,
 ) -> None:
     """Start the Temporal dev server (SQLite file, Web UI, search attributes, fast settings)."""
     from boundloop.devserver import DevServer
