@@ -23,19 +23,20 @@ from temporalio.client import WorkflowFailureError, WorkflowHandle
 
 from boundloop import client as ops
 from boundloop import errors as boundloop_errors
-from boundloop.budgets import set_budget
+from boundloop.budgets import reset_budget, set_budget
 from boundloop.contracts import (
     WORKFLOW_NAME,
     CancelRequest,
     Carried,
     Decision,
+    ReleaseRequest,
     ReserveRequest,
     RunInput,
     RunResult,
     SettleRequest,
     budget_workflow_id,
 )
-from boundloop.core.budget import Amount, BudgetLimits
+from boundloop.core.budget import Amount, BudgetLimits, BudgetReset
 from boundloop.core.conversation import ConversationMeta, ConversationRef, user_message
 from boundloop.core.limits import Policy, RunSettings
 from boundloop.core.loop import LoopState
@@ -336,6 +337,38 @@ async def signed_ledger(c: Cluster, tmp: Path) -> WorkflowHandle[Any, Any]:
     return handle
 
 
+async def claimed_ledger(c: Cluster, tmp: Path) -> WorkflowHandle[Any, Any]:
+    """A ledger under the claims (`budget-claims`): a budget admin's signed limits, a
+    run's reservation with its token, a forged settlement (refused, not recorded), the
+    run's settlement and release by update, and a budget admin's signed reset."""
+    alice = new_key("alice", tmp)
+    policy = tmp / "claims.policy.toml"
+    policy.write_text(f'[approver_keys]\nalice = "{alice.public_line.split()[1]}"\n\n'
+                      '[budget]\nadmins = ["alice"]\n', encoding="utf-8")
+    c.kill(c.workers[-1])
+    c.start_worker(policy_file=policy)
+    assert c.client is not None
+    key, signer = workflow_id("ledger_claims"), Signer.from_file("alice", alice.private_path)
+    await set_budget(c.client, key, BudgetLimits(usd=1.0, tokens=100_000), task_queue=c.queue,
+                     reap_seconds=3600, signer=signer)
+    handle = c.client.get_workflow_handle(budget_workflow_id(key))
+    run, token = "history-run-1", "5" * 32
+    await handle.execute_update(BudgetLedgerWorkflow.reserve, ReserveRequest(
+        run=run, step=1, amount=Amount(usd=0.01, tokens=1000), token=token),
+        id=f"{run}/step-1/reserve")
+    await handle.signal(BudgetLedgerWorkflow.settle, SettleRequest(
+        run=run, step=1, amount=Amount(), token="6" * 32))
+    await handle.execute_update(BudgetLedgerWorkflow.settle_reservation, SettleRequest(
+        run=run, step=1, amount=Amount(usd=0.005, tokens=500), token=token),
+        id=f"{run}/step-1/settle")
+    await handle.execute_update(BudgetLedgerWorkflow.release_reservation,
+                                ReleaseRequest(run=run, token=token), id=f"{run}/release")
+    await reset_budget(c.client, key, BudgetReset(), signer=signer)
+    c.kill(c.workers[-1])
+    c.start_worker()
+    return handle
+
+
 async def tenant_session(c: Cluster, tmp: Path) -> WorkflowHandle[Any, Any]:
     """A session started with a tenant under a policy deriving the budget key from it:
     its turn starts with the session's BoundloopTenant (the turn-tenant marker) and spends
@@ -440,6 +473,7 @@ async def forged_follows(c: Cluster, tmp: Path) -> WorkflowHandle[Any, Any]:
 #: made.
 LEDGERS: dict[str, Callable[[Cluster, Path], Awaitable[WorkflowHandle[Any, Any]]]] = {
     "ledger": signed_ledger,
+    "ledger_claims": claimed_ledger,
     "session_squatted": squatted_turn,
     "session_tenant": tenant_session,
     "session_remembered": remembered_session,

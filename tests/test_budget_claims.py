@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 import pytest_asyncio
+from temporalio import workflow
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowUpdateFailedError
 from temporalio.common import RetryPolicy
@@ -45,8 +46,12 @@ from boundloop.contracts import (
 from boundloop.core.budget import Amount, BudgetLimits, Grant, LedgerState, Reservation
 from boundloop.core.limits import Limits, Policy, Price, RunSettings
 from boundloop.scripted.server import ScriptedModelServer
-from boundloop.workflows.budget import BudgetLedgerWorkflow
-from tests.conftest import DEMO_TOOLS, continue_as_new_server
+from boundloop.workflows.budget import (
+    LEDGER_CLAIMS,
+    SIGNED_LIMITS,
+    BudgetLedgerWorkflow,
+)
+from tests.conftest import DEMO_TOOLS, continue_as_new_server, workflow_task_failures
 from tests.conftest import test_worker as worker_for
 from tests.scripts import answer, call, resp
 from tests.test_budget_ledger import worker as ledger_worker
@@ -328,3 +333,64 @@ async def test_a_hundred_concurrent_reservations_across_continue_as_new(
     assert (view.reserved.tokens, view.holders, view.refused) == (0, [], 0)
     assert (await ledger.describe()).run_id != first and continued > 0
     assert failed == 0
+
+
+@workflow.defn(name=BUDGET_WORKFLOW, sandboxed=False)
+class LedgerOfBeforeClaims(BudgetLedgerWorkflow):
+    """The ledger as a worker of before LEDGER_CLAIMS ran it: the same commands (it never
+    asked the patch), the rules of then."""
+
+    @workflow.init
+    def __init__(self, inp: LedgerInput) -> None:
+        self._inp, self._state = inp, inp.state
+        self._claims, self._upgrade = False, False
+        if workflow.info().continued_run_id is None and workflow.patched(SIGNED_LIMITS):
+            self._state = inp.state.model_copy(update={"limits": None})
+
+    @workflow.run
+    async def run(self, inp: LedgerInput) -> None:
+        await super().run(inp)
+
+
+async def test_a_ledger_of_before_claims_moves_to_them_at_a_new_runs_first_message(
+        client: Client) -> None:
+    """A deploy: a ledger open on a worker of before claims (a run's reservation without a
+    token, a forged settle of the old rules) is picked up by a worker of now. It replays
+    (no failed workflow task), keeps its rules for what it holds (the old run settles by
+    its run id), and the first reservation with a token makes it continue as new under
+    the claims: the forged settled step no longer waves a reservation through."""
+    queue, key = names()
+    ledger = client.get_workflow_handle(budget_workflow_id(key))
+    async with ledger_worker(client, queue, LedgerOfBeforeClaims):
+        await set_budget(client, key, BudgetLimits(tokens=1000), task_queue=queue)
+        first = (await ledger.describe()).run_id
+        assert (await ledger.execute_update(BudgetLedgerWorkflow.reserve, ReserveRequest(
+            run="old-run", step=1, amount=Amount(tokens=100)))).granted
+        await ledger.signal(BudgetLedgerWorkflow.settle, SettleRequest(
+            run="victim", step=1_000_000, amount=Amount()))
+        await wait_view(client, key, lambda v: len(v.holders) == 1, "the old reservation")
+    async with ledger_worker(client, queue):
+        grant = await ledger.execute_update(BudgetLedgerWorkflow.reserve, ReserveRequest(
+            run="new-run", step=1, amount=Amount(tokens=100), token="1" * 32))
+        assert grant.granted
+
+        async def continued() -> bool:
+            return (await ledger.describe()).run_id != first
+        await until(continued, "the continue-as-new onto the claims")
+        await ledger.signal(BudgetLedgerWorkflow.settle, SettleRequest(
+            run="old-run", step=1, amount=Amount(tokens=40)))
+        await ledger.execute_update(BudgetLedgerWorkflow.settle_reservation, SettleRequest(
+            run="new-run", step=1, amount=Amount(tokens=60), token="1" * 32))
+        view = await wait_view(client, key, lambda v: not v.holders, "both settlements")
+        victim = await ledger.execute_update(BudgetLedgerWorkflow.reserve, ReserveRequest(
+            run="victim", step=1, amount=Amount(tokens=10**6), token="2" * 32))
+        markers: list[str] = []
+        async for event in client.get_workflow_handle(
+                budget_workflow_id(key), run_id=(await ledger.describe()).run_id
+        ).fetch_history_events():
+            if event.event_type == EventType.EVENT_TYPE_MARKER_RECORDED:
+                markers.append(str(event.marker_recorded_event_attributes))
+    assert view.spent.tokens == 100 and view.limits is not None
+    assert not victim.granted
+    assert any(LEDGER_CLAIMS in m for m in markers), markers
+    assert await workflow_task_failures(ledger, client) == 0

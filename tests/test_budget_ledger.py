@@ -39,13 +39,15 @@ async def client(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Clie
 
 
 @contextlib.asynccontextmanager
-async def worker(client: Client, queue: str) -> AsyncIterator[Worker]:
-    """A bare Temporal worker for the ledger alone, with the queue registered the way
-    boundloop.Worker registers it (no approver keys: namespace access sets limits)."""
+async def worker(client: Client, queue: str, ledger: type = BudgetLedgerWorkflow
+                 ) -> AsyncIterator[Worker]:
+    """A bare Temporal worker for the ledger alone (`ledger`: its workflow class), with
+    the queue registered the way boundloop.Worker registers it (no approver keys:
+    namespace access sets limits)."""
     served = catalog.Served(Toolset())
     catalog.register(queue, served)
     try:
-        async with Worker(client, task_queue=queue, workflows=[BudgetLedgerWorkflow],
+        async with Worker(client, task_queue=queue, workflows=[ledger],
                           activities=[budget_reserve, budget_settle, budget_release,
                                       budget_closed_runs],
                           workflow_runner=pass_boundloop_through(

@@ -155,6 +155,18 @@ def test_the_ledger_histories_before_and_after_limits_by_update() -> None:
         assert E.EVENT_TYPE_TIMER_STARTED in kinds(history)
 
 
+def test_the_claimed_ledger_history_settles_and_releases_by_update() -> None:
+    """A ledger under `budget-claims`: its marker first, the run's settlement and release
+    as updates with its token, a forged settle signal in history that charged nothing,
+    and a budget admin's signed reset."""
+    history = load("v0.3/ledger_claims")
+    assert kinds(history).count(E.EVENT_TYPE_MARKER_RECORDED) == 1
+    assert updates(history) == ["set_signed_limits", "reserve", "settle_reservation",
+                                "release_reservation", "reset"]
+    assert kinds(history).count(E.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED) == 1
+    assert E.EVENT_TYPE_WORKFLOW_TASK_FAILED not in kinds(history)
+
+
 #: update id -> what the replayed handler returned (JSON), filled by `_Recorder`.
 REPLAYED: dict[str, Any] = {}
 
@@ -162,7 +174,7 @@ REPLAYED: dict[str, Any] = {}
 class _Inbound(WorkflowInboundInterceptor):
     async def handle_update_handler(self, input: HandleUpdateInput) -> Any:
         result = await super().handle_update_handler(input)
-        REPLAYED[input.id] = result.model_dump(mode="json")
+        REPLAYED[input.id] = None if result is None else result.model_dump(mode="json")
         return result
 
 
@@ -173,7 +185,7 @@ class _Recorder(Interceptor):
 
 
 @pytest.mark.parametrize("name", ["v0.3/ledger.pre_signed", "v0.3/ledger.started_with_limits",
-                                  "v0.3/ledger"])
+                                  "v0.3/ledger", "v0.3/ledger_claims"])
 async def test_a_replayed_ledger_answers_its_updates_as_recorded(name: str) -> None:
     """A ledger's state is rebuilt by replay: each update's answer (the limits it shows, a
     reservation granted) is the recorded one. A ledger started before the limits came by
@@ -181,9 +193,8 @@ async def test_a_replayed_ledger_answers_its_updates_as_recorded(name: str) -> N
     update at all, its reservation was granted by them)."""
     history = load(name)
     recorded = {
-        e.workflow_execution_update_completed_event_attributes.meta.update_id: json.loads(
-            e.workflow_execution_update_completed_event_attributes.outcome.success
-            .payloads[0].data)
+        e.workflow_execution_update_completed_event_attributes.meta.update_id: _answer(
+            e.workflow_execution_update_completed_event_attributes.outcome.success.payloads)
         for e in history.events
         if e.event_type == E.EVENT_TYPE_WORKFLOW_EXECUTION_UPDATE_COMPLETED}
     REPLAYED.clear()
@@ -192,6 +203,11 @@ async def test_a_replayed_ledger_answers_its_updates_as_recorded(name: str) -> N
     assert (await replayer.replay_workflow(history)).replay_failure is None
     assert recorded == REPLAYED
     assert any(r.get("granted") for r in recorded.values())
+
+
+def _answer(payloads: Any) -> Any:
+    """An update's recorded answer (None: a handler that returns nothing)."""
+    return json.loads(payloads[0].data) if payloads and payloads[0].data else None
 
 
 def _failed_before_any_activity(name: str, markers: int, type_: str) -> str:
