@@ -81,6 +81,10 @@ if TYPE_CHECKING:
 
 
 
+#: How long `Run.status` (and the calls built on it) waits for a worker to answer.
+QUERY_SECONDS = 10.0
+
+
 # --- public API -----------------------------------------------------------------------
 
 
@@ -180,12 +184,21 @@ class Run:
         """The workflow id."""
         return self.handle.id
 
-    async def status(self) -> RunStatus:
+    async def status(self, timeout: float | None = QUERY_SECONDS) -> RunStatus:
         """Counters, pending approvals and the event log so far (a query: a worker
-        answers it). Raises RunNotFound."""
+        answers it). Raises RunNotFound, and NoWorker (naming the task queue a worker
+        must poll) when no worker answered within `timeout` seconds (None: as long as
+        the server waits)."""
         try:
-            return await query_status(self.handle)
+            return await asyncio.wait_for(query_status(self.handle), timeout)
+        except TimeoutError:
+            raise await no_worker(self.handle, f"the status query of run {self.id} "
+                                  f"within {timeout:g} s") from None
         except RPCError as exc:
+            if _no_poller(exc):
+                raise await no_worker(self.handle, f"the status query of run {self.id} "
+                                      "(the server has seen no worker poll its task queue "
+                                      "recently)") from None
             raise await _gone(self.handle, exc, "queries") from None
 
     async def stream(self, from_offset: int = 0) -> AsyncIterator[StreamItem]:
@@ -241,7 +254,9 @@ class Run:
         update; to a run whose workflow task keeps failing (the server refuses it
         updates), as the `approve`/`reject` signal, which the run checks the same way once
         a healthy worker serves it (RunStuck). Raises DecisionRefused when the run refuses
-        it."""
+        it. When no worker answers (`Run.status` within QUERY_SECONDS), an unsigned
+        decision is sent as that signal too, and NoWorker is raised with `recorded`: the
+        decision takes effect when a worker picks the run up; a signed one is not sent."""
         line = await self._stuck()
         if line is not None and signer is not None:
             # No worker can show the call while the task fails: nothing to sign over.
@@ -251,7 +266,28 @@ class Run:
                 "nothing was sent; sign it once a healthy worker serves the run",
                 line=line, recorded=False)
         if line is None:
-            decision = await self._bound(decision, signer)
+            try:
+                decision = await self._bound(decision, signer)
+            except errors.NoWorker as exc:
+                if signer is not None:  # nothing to sign over: the call is not shown
+                    raise errors.NoWorker(
+                        f"{exc}. A signed decision covers the pending call as the run shows "
+                        "it: nothing was sent; sign it once a worker answers",
+                        task_queue=exc.task_queue) from None
+                earlier = await recorded_decision(self.handle, decision.call_id)
+                if earlier is not None:  # sent once already, by this path or the stuck one
+                    verb = "approved" if earlier.approve else "rejected"
+                    raise errors.NoWorker(
+                        f"{exc}. Call {preview(decision.call_id, 60)!r} is already "
+                        f"{verb} by {earlier.approver} in the run's history (not sent "
+                        "again): that decision takes effect when a worker picks the run up",
+                        task_queue=exc.task_queue, recorded=True) from None
+                await record(self.handle, await self._with_run(decision))
+                raise errors.NoWorker(
+                    f"{exc}. The decision is recorded in the run's history: it takes effect "
+                    "when a worker picks the run up, if the call still waits for a decision "
+                    f"then (`boundloop status {self.id}` shows it)",
+                    task_queue=exc.task_queue, recorded=True) from None
             try:
                 line = await _update_unless_stuck(self.handle, decision)
             except WorkflowUpdateFailedError as exc:
@@ -267,15 +303,20 @@ class Run:
                     raise await _gone(self.handle, exc, "decisions") from None
             if line is None:
                 return
-        if decision.run is None:  # what the server knows without a worker
-            first = (await self.handle.describe()).raw_description.workflow_execution_info
-            decision = decision.model_copy(update={"run": first.first_run_id or None})
-        await record(self.handle, decision)
+        await record(self.handle, await self._with_run(decision))
         raise errors.RunStuck(
             f"{self.id}: {line}. The decision is recorded in the run's history and waits "
             "for a healthy worker: it takes effect when one serves the run, if the call "
             f"still waits for a decision then (`boundloop status {self.id}` shows it)",
             line=line, recorded=True)
+
+    async def _with_run(self, decision: Decision) -> Decision:
+        """`decision` naming the run it was made for, from what the server knows (no
+        worker needed)."""
+        if decision.run is not None:
+            return decision
+        first = (await self.handle.describe()).raw_description.workflow_execution_info
+        return decision.model_copy(update={"run": first.first_run_id or None})
 
     async def _stuck(self) -> str | None:
         """The stuck line of this run (workflow task failing since …), else None."""
@@ -350,6 +391,20 @@ class Run:
         """Temporal's description of the run (status, type, task queue, search
         attributes): the server answers it, no worker needed. Raises RunNotFound."""
         return await describe(self.handle)
+
+
+def _no_poller(exc: RPCError) -> bool:
+    """The server's refusal of a query no worker can answer: none polled the run's task
+    queue lately."""
+    return (exc.status == RPCStatusCode.FAILED_PRECONDITION
+            and "no poller seen" in (exc.message or "").lower())
+
+
+async def no_worker(handle: WorkflowHandle[Any, Any], what: str) -> errors.NoWorker:
+    """NoWorker for `what` no worker answered, naming the run's task queue."""
+    queue = (await describe(handle)).task_queue
+    return errors.NoWorker(f"no worker answered {what}: {errors.worker_hint(queue)}",
+                           task_queue=queue)
 
 
 def approval(call_id: str, *, approver: str | None = None,
@@ -529,13 +584,24 @@ class Session:
     async def show(self) -> SessionStatus:
         """Counters, the running or last turn, tokens left, when an idle session ends
         (a query while the session is open; its result once it has ended). Raises
-        RunNotFound."""
+        RunNotFound, and NoWorker when no worker answered within QUERY_SECONDS."""
         from boundloop.workflows.session import BoundloopSessionWorkflow
 
         desc = await describe(self.handle)
         if desc.status != WorkflowExecutionStatus.RUNNING:
             return await self.handle.result()
-        return await self.handle.query(BoundloopSessionWorkflow.status)
+        try:
+            return await asyncio.wait_for(
+                self.handle.query(BoundloopSessionWorkflow.status), QUERY_SECONDS)
+        except TimeoutError:
+            raise await no_worker(self.handle, f"the status query of session {self.id} "
+                                  f"within {QUERY_SECONDS:g} s") from None
+        except RPCError as exc:
+            if _no_poller(exc):
+                raise await no_worker(self.handle, f"the status query of session {self.id} "
+                                      "(the server has seen no worker poll its task queue "
+                                      "recently)") from None
+            raise await _gone(self.handle, exc, "queries") from None
 
     async def end(self) -> SessionStatus:
         """End the session (a running turn is cancelled first) and return its status.
@@ -892,6 +958,27 @@ def _retrieved(task: asyncio.Future[Any]) -> None:
         task.exception()
 
 
+async def recorded_decision(handle: WorkflowHandle[Any, Any], call_id: str
+                            ) -> Decision | None:
+    """The first decision on `call_id` sent as the `approve`/`reject` signal, as the run's
+    history holds it (the server answers: no worker needed), or None."""
+    client: Client = handle._client  # its converter and codec read the payloads
+    async for event in handle.fetch_history_events():
+        if not event.HasField("workflow_execution_signaled_event_attributes"):
+            continue
+        signaled = event.workflow_execution_signaled_event_attributes
+        if signaled.signal_name not in ("approve", "reject"):
+            continue
+        try:
+            [decision] = await client.data_converter.decode(signaled.input.payloads,
+                                                            [Decision])
+        except Exception:  # a payload this process cannot read: not a decision of ours
+            continue
+        if isinstance(decision, Decision) and decision.call_id == call_id:
+            return decision
+    return None
+
+
 async def record(handle: WorkflowHandle[Any, Any], decision: Decision) -> None:
     """Send a decision as the `approve` or `reject` signal: the server records it in the
     run's history whatever state its workflow task is in, and the run applies it (or
@@ -914,18 +1001,21 @@ async def cancel(handle: WorkflowHandle[Any, Any], reason: str | None) -> None:
 
 
 async def pending_runs(client: Client, unanswered: list[str] | None = None,
-                       ) -> list[tuple[str, RunStatus]]:
+                       queues: dict[str, str] | None = None) -> list[tuple[str, RunStatus]]:
     """Runs waiting for approval, found by search attribute, with their pending calls.
-    Runs whose status query no worker answered are added to `unanswered`."""
+    Runs whose status query no worker answered are added to `unanswered`, and their
+    task queues to `queues` (workflow id: task queue)."""
     out: list[tuple[str, RunStatus]] = []
     query = f"{sa.STATUS.name} = 'waiting_approval' AND ExecutionStatus = 'Running'"
     async for wf in client.list_workflows(query):
         try:
             status = await asyncio.wait_for(
-                query_status(client.get_workflow_handle(wf.id)), timeout=10)
+                query_status(client.get_workflow_handle(wf.id)), timeout=QUERY_SECONDS)
         except (RPCError, TimeoutError):
             if unanswered is not None:
                 unanswered.append(wf.id)
+            if queues is not None:
+                queues[wf.id] = wf.task_queue
             continue
         if status.pending:
             out.append((wf.id, status))

@@ -155,6 +155,27 @@ class TemporalUnreachable(BoundloopError, ConnectionError):
     where and why in one line."""
 
 
+def worker_hint(task_queue: str) -> str:
+    """What to start when no worker answers for a run on `task_queue`: the queue named,
+    whoever's worker serves it."""
+    return (f"start a worker polling task queue {task_queue!r} (`boundloop worker` with "
+            f"BOUNDLOOP_TASK_QUEUE={task_queue}, or your own worker of an agent with "
+            f"task_queue={task_queue!r})")
+
+
+class NoWorker(BoundloopError, TimeoutError):
+    """No worker answered for the run within the time allowed (a query or a decision
+    needs one; the server keeps the run). `task_queue` is the queue a worker must poll.
+    With `recorded`, the decision was delivered as a signal: it is in the run's history
+    and takes effect when a worker picks the run up (if the call still waits then);
+    without, nothing was sent."""
+
+    def __init__(self, message: str, *, task_queue: str, recorded: bool = False) -> None:
+        super().__init__(message)
+        self.task_queue = task_queue
+        self.recorded = recorded
+
+
 class NoToolset(BoundloopError):
     """No toolset is registered for a worker's task queue in this process."""
 

@@ -27,3 +27,6 @@ class ExitCode(IntEnum):
     DIVERGED = 5
     #: The run's workflow task keeps failing (`status` names the cause and the fix).
     STUCK = 6
+    #: `approve`/`reject` while no worker answers for the run: the decision is recorded
+    #: in its history and takes effect when a worker picks the run up.
+    RECORDED = 7

@@ -13,6 +13,7 @@ from typing import Any
 from temporalio.client import Client, WorkflowHandle
 
 from boundloop import client as ops
+from boundloop.scripted.server import ScriptedModelServer
 from boundloop.testing import wait_until
 from tests.conftest import RunScript
 from tests.scripts import answer, call, resp
@@ -357,3 +358,59 @@ async def test_a_malformed_decision_is_refused_before_connecting(tmp_path: Path)
         assert code == 2, (args, out, err)
         assert err.startswith("error: invalid decision: ") and message in err, (args, err)
         assert len(err.strip().splitlines()) == 1 and "Temporal" not in err, (args, err)
+
+
+async def test_deciding_and_listing_while_no_worker_answers(tmp_path: Path) -> None:
+    """No worker serves a run waiting for approval: `pending` says the run waits and that
+    no worker answered (naming its task queue), not that nothing waits; `approve` records
+    the decision (exit 7) and says it is applied when a worker picks the run up, and a
+    second one names the first; `status`, `Run.status()` and `Session.show()` name the
+    task queue a worker must poll. A worker started then applies the decision."""
+    import pytest
+
+    import boundloop
+    from boundloop.testing import dev_server
+    from boundloop.tools.demo import list_tickets
+    from tests.conftest import test_worker
+
+    server = ScriptedModelServer([resp(call("create_ticket", {
+        "title": "t", "description": "d", "priority": "low"}, "t1")), answer("done")])
+    queue = f"nobody-{tmp_path.name[-8:]}"
+    data = tmp_path / "data"
+    async with dev_server() as temporal:  # its own: `pending` lists only this run
+        env = {**env_for(temporal, tmp_path), "BOUNDLOOP_TASK_QUEUE": queue}
+        agent = boundloop.Agent(["create_ticket"], model="scripted-model", task_queue=queue)
+        try:
+            async with test_worker(temporal, queue, server.start(), data):
+                run = await agent.start(temporal, "make a ticket")
+
+                async def waiting() -> bool:
+                    return bool((await run.status()).pending)
+
+                await wait_until(waiting, timeout=60, interval=0.3)
+            # The worker is gone; the run waits for approval.
+            code, out, err = await cli("pending", env=env)
+            assert code == 0, (out, err)
+            assert "no calls are waiting" not in out
+            assert "1 run(s) wait for approval, but no worker answered" in out
+            assert f"polling task queue '{queue}'" in err
+            code, out, err = await cli("approve", run.id, "t1", "--as", "alice", env=env)
+            assert code == 7, (out, err)
+            assert "t1: approved, recorded" in out and f"task queue '{queue}'" in out
+            assert "takes effect when a worker picks the run up" in out
+            code, out, err = await cli("approve", run.id, "t1", "--as", "alice", env=env)
+            assert code == 7 and "already approved by alice" in out, (out, err)
+            code, out, err = await cli("status", run.id, env=env)
+            assert code == 1 and f"polling task queue '{queue}'" in err, (out, err)
+            with pytest.raises(boundloop.NoWorker, match=f"task queue '{queue}'"):
+                await run.status()
+            session = await agent.session(temporal)
+            with pytest.raises(boundloop.NoWorker, match=f"task queue '{queue}'"):
+                await session.show()
+            await session.handle.terminate()
+            async with test_worker(temporal, queue, server.base_url, data):
+                result = await asyncio.wait_for(run.result(), 120)
+        finally:
+            server.stop()
+    assert (result.reason, result.tool_executions) == ("completed", 1)
+    assert [t["title"] for t in list_tickets(data)] == ["t"]

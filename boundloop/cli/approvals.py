@@ -22,7 +22,7 @@ from boundloop.cli.common import (
     load_settings,
     print_pending_table,
 )
-from boundloop.errors import InvalidDecision
+from boundloop.errors import InvalidDecision, NoWorker, worker_hint
 from boundloop.exit_codes import ExitCode
 from boundloop.terminal import console, safe
 
@@ -58,16 +58,25 @@ def _decide(run_id: str, verb: str, make: Callable[[], Decision], signer: Any = 
 
         from boundloop import client as ops
 
-        deciding = (await ops.get_run(await connect(settings), run_id)).decide(decision,
-                                                                                signer)
+        run = await ops.get_run(await connect(settings), run_id)
+        deciding = run.decide(decision, signer)
         try:
             await asyncio.wait_for(deciding, timeout=UPDATE_TIMEOUT)
+        except NoWorker as exc:
+            # No worker answered before anything was sent: an unsigned decision went as
+            # the signal (recorded, applied when a worker picks the run up), exit 7.
+            if not exc.recorded:
+                raise fail(str(exc), ExitCode.FAILED) from None
+            console.print(f"{safe(decision.call_id)}: {verb}, recorded — {safe(str(exc))}",
+                          highlight=False)
+            raise typer.Exit(ExitCode.RECORDED) from None
         except (TimeoutError, WorkflowUpdateRPCTimeoutOrCancelledError):
-            # (A run whose workflow task fails raises RunStuck: exit 6, decision recorded.)
-            # The server keeps an update it could not deliver until a worker takes the run
-            # (not across a server restart): it may still apply, so never "nothing changed".
-            raise fail(f"no worker answered within {UPDATE_TIMEOUT:.0f} s (is `boundloop "
-                       "worker` running?); the decision may still take effect when a worker "
+            # A worker answered the status query, then none took the update (it went
+            # away): the server keeps an update it could not deliver until a worker takes
+            # the run (not across a server restart): it may still apply.
+            queue = (await run.describe()).task_queue
+            raise fail(f"no worker took the decision within {UPDATE_TIMEOUT:.0f} s "
+                       f"({worker_hint(queue)}); it may still take effect when a worker "
                        f"picks up the run: check `boundloop status {run_id}` before deciding "
                        "again", ExitCode.FAILED) from None
         console.print(f"{safe(decision.call_id)}: {verb}"
@@ -166,15 +175,19 @@ def pending(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
         from boundloop import client as ops
 
         unanswered: list[str] = []
-        rows = await ops.pending_runs(await connect(settings), unanswered)
+        queues: dict[str, str] = {}
+        rows = await ops.pending_runs(await connect(settings), unanswered, queues)
         for wf_id in unanswered:
             err.print(f"[yellow]note:[/] {safe(wf_id)} waits for approval but no worker "
-                      "answered its status query: is `boundloop worker` running?")
+                      f"answered its status query: {safe(worker_hint(queues[wf_id]))}")
         if as_json:
             print(json.dumps([{"workflow_id": wf, "call_id": a.call_id, "tool": a.tool,
                                "arguments": a.arguments, "requested_at": a.requested_at,
                                "fingerprint": a.fingerprint, "run": st.run}
                               for wf, st in rows for a in st.pending], ensure_ascii=False))
+        elif not rows and unanswered:  # they do wait: only their calls are unknown
+            console.print(f"{len(unanswered)} run(s) wait for approval, but no worker "
+                          "answered to show their calls (see the notes above)")
         elif not rows:
             console.print("no calls are waiting for approval")
         else:

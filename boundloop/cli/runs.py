@@ -33,6 +33,7 @@ from boundloop.cli.common import (
     validation_lines,
 )
 from boundloop.core.reasons import StopReason
+from boundloop.errors import worker_hint
 from boundloop.exit_codes import ExitCode
 from boundloop.terminal import console, exit_code, no_worker, print_event, print_result, safe
 
@@ -222,7 +223,7 @@ def status(run_id: Annotated[str, typer.Argument(help="Workflow id")],
             raise fail(f"{run_id}: {desc.status.name.lower() if desc.status else '?'} "
                        f"(BoundloopStatus {attrs.get(sa.STATUS) or '-'}, steps "
                        f"{attrs.get(sa.STEPS) or 0}); no worker answered the status query "
-                       f"— is `boundloop worker` running for task queue {desc.task_queue}?",
+                       f"— {worker_hint(desc.task_queue)}",
                        ExitCode.FAILED) from None
         if as_json:
             print(st.model_dump_json())
