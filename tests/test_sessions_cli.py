@@ -71,3 +71,40 @@ async def test_session_commands_from_the_cli(temporal: Client, tmp_path: Path) -
     finally:
         server.stop()
     assert server.violations == []
+
+
+async def test_session_start_takes_a_budget_as_run_does(temporal: Client, tmp_path: Path) -> None:
+    """Under an operator's policy whose budget is required, a CLI session's turns are
+    admitted when the session names that budget (`session start --budget`), as `run
+    --budget` is; without it each turn is refused naming the budget."""
+    import openai
+
+    import boundloop
+    from boundloop.tools.demo import DemoDeps
+    from tests.support.tools import tools as test_tools
+
+    key = f"team-{uuid.uuid4().hex[:8]}"
+    server = ScriptedModelServer([answer("A-001: 12 in stock")])
+    queue = f"sbud-{uuid.uuid4().hex[:8]}"
+    env = {**env_for(temporal, tmp_path), "BOUNDLOOP_TASK_QUEUE": queue}
+    policy = boundloop.OperatorPolicy.model_validate({"budget": {"key": key,
+                                                                 "required": True}})
+    model = openai.AsyncOpenAI(base_url=server.start(), api_key="sk-test-not-real")
+    flags = ["--tools", "lookup_stock", "--model", "scripted-model"]
+    try:
+        async with boundloop.Worker(temporal, test_tools, model=model, task_queue=queue,
+                                    deps=DemoDeps(data_dir=tmp_path / "data"), policy=policy):
+            code, out, err = await cli("budget", "set", key, "--tokens", "100000", env=env)
+            assert code == 0, (out, err)
+            code, out, err = await cli("session", "start", "--json", *flags, "--budget", key,
+                                       "--max-output-tokens", "256", env=env)
+            assert code == 0, (out, err)
+            session_id = json.loads(out)["session_id"]
+            code, out, err = await cli("say", session_id, "A-001 の在庫は?", env=env)
+            assert code == 0 and "A-001: 12 in stock" in out, (out, err)
+            code, out, err = await cli("session", "start", "--json", *flags, env=env)
+            assert code == 0, (out, err)
+            code, out, err = await cli("say", json.loads(out)["session_id"], "hi", env=env)
+            assert code != 0 and "budget" in out + err, (out, err)
+    finally:
+        server.stop()

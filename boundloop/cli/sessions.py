@@ -67,6 +67,9 @@ def start(
         "BOUNDLOOP_TASK_QUEUE, else boundloop)")] = None,
     limits: Annotated[str | None, typer.Option("--limits", help="Turn limits as JSON")] = None,
     policy: Annotated[str | None, typer.Option("--policy", help="Policy as JSON")] = None,
+    budget: Annotated[str | None, typer.Option(
+        "--budget", help="Each turn spends from this shared budget key (boundloop budget "
+        "set); needs --max-output-tokens")] = None,
     limit_flags: dict[str, Any] | None = None,
 ) -> None:
     """Start a session. Each turn is one bounded run with these limits; the session's
@@ -76,7 +79,8 @@ def start(
     # with each `say`).
     agent = build_agent(settings, model=model, api=api, tools=tools,
                         instructions=instructions, limits_json=limits, policy_json=policy,
-                        limit_flags=limit_flags or {}, task_queue=task_queue)
+                        limit_flags=limit_flags or {}, budget=budget,
+                        task_queue=task_queue)
     from boundloop.core.session import SessionLimits
 
     chosen = {"idle_seconds": idle_seconds, "max_turns": max_turns,
