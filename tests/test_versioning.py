@@ -47,6 +47,7 @@ TICKET = '{"title": "Printer on fire", "description": "3F", "priority": "high"}'
 async def temporal_cli(client: Client, *args: str, check: bool = True) -> tuple[int, str]:
     proc = await asyncio.create_subprocess_exec(
         temporal_binary(), *args, "--address", client.service_client.config.target_host,
+        stdin=asyncio.subprocess.DEVNULL,  # no terminal to confirm at, as in a script
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
     out, err = await asyncio.wait_for(proc.communicate(), timeout=60)
     assert proc.returncode is not None
@@ -54,18 +55,55 @@ async def temporal_cli(client: Client, *args: str, check: bool = True) -> tuple[
     return proc.returncode, out.decode()
 
 
+DEPLOYING = (ROOT / "docs" / "deploying.md").read_text(encoding="utf-8")
+
+
+def shown(verb: str, deployment: str, build_id: str) -> list[str]:
+    """The rollout's `.venv/bin/temporal worker deployment VERB` line for `build_id`, as
+    docs/deploying.md shows it (its deployment `boundloop`), for this deployment: its
+    arguments after the program."""
+    program = ".venv/bin/temporal"
+    line = next(line for line in DEPLOYING.splitlines()
+                if line.startswith(f"{program} worker deployment {verb} ")
+                and f"--build-id {build_id}" in line)  # the first: v1's, at the first rollout
+    args = line.removeprefix(program).split()
+    return [deployment if a == "boundloop" else a for a in args]
+
+
+def test_the_rollout_shows_the_first_version_made_current_and_commands_a_script_can_run(
+        ) -> None:
+    """The first rollout makes v1 current before any run is picked up; every command
+    that asks for confirmation carries `--yes`; `temporal` is the virtualenv's."""
+    import sys
+
+    rollout = DEPLOYING[DEPLOYING.index("### A rollout"):DEPLOYING.index("Keep the old")]
+    lines = [line.strip() for line in rollout.splitlines()]
+    commands = [line for line in lines if "temporal " in line and not line.startswith("#")
+                and not line.startswith("--")]
+    assert commands and all(c.startswith(".venv/bin/temporal ") for c in commands), commands
+    asking = [i for i, line in enumerate(lines) if "set-current-version " in line
+              or "set-ramping-version " in line]
+    for i in asking:
+        command = lines[i] + (" " + lines[i + 1] if lines[i].endswith("\\") else "")
+        assert "--yes" in command, command
+    first_v1 = lines.index(" ".join([".venv/bin/temporal", *shown(
+        "set-current-version", "boundloop", "v1")]))
+    assert first_v1 < lines.index(" ".join([".venv/bin/temporal", *shown(
+        "set-current-version", "boundloop", "v2")]))
+    assert (Path(sys.executable).parent / "temporal").is_file()  # `make setup` installs it
+
+
 async def make_current(client: Client, deployment: str, build_id: str) -> None:
     """`set-current-version`, once the version's workers have polled (the server knows
-    a version from its pollers)."""
+    a version from its pollers): the commands docs/deploying.md shows for v1 (the first
+    rollout) and v2, with no terminal to confirm at."""
     async def known() -> bool:
-        code, _ = await temporal_cli(client, "worker", "deployment", "describe-version",
-                                     "--deployment-name", deployment, "--build-id",
-                                     build_id, check=False)
+        code, _ = await temporal_cli(client, *shown("describe-version", deployment,
+                                                    build_id), check=False)
         return code == 0
 
     await wait_until(known, timeout=60)
-    await temporal_cli(client, "worker", "deployment", "set-current-version",
-                       "--deployment-name", deployment, "--build-id", build_id, "--yes")
+    await temporal_cli(client, *shown("set-current-version", deployment, build_id))
 
 
 async def build_id_of(handle: WorkflowHandle[object, object]) -> str:
