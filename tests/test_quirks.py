@@ -10,6 +10,7 @@ the kinds, what boundloop does with each, and the test that pins it.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -317,6 +318,36 @@ async def test_responses_status_incomplete_is_incomplete_and_runs_nothing(
     b = resp(message("調べます"), raw_fc("lookup_stock", '{"sku": "A-0', "c1"),
              status="incomplete")
     b["body"]["incomplete_details"] = {"reason": "max_output_tokens"}
+    out = await run_script([b])
+    r = out.result
+    assert (r.reason, r.tool_executions, r.text) == ("incomplete", 0, "調べます")
+
+
+LLAMA_CUT = (Path(__file__).resolve().parent.parent / "examples" / "scripts"
+             / "llama_cpp_cut_at_max_output_tokens.json")
+
+
+async def test_a_completed_status_on_an_answer_that_used_every_output_token_is_incomplete(
+        run_script: RunScript) -> None:
+    """llama.cpp reports `status: "completed"` for an answer cut by max_output_tokens (the
+    example script): its usage shows every output token the request allowed used, so the
+    run ends `incomplete`, naming the cap; one token under the cap is the answer."""
+    [cut] = json.loads(LLAMA_CUT.read_text(encoding="utf-8"))["turns"]
+    assert cut["body"]["status"] == "completed"
+    out = await run_script([cut], limits=Limits(max_output_tokens=64))
+    r = out.result
+    assert (r.reason, r.tool_executions) == ("incomplete", 0)
+    assert r.text == cut["body"]["output"][0]["content"][0]["text"]
+    [reached] = [e for e in r.events if e.event == "output_cap_reached"]
+    assert reached.detail is not None and "max_output_tokens 64" in reached.detail
+    out = await run_script([cut], limits=Limits(max_output_tokens=65))
+    assert out.result.reason == "completed"
+
+
+async def test_incomplete_details_make_a_completed_status_incomplete(
+        run_script: RunScript) -> None:
+    b = resp(message("調べます"), raw_fc("lookup_stock", '{"sku": "A-0', "c1"))
+    b["body"]["incomplete_details"] = {"reason": "max_output_tokens"}  # status: completed
     out = await run_script([b])
     r = out.result
     assert (r.reason, r.tool_executions, r.text) == ("incomplete", 0, "調べます")

@@ -181,6 +181,11 @@ BUNDLED_04_PATCHES = BUNDLED_PATCHES | {CARRIED_GENUINE, DECISIONS_BOUND, RUN_SC
 #: `model_retried:<kind>` event, and the stream gets what of the answer's text the
 #: activity did not send (docs/streaming.md). Asked on its own.
 CHARGED_ATTEMPTS = "charged-model-attempts"
+#: The patch under which a response that used every output token its request allowed
+#: ends the run `incomplete` whatever its status says (`core.cut_at_the_cap`): before
+#: it, such a response reported `completed` was the answer. Asked on its own, and only
+#: when a response reached the cap.
+CUT_AT_THE_CAP = "cut-at-the-output-cap"
 
 
 def _worker_lost(counted: list[str]) -> RetryPolicy:
@@ -536,7 +541,13 @@ class BoundLoopWorkflow:
                 return state.stop(StopReason.DEADLINE, turn.text)
             if self._interrupted is not None:  # before any call of this response runs
                 return core.cancelled(state, self._interrupted, step_unfinished=False)
-            plans = core.plan_calls(state, turn, plan, self._rules, self._key_scope)
+            # Asked only for a response that reached the cap: a run whose history has
+            # none never writes the marker; one from before it replays as it ran.
+            cut = (core.cut_at_the_cap(turn, state.limits.max_output_tokens)
+                   and turn.status == "completed" and turn.fault is None
+                   and self._patched(CUT_AT_THE_CAP))
+            plans = core.plan_calls(state, turn, plan, self._rules, self._key_scope,
+                                    cut=cut)
             if isinstance(plans, StopReason):
                 return plans
             outputs = await self._run_calls(plan.step, plans)

@@ -397,17 +397,33 @@ def duplicate_call_text(call: FunctionCall, text: str) -> str:
     return cause + (f"\n\n{text}" if text.strip() else "")
 
 
+def cut_at_the_cap(turn: Turn, max_output_tokens: int | None) -> bool:
+    """The response used every output token its request allowed (`max_output_tokens`):
+    cut short, whatever its `status` says (llama.cpp's Responses API reports `completed`
+    for an answer cut by `max_output_tokens`)."""
+    return (max_output_tokens is not None and turn.usage is not None
+            and turn.usage.output_tokens >= max_output_tokens
+            and not turn.calls_truncated)  # told to the model as ARGUMENTS_TRUNCATED
+
+
 def plan_calls(state: LoopState, turn: Turn, plan: StepPlan, rules: dict[str, ToolRule],
-               workflow_id: str) -> list[CallPlan] | StopReason:
+               workflow_id: str, *, cut: bool = False) -> list[CallPlan] | StopReason:
     """From a response up to execution: validate the response, check the batch, then
     decide each call in order. Returns the per-call plans, or the stop reason.
 
-    Text that merely looks like a tool call is an answer (never parsed for calls).
+    Text that merely looks like a tool call is an answer (never parsed for calls). `cut`:
+    the response reached the request's output cap (`cut_at_the_cap`): `incomplete`,
+    nothing of it runs, whatever its status says.
     """
     if turn.fault is not None:
         state.log("protocol_fault", detail=turn.fault)  # the fault, never the model's text
         return state.stop(StopReason.PROTOCOL_ERROR, turn.text)
     if turn.status != "completed":
+        return state.stop(StopReason.INCOMPLETE, turn.text)
+    if cut:
+        used = turn.usage.output_tokens if turn.usage is not None else 0
+        state.log("output_cap_reached", detail=f"{used} output tokens, max_output_tokens "
+                  f"{state.limits.max_output_tokens}: the answer was cut short")
         return state.stop(StopReason.INCOMPLETE, turn.text)
     if not turn.calls:
         if not turn.text.strip():

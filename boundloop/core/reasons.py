@@ -45,7 +45,8 @@ NEXT_CHECK: dict[StopReason, str] = {
     StopReason.MODEL_ERROR: "the model request failed: the event log's model_failed:<kind> "
                             "says why (connection_refused, dns, tls, http_<status>, timeout, "
                             "…) and the CLI prints the hint that fixes it",
-    StopReason.INCOMPLETE: "response status was not completed (max_output_tokens, filter)",
+    StopReason.INCOMPLETE: ("the answer was cut short: status not completed, or every output "
+                            "token of max_output_tokens used (cap, filter)"),
     StopReason.EMPTY_OUTPUT: "the model returned neither text nor tool calls",
     StopReason.HISTORY_LIMIT: "the conversation outgrew max_history_bytes, or the run's record "
                               "outgrew Temporal's payload limit (event payload_too_large:*)",

@@ -290,8 +290,12 @@ def parse_chat(body: Any, step: int) -> Turn:
 def _parse_responses(body: Any) -> Turn:
     if not isinstance(body, dict) or not isinstance(body.get("output"), list):
         return Turn(fault="response body has no output list")
+    # `incomplete_details` naming a reason is a cut answer whatever `status` says
+    # (llama.cpp reports `completed` for an answer cut by max_output_tokens).
+    details = body.get("incomplete_details")
+    cut = isinstance(details, dict) and bool(details.get("reason"))
     status: Literal["completed", "incomplete"] = (
-        "completed" if body.get("status") == "completed" else "incomplete"
+        "completed" if body.get("status") == "completed" and not cut else "incomplete"
     )
     items: list[dict[str, Any]] = []
     texts: list[str] = []
