@@ -408,7 +408,8 @@ async def run_page(request: Request, console: Console, who: auth.SignedIn) -> Re
                     '<p class="error">no worker answered this run\'s status query: is '
                     '`boundloop worker` running?</p>')
     body = (f'{not_answered}<div class="card"><p class="msg-user" id="question">'
-            f'{h.e(s["question"])}</p><div class="answer" id="answer"></div></div>'
+            f'{h.prose(s["question"])}</p>'
+            '<div class="answer" id="answer"></div></div>'
             f'{counters}'
             + (f'<h2>Waiting for approval</h2>{waiting}' if waiting else "")
             + '<h2>Timeline</h2><ol id="timeline"></ol>')
@@ -591,7 +592,7 @@ async def session_page(request: Request, console: Console, who: auth.SignedIn) -
     back = f"/sessions/{quote(session_id, safe='')}"
     chat = []
     for t in s["turns"]:
-        chat.append(f'<div class="msg-user">{h.e(t.get("question"))}</div>')
+        chat.append(f'<div class="msg-user">{h.prose(t.get("question"))}</div>')
         for a in t.get("pending", []):
             chat.append(approval_card(t["workflow_id"], Approval.model_validate(a), who.csrf,
                                       back, t.get("run", "")))

@@ -18,7 +18,7 @@ from html import escape
 from typing import Any
 from urllib.parse import quote
 
-from boundloop.visible import escape_of, has_invisible, invisible, json_text
+from boundloop.visible import escape_of, escaped, has_invisible, invisible, json_text
 
 STYLE = """
 body{font-family:system-ui,sans-serif;margin:0;color:#1b1f24;background:#f6f7f9}
@@ -79,20 +79,25 @@ def page(title: str, body: str, *, approver: str | None = None, csrf: str | None
     attrs = "".join(f' data-{k}="{e(v)}"' for k, v in (body_attrs or {}).items())
     tag = f'<script src="/static/{e(script)}"></script>' if script else ""
     return (f'<!doctype html><html lang="en"><head><meta charset="utf-8">'
-            f'<title>{e(title)} · boundloop console</title>'
+            f'<title>{e(escaped(title))} · boundloop console</title>'
             f'<link rel="stylesheet" href="/static/console.css"></head>'
             f'<body{attrs}><header><b>boundloop console</b>{nav}</header>'
             f'<main><h1>{visible(title)}</h1>{flash}{body}</main>{tag}</body></html>')
 
 
-def visible(value: object) -> str:
-    """`value` escaped, each invisible character (boundloop/visible.py) shown as its
-    escape in a highlighted span."""
+def visible(value: object, keep: str = "") -> str:
+    """`value` escaped, each invisible character (boundloop/visible.py) but those in
+    `keep` (line breaks in a question) shown as its escape in a highlighted span."""
     text = "" if value is None else str(value)
-    if not any(invisible(ch) for ch in text):
+    if not any(ch not in keep and invisible(ch) for ch in text):
         return e(text)
-    return "".join(_marked(escape_of(ch), ord(ch)) if invisible(ch) else e(ch)
-                   for ch in text)
+    return "".join(_marked(escape_of(ch), ord(ch)) if ch not in keep and invisible(ch)
+                   else e(ch) for ch in text)
+
+
+def prose(value: object) -> str:
+    """`visible`, keeping line breaks and tabs (a question has lines)."""
+    return visible(value, keep="\n\t")
 
 
 def _marked(escape_text: str, code: int) -> str:
