@@ -241,7 +241,9 @@ class SignInGuard:
 
     @staticmethod
     def keys(name: str, address: str | None) -> tuple[str, str]:
-        return f"name:{name}", address_key(address)
+        # A name by its digest: a typed name may be as long as a form allows.
+        digest = hashlib.sha256(name.encode("utf-8", "replace")).hexdigest()[:32]
+        return f"name:{digest}", address_key(address)
 
     def begin(self, keys: tuple[str, ...]) -> bool:
         now = time.monotonic()
