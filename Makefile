@@ -45,6 +45,7 @@ bench: $(STAMP)
 	mv bench/results.new.json bench/results.json
 	$(BIN)/python -m bench.budget
 	$(BIN)/python -m bench.streaming
+	$(BIN)/python -m bench.load
 
 # The peers of `make bench-peers` get a venv of their own: the product's stays as it is.
 PEERS_VENV := .venv-peers

@@ -67,6 +67,17 @@ async def send_update(handle: WorkflowHandle[Any, Any], update: Any, arg: Any,
         delay = min(delay * 2, 1.0)
 
 
+def _causes(err: BaseException) -> str:
+    """The messages of `err`'s failure and its causes, to tell a ledger of before a message
+    (an update it does not know, a field it refuses) from a refusal."""
+    texts: list[str] = []
+    cause = err.__cause__ or getattr(err, "cause", None)
+    while isinstance(cause, BaseException) and len(texts) < 5:
+        texts.append(str(getattr(cause, "message", cause)))
+        cause = getattr(cause, "cause", None) or cause.__cause__
+    return " | ".join(texts)
+
+
 @activity.defn(name=BUDGET_RESERVE_ACTIVITY)
 async def budget_reserve(req: BudgetReserve) -> Grant:
     """Reserve from the ledger of `req.key` for this run's request at `req.step`.
@@ -88,13 +99,23 @@ async def budget_reserve(req: BudgetReserve) -> Grant:
     token = token or secrets.token_hex(16)
     activity.heartbeat(token)
     handle = activity.client().get_workflow_handle(budget_workflow_id(req.key))
+    ask = ReserveRequest(run=run, step=req.step, amount=req.amount, priced=req.priced,
+                         token=token)
     try:
         async with heartbeating(lambda: (token,)):
-            grant: Grant = await send_update(
-                handle, BudgetLedgerWorkflow.reserve,
-                ReserveRequest(run=run, step=req.step, amount=req.amount, priced=req.priced,
-                               token=token),
-                f"{run}/step-{req.step}/reserve", Grant)
+            try:
+                grant: Grant = await send_update(handle, BudgetLedgerWorkflow.reserve, ask,
+                                                 f"{run}/step-{req.step}/reserve", Grant)
+            except WorkflowUpdateFailedError as err:
+                if "extra_forbidden" not in _causes(err):
+                    raise
+                # A ledger on a worker of before the tokens (a rolling deploy without
+                # versioning): a reservation as runs of then made it, settled and
+                # released by the run id.
+                grant = await send_update(
+                    handle, BudgetLedgerWorkflow.reserve, ask.model_copy(update={"token": None}),
+                    f"{run}/step-{req.step}/reserve-untokened", Grant)
+                return grant
     except RPCError as err:
         if err.status == RPCStatusCode.NOT_FOUND:
             return Grant(granted=False, message=(
@@ -113,9 +134,12 @@ async def budget_reserve(req: BudgetReserve) -> Grant:
     return grant.model_copy(update={"token": token})
 
 
-async def _to_ledger(key: str, update: object, arg: object, update_id: str) -> None:
+async def _to_ledger(key: str, update: object, arg: object, update_id: str,
+                     signal: object, signal_arg: object) -> None:
     """Send a run's settlement or release; a ledger that is gone or refuses it (not the
-    run's open reservation, e.g. a retry of one it took already) is logged by ids."""
+    run's open reservation, e.g. a retry of one it took already) is logged by ids. A
+    ledger on a worker of before the update (a rolling deploy without versioning) gets
+    the signal it knows instead."""
     handle = activity.client().get_workflow_handle(budget_workflow_id(key))
     try:
         async with heartbeating():
@@ -124,7 +148,10 @@ async def _to_ledger(key: str, update: object, arg: object, update_id: str) -> N
         if err.status != RPCStatusCode.NOT_FOUND:
             raise
         activity.logger.warning("budget ledger is gone", extra={"budget": key})
-    except WorkflowUpdateFailedError:
+    except WorkflowUpdateFailedError as err:
+        if "expected but not found" in _causes(err):
+            await handle.signal(signal, signal_arg)  # type: ignore[call-overload]
+            return
         activity.logger.warning("budget ledger refused the message", extra={
             "budget": key, "update_id": update_id})
 
@@ -134,9 +161,9 @@ async def budget_settle(req: BudgetSettle) -> None:
     """Settle this run's reservation of `req.step` with what the request used (an update:
     a signal racing the ledger's continue-as-new failed its workflow task)."""
     run = activity.info().workflow_id or ""
-    await _to_ledger(req.key, BudgetLedgerWorkflow.settle_reservation,
-                     SettleRequest(run=run, step=req.step, amount=req.amount,
-                                   token=req.token), f"{run}/step-{req.step}/settle")
+    settle = SettleRequest(run=run, step=req.step, amount=req.amount, token=req.token)
+    await _to_ledger(req.key, BudgetLedgerWorkflow.settle_reservation, settle,
+                     f"{run}/step-{req.step}/settle", BudgetLedgerWorkflow.settle, settle)
 
 
 @activity.defn(name=BUDGET_RELEASE_ACTIVITY)
@@ -144,7 +171,8 @@ async def budget_release(req: BudgetRelease) -> None:
     """The run ended: give back what it holds."""
     run = activity.info().workflow_id or ""
     await _to_ledger(req.key, BudgetLedgerWorkflow.release_reservation,
-                     ReleaseRequest(run=run, token=req.token), f"{run}/release")
+                     ReleaseRequest(run=run, token=req.token), f"{run}/release",
+                     BudgetLedgerWorkflow.release, run)
 
 
 @activity.defn(name=BUDGET_CLOSED_RUNS_ACTIVITY)

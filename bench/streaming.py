@@ -3,7 +3,8 @@
 One run answers a 2,000-token question (about 8,000 characters) unstreamed, then the
 same answer streamed over about 5 seconds, written 40 bytes at a time, with a
 reader following the run's stream. Reports each run's history bytes and events, the
-signals that carried the text (one per batch) and the reader's polls (one update each).
+signals that carried the text (one per batch) and the updates readers wrote (none: they
+read by query).
 Writes docs/benchmarks-streaming.md.
 """
 
@@ -111,8 +112,9 @@ def render(rows: list[dict[str, Any]]) -> str:
     extra = streamed["history_bytes"] - plain["history_bytes"]
     lines += ["", f"Streaming added {extra:,} bytes ({extra / plain['history_bytes']:.1f}x "
               f"the unstreamed history's {plain['history_bytes']:,}): the text once more, in "
-              f"{streamed['signals']} signals of batched deltas (about one per 100 ms of "
-              f"writing), and {streamed['updates']} reader polls.", ""]
+              f"{streamed['signals']} signals of batched deltas (the first after 0.25 s of "
+              f"writing, each wait after it twice the one before), and "
+              f"{streamed['updates']} updates from the reader (it reads by query).", ""]
     return "\n".join(lines)
 
 

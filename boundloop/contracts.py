@@ -22,7 +22,7 @@ from boundloop.core.budget import (
 from boundloop.core.conversation import ConversationMeta, Item
 from boundloop.core.conversation import ConversationRef as ConversationRef  # re-exported
 from boundloop.core.limits import Limits, PromptText, RunSettings
-from boundloop.core.loop import Approval, Event, Grant, LoopState, ToolChoice
+from boundloop.core.loop import Approval, Event, Grant, LoopState, ModelAttempt, ToolChoice
 from boundloop.core.mcp_tools import MCPToolDeclaration
 from boundloop.core.reasons import StopReason
 from boundloop.core.rules import CONDITION_MAX
@@ -226,6 +226,9 @@ class RunResult(BaseModel):
     continuation: Continuation | None = Field(default=None, exclude_if=_none)
     #: A session turn's approvals remembered for the session, for its next turns.
     session_grants: list[Grant] = Field(default_factory=list, exclude_if=_empty)
+    #: Every model request the provider received, with the tokens charged for it (its
+    #: usage, or its worst case when no answer came): they add up to `total_tokens`.
+    model_attempts: list[ModelAttempt] = Field(default_factory=list, exclude_if=_empty)
 
 
 class RunStatus(BaseModel):

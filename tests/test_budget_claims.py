@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 import pytest_asyncio
+from pydantic import BaseModel, ConfigDict
 from temporalio import workflow
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowUpdateFailedError
@@ -43,6 +44,7 @@ from boundloop.contracts import (
     SettleRequest,
     budget_workflow_id,
 )
+from boundloop.core import budget
 from boundloop.core.budget import Amount, BudgetLimits, Grant, LedgerState, Reservation
 from boundloop.core.limits import Limits, Policy, Price, RunSettings
 from boundloop.scripted.server import ScriptedModelServer
@@ -62,6 +64,7 @@ MODEL = "scripted-model"
 #: 1 USD per output token, inputs free: a request's worst case is MAX_OUT USD.
 PRICES = {MODEL: Price(input_usd_per_mtok=0.0, output_usd_per_mtok=1_000_000.0)}
 MAX_OUT = 50
+DAY = "2026-12-01"
 
 
 @pytest_asyncio.fixture(scope="module")
@@ -394,3 +397,77 @@ async def test_a_ledger_of_before_claims_moves_to_them_at_a_new_runs_first_messa
     assert not victim.granted
     assert any(LEDGER_CLAIMS in m for m in markers), markers
     assert await workflow_task_failures(ledger, client) == 0
+
+
+class ReserveOfBefore(BaseModel):
+    """The reservation message of before the tokens: an extra field is refused."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    run: str
+    step: int
+    amount: Amount
+    priced: bool = True
+
+
+@workflow.defn(name=BUDGET_WORKFLOW, sandboxed=False)
+class LedgerOfBeforeTokens:
+    """A ledger as a worker of before the tokens serves it (a rolling deploy without
+    versioning): the reserve update, the settle and release signals, no other update."""
+
+    @workflow.init
+    def __init__(self, inp: LedgerInput) -> None:
+        self._state = inp.state
+
+    @workflow.run
+    async def run(self, inp: LedgerInput) -> None:
+        await workflow.wait_condition(lambda: False)
+
+    @workflow.update
+    def set_limits(self, limits: BudgetLimits) -> BudgetView:
+        self._state.limits = limits
+        return self.show()
+
+    @workflow.update
+    def reserve(self, req: ReserveOfBefore) -> Grant:
+        return budget.reserve(self._state, req.run, req.step, req.amount, DAY,
+                              priced=req.priced)
+
+    @workflow.signal
+    def settle(self, req: SettleRequest) -> None:
+        budget.settle(self._state, req.run, req.step, req.amount, DAY)
+
+    @workflow.signal
+    def release(self, run: str) -> None:
+        budget.release(self._state, run)
+
+    @workflow.query
+    def show(self) -> BudgetView:
+        s = self._state
+        return BudgetView(key=s.key, limits=s.limits, period=s.period, spent=s.spent,
+                          reserved=budget.reserved(s), left=budget.left(s),
+                          holders=list(s.reservations.values()), refused=s.refused)
+
+
+async def test_a_run_of_now_spends_from_a_ledger_of_before_the_tokens(
+        client: Client, tmp_path: Path) -> None:
+    """A rolling deploy without versioning: a run of now reserves, settles and releases on
+    a ledger still served by a worker of before (it refuses the token, knows no settle or
+    release update): the run reserves without a token and settles and releases by the
+    signals that ledger knows. It completes, charged what it cost."""
+    ledger_queue, key = names()
+    queue = f"q-{uuid.uuid4().hex[:8]}"
+    server = ScriptedModelServer([answer("在庫があります。", usage=usage(20))])
+    base_url = server.start()
+    try:
+        async with ledger_worker(client, ledger_queue, LedgerOfBeforeTokens), \
+                worker_for(client, queue, base_url, tmp_path / "data"):
+            await set_budget(client, key, BudgetLimits(usd=100), task_queue=ledger_queue)
+            run = await start_run(client, queue, key, f"rolling-{uuid.uuid4().hex[:12]}")
+            result = await asyncio.wait_for(run.result(), WAIT)
+            view = await wait_view(client, key, lambda v: v.spent.usd > 0 and not v.holders,
+                                   "the settlement and the release")
+    finally:
+        server.stop()
+    assert result.reason == "completed"
+    assert view.spent.usd == result.cost_usd == 20.0

@@ -266,7 +266,7 @@ async def test_a_cancelled_run_releases_its_reservation(client: Client,
         server.stop()
     assert result.reason == "cancelled"
     # Released, and the request that reached the server charged its worst case (it may
-    # have been answered: docs/budgets.md, "Attempts without an answer").
+    # have been answered: docs/guide.md, "Shared budgets").
     assert (view.reserved.usd, view.spent.usd, view.left.usd) == (0.0, MAX_OUT, 100.0 - MAX_OUT)
 
 

@@ -1,6 +1,6 @@
 """A streamed answer under load, through the real workflow on a dev server, the real
-`openai` SDK and the scripted server (docs/streaming.md, "What it costs"; docs/budgets.md,
-"Attempts without an answer").
+`openai` SDK and the scripted server (docs/streaming.md, "What it costs"; docs/guide.md,
+"Shared budgets").
 
 Each test here failed before streaming stopped waiting for its signals and abandoned
 attempts were charged (patch charged-model-attempts):
@@ -227,6 +227,10 @@ async def test_an_attempt_that_timed_out_after_its_request_went_out_is_charged(
     assert worst > MAX_OUT  # its input bound and every output token it may have had
     assert f"charged {worst} tokens" in retried[0].detail
     assert result.output_tokens == USAGE["output_tokens"] + MAX_OUT
+    assert [(a.step, a.outcome, a.worst_case) for a in result.model_attempts] == [
+        (1, "timeout", True), (1, "answered", False)]
+    assert sum(a.input_tokens + a.output_tokens
+               for a in result.model_attempts) == result.total_tokens
     assert view.spent.tokens == result.total_tokens
     assert view.spent.usd == pytest.approx(MAX_OUT + USAGE["output_tokens"])
 
@@ -251,6 +255,9 @@ async def test_a_run_whose_attempts_all_outlast_the_answer_bound_stops_model_err
     failed = result.events[-2]
     assert failed.detail is not None and "model_answer_seconds" in failed.detail
     assert result.output_tokens == 4 * MAX_OUT
+    assert [a.outcome for a in result.model_attempts] == ["timeout"] * 4
+    assert sum(a.input_tokens + a.output_tokens
+               for a in result.model_attempts) == result.total_tokens
     assert result.total_tokens > 0 and view.spent.tokens == result.total_tokens
     assert view.spent.usd == pytest.approx(4 * MAX_OUT)
 

@@ -734,6 +734,11 @@ class BoundLoopWorkflow:
                 return state.stop(StopReason.MODEL_ERROR)
             if req.stream and turn.streamed is not None:
                 self._complete_text(plan.step, turn)
+            usage = turn.usage
+            state.model_attempts.append(core.ModelAttempt(
+                step=plan.step, outcome="answered",
+                input_tokens=usage.input_tokens if usage is not None else 0,
+                output_tokens=usage.output_tokens if usage is not None else 0))
             return turn
 
     def _charge_abandoned(self, step: int, outcome: str, charge: mf.Charge | None) -> int:
@@ -761,6 +766,9 @@ class BoundLoopWorkflow:
         state.usage.output_tokens += output_tokens
         state.usage.total_tokens += amount.tokens
         state.cost_usd += amount.usd
+        state.model_attempts.append(core.ModelAttempt(
+            step=step, outcome=outcome, input_tokens=input_tokens,
+            output_tokens=output_tokens, worst_case=True))
         workflow.logger.info("model attempt charged", extra={
             "step": step, "outcome": outcome, "tokens": amount.tokens})
         self._abandoned = self._abandoned + amount
@@ -1313,7 +1321,7 @@ class BoundLoopWorkflow:
                            if s.reason == StopReason.CANCELLED else None),
             continuation=self._continuation() if self._inp.turn is not None else None,
             session_grants=[g for g in s.grants if g.scope == "session"]
-            if self._session_grants else [])
+            if self._session_grants else [], model_attempts=list(s.model_attempts))
         excess = payload_bytes(result) - MAX_PAYLOAD_VALUE_BYTES
         if excess <= 0:
             return result

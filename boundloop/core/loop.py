@@ -88,6 +88,22 @@ class Event(BaseModel):
     detail: str | None = None
 
 
+class ModelAttempt(BaseModel):
+    """One model request the provider received, and the tokens the run was charged for
+    it: its reported usage when its answer came, else its worst case."""
+
+    model_config = ConfigDict(frozen=True)
+
+    step: int
+    #: "answered", or why it brought no answer (`timeout`, `http_500`, `worker_lost`,
+    #: `cancelled`, `deadline`, ...).
+    outcome: str
+    input_tokens: int
+    output_tokens: int
+    #: No usage came back: charged every input token and the most output it may produce.
+    worst_case: bool = Field(default=False, exclude_if=lambda v: not v)
+
+
 class UsageTotals(BaseModel):
     input_tokens: int = 0
     output_tokens: int = 0
@@ -149,6 +165,9 @@ class LoopState(BaseModel):
     # conversation's bytes then.
     last_tokens: int | None = None
     last_bytes: int = 0
+    #: Every model request the provider received (under the charged-model-attempts patch).
+    model_attempts: list[ModelAttempt] = Field(default_factory=list,
+                                               exclude_if=lambda v: not v)
 
     @property
     def limits(self) -> Limits:
