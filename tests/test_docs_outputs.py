@@ -99,6 +99,8 @@ RUN_ELSEWHERE = {
     ("docs/deploying.md", "boundloop list"): REPLAY_CHECK,
     ("docs/deploying.md", "boundloop status dep-3b1f6e0c2a97"):
         "tests/test_deploys.py::test_a_changed_tool_stops_the_approved_run_with_a_typed_reason",
+    ("docs/deploying.md", "boundloop status dep-8e2b5f1a6d04"):
+        "tests/test_deploys.py::test_a_changed_tool_stops_the_approved_run_with_a_typed_reason",
     ("docs/security.md", "BOUNDLOOP_POLICY=bad.toml boundloop worker"):
         SHOWN + "test_a_bad_policy_file_prints_what_security_shows",
     ("docs/security.md", "BOUNDLOOP_POLICY=typo.toml boundloop worker"):
