@@ -2,7 +2,9 @@
 
 408, 409, 429, 5xx and connection failures are retryable, honouring `Retry-After`
 (seconds or an HTTP date) and `retry-after-ms`; any other 4xx is non-retryable and
-stops the run with `model_error`. Each failure is named (`classify`: connection refused,
+stops the run with `model_error`. A refusal for the context window (any status:
+`mf.context_too_long`) is `context_length_exceeded`, never retried, and stops the run
+with `context_exhausted`. Each failure is named (`classify`: connection refused,
 DNS, TLS, HTTP status, timeout, with the host and port) in the error's message and
 details; provider error bodies never are: they may echo keys or prompts.
 """
@@ -59,6 +61,8 @@ def classify(exc: Exception, timeout_seconds: float) -> ModelFailure:
     target = mf.endpoint(getattr(url, "host", None), getattr(url, "port", None),
                          getattr(url, "scheme", None))
     if isinstance(exc, openai.APIStatusError):
+        if mf.context_too_long(exc.body):
+            return mf.context_failure(exc.status_code, target, exc.body)
         return mf.http_failure(exc.status_code, target)
     if isinstance(exc, openai.APITimeoutError):
         return mf.timeout_failure(timeout_seconds, target)
@@ -98,7 +102,8 @@ def to_application_error(exc: Exception, timeout_seconds: float = 60.0,
     benign = ApplicationErrorCategory.BENIGN
     if isinstance(exc, openai.APIStatusError):
         status = exc.status_code
-        retryable = status in RETRYABLE_STATUS or status >= 500
+        retryable = (status in RETRYABLE_STATUS or status >= 500) \
+            and failure.kind != mf.CONTEXT_LENGTH_EXCEEDED  # the same request fails again
         return ApplicationError(
             failure.detail, *details,
             type=MODEL_REQUEST_RETRYABLE if retryable else MODEL_REQUEST_REJECTED,

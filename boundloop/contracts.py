@@ -250,6 +250,9 @@ class RunStatus(BaseModel):
     #: The run's first execution run id (`Decision.run`): what a decision names as the
     #: run it was made for. Empty from a worker before it.
     run: str = ""
+    #: The next request's input tokens as estimated against the context window
+    #: (`limits.max_input_tokens`; boundloop.core.context); None without a window.
+    context_tokens: int | None = Field(default=None, exclude_if=lambda v: v is None)
 
 
 # --- shared budgets (workflows/budget.py) ----------------------------------------------

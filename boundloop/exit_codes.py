@@ -17,8 +17,8 @@ class ExitCode(IntEnum):
     FAILED = 1
     #: Invalid input (flags, settings, limits, a script, an unknown run): nothing changed.
     INVALID = 2
-    #: The run ended without completing: a stop reason other than `completed`, or
-    #: terminated / timed out by Temporal.
+    #: The run ended without completing: a stop reason other than `completed` (and
+    #: `context_exhausted`, below), or terminated / timed out by Temporal.
     STOPPED = 3
     #: Temporal could not be reached, or refused the connection (TLS).
     UNREACHABLE = 4
@@ -30,3 +30,6 @@ class ExitCode(IntEnum):
     #: `approve`/`reject` while no worker answers for the run: the decision is recorded
     #: in its history and takes effect when a worker picks the run up.
     RECORDED = 7
+    #: The run stopped `context_exhausted`: its next request would not fit the model's
+    #: context window (or the provider refused it as too long).
+    CONTEXT_EXHAUSTED = 8

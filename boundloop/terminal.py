@@ -97,6 +97,18 @@ def print_model_failure(events: list[Any]) -> None:
             return
 
 
+def print_context(events: list[Any]) -> None:
+    """Why the run's context ran out: the estimate against the window, or the provider's
+    refusal (with the hint)."""
+    for ev in reversed(events):
+        if ev.event == "context_exhausted":
+            console.print(f"context: {safe(ev.detail or '')}", highlight=False)
+            return
+        if ev.event.startswith(mf.EVENT_PREFIX):
+            print_model_failure([ev])
+            return
+
+
 def print_result(result: RunResult, settings: Settings) -> None:
     colour = "green" if result.reason == StopReason.COMPLETED else "yellow"
     console.print(f"[bold {colour}]reason: {result.reason.value}[/] — "
@@ -105,6 +117,8 @@ def print_result(result: RunResult, settings: Settings) -> None:
         print_model_failure(result.events)
     if result.reason == StopReason.TOOL_ERROR:
         print_tool_failure(result.events)
+    if result.reason == StopReason.CONTEXT_EXHAUSTED:
+        print_context(result.events)
     console.print(f"steps {result.steps} · tool executions {result.tool_executions} · "
                   f"tokens {result.total_tokens} (in {result.input_tokens}, out "
                   f"{result.output_tokens}{', estimated' if result.usage_estimated else ''}"
@@ -123,5 +137,8 @@ def print_result(result: RunResult, settings: Settings) -> None:
 
 
 def exit_code(result: RunResult) -> ExitCode:
-    """OK when the run completed, STOPPED when it stopped for any other reason."""
+    """OK when the run completed, CONTEXT_EXHAUSTED when its context ran out, STOPPED
+    when it stopped for any other reason."""
+    if result.reason == StopReason.CONTEXT_EXHAUSTED:
+        return ExitCode.CONTEXT_EXHAUSTED
     return ExitCode.OK if result.reason == StopReason.COMPLETED else ExitCode.STOPPED

@@ -55,3 +55,21 @@ def test_connection_failures_are_retryable() -> None:
     request = httpx.Request("POST", "http://127.0.0.1/v1/responses")
     err = to_application_error(openai.APIConnectionError(request=request))
     assert not err.non_retryable
+
+
+@pytest.mark.parametrize("status", [400, 500])
+def test_a_context_window_refusal_is_named_and_never_retried(status: int) -> None:
+    """llama.cpp's refusal (an HTTP 500 from some of its versions: retried like any 5xx
+    without the name) is `context_length_exceeded`, not retried: the same request would
+    fail again. The body's text stays out of the message; its numbers are told."""
+    request = httpx.Request("POST", "http://127.0.0.1:8080/v1/chat/completions")
+    body = {"error": {"code": status, "message": "the request exceeds the available context "
+                      "size, try increasing it (sk-secret)", "type": "exceed_context_size_error",
+                      "n_prompt_tokens": 5012, "n_ctx": 4096}}
+    response = httpx.Response(status, request=request, json=body)
+    err = to_application_error(openai.APIStatusError("sk-secret", response=response,
+                                                     body=body["error"]))
+    assert err.non_retryable and err.type == "ModelRequestRejected"
+    assert err.details[0]["kind"] == "context_length_exceeded"
+    assert err.message == (f"HTTP {status} (over the model's context window: 5012 tokens "
+                           "asked, context window 4096) from 127.0.0.1:8080")

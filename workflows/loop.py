@@ -725,7 +725,11 @@ class BoundLoopWorkflow:
                     state.log(f"{MODEL_RETRIED}{failure.kind}", detail=(
                         f"attempt {failures} of {retries.MODEL_BACKOFF.max_attempts}: "
                         f"{failure.detail}{charged}"))
-                    await workflow.sleep(delay)
+                    try:
+                        await workflow.sleep(delay)
+                    except asyncio.CancelledError:  # cancelled between attempts
+                        self._settle_abandoned(plan.step)
+                        raise
                     continue
                 workflow.logger.warning("model request failed", extra={
                     "step": plan.step, "failure": failure.kind, "detail": failure.detail})

@@ -31,6 +31,8 @@ LIMIT_FLAGS: dict[str, tuple[type, str]] = {
     "deadline_seconds": (float, "Processing time per run"),
     "approval_timeout_seconds": (float, "How long an approval waits"),
     "max_output_tokens": (int, "Most output tokens per model response"),
+    "max_input_tokens": (int, "Context window a request must fit: its estimated input "
+                              "plus max_output_tokens (at most the operator's for the model)"),
 }
 
 

@@ -230,6 +230,10 @@ def status(run_id: Annotated[str, typer.Argument(help="Workflow id")],
         else:
             console.print(f"{safe(run_id)}: [bold]{st.status}[/] · steps {st.steps} · tool "
                           f"executions {st.tool_executions} · tokens {st.total_tokens}")
+            window = st.limits.max_input_tokens if st.limits is not None else None
+            if st.context_tokens is not None and window is not None:
+                console.print(f"context: the next request ~{st.context_tokens} input tokens "
+                              f"(estimated) of a {window}-token window", highlight=False)
             for ev in st.events:
                 print_event(ev)
             if st.pending:

@@ -117,6 +117,11 @@ class Limits(BaseModel):
     - max_output_tokens: the most tokens one model response may produce, sent to the
       model (`max_output_tokens` on Responses, `max_completion_tokens` on Chat); needed
       when the run spends from a shared budget (it bounds each request's worst case).
+    - max_input_tokens: the context window a request must fit in: its estimated input
+      tokens (boundloop.core.context) plus `max_output_tokens` (when set). A request
+      that would not fit is never sent: the run ends `context_exhausted`. The operator's
+      window for the model (`OperatorPolicy.context_windows`) is its ceiling and, when
+      the run sets none, its value. More than `max_output_tokens`.
     - tool_timeout_seconds: overrides every tool's own timeout (one attempt).
     - model_timeout_seconds: how long one model request attempt may wait for the
       provider: for its first byte, and between two pieces of a streamed answer. An
@@ -140,11 +145,21 @@ class Limits(BaseModel):
     tool_cost_budget: PositiveInt | None = None
     usd_budget: USD | None = None
     max_output_tokens: PositiveInt | None = None
+    max_input_tokens: PositiveInt | None = Field(default=None, exclude_if=lambda v: v is None)
     tool_timeout_seconds: Seconds | None = None
     model_timeout_seconds: Seconds = 60.0
     model_answer_seconds: Seconds | None = Field(default=None, exclude_if=lambda v: v is None)
     deadline_seconds: Seconds = 600.0
     approval_timeout_seconds: Seconds = 86400.0
+
+    @model_validator(mode="after")
+    def _output_fits_the_window(self) -> Limits:
+        window, out = self.max_input_tokens, self.max_output_tokens
+        if window is not None and out is not None and out >= window:
+            raise ValueError(
+                f"max_output_tokens ({out}) must be less than max_input_tokens ({window}): "
+                "every request's input and its output must fit the context window")
+        return self
 
 
 class Policy(BaseModel):
@@ -161,6 +176,9 @@ class Policy(BaseModel):
       `boundloop keys new`). When the run has any (here or in the worker's
       BOUNDLOOP_APPROVER_KEYS file), only decisions signed by one of them count.
     - prices: model name -> Price; a `usd_budget` needs the run's model here.
+    - context: what happens when the next request would not fit the context window
+      (`max_input_tokens`): "stop" ends the run with `context_exhausted` before the
+      request is sent (the only strategy).
     - rules: argument rules (boundloop.core.rules) added by the run: `ask` or `deny` only,
       since they join the operator's and the strictest match wins (docs/approvals.md).
     """
@@ -175,6 +193,7 @@ class Policy(BaseModel):
     prices: dict[str, Price] = Field(default_factory=dict)
     rules: list[ArgumentRule] = Field(default_factory=list, max_length=100,
                                       exclude_if=lambda v: not v)
+    context: Literal["stop"] = Field(default="stop", exclude_if=lambda v: v == "stop")
 
     @model_validator(mode="after")
     def _run_rules_only_tighten(self) -> Policy:

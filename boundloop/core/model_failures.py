@@ -9,6 +9,7 @@ only the host and port, the HTTP status, the timeout.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -24,6 +25,9 @@ TIMEOUT = "timeout"
 PAYLOAD_TOO_LARGE = "payload_too_large"
 CONVERSATION_MISMATCH = "conversation_mismatch"
 WORKER_ERROR = "worker_error"  # the activity raised something we did not map
+#: The provider refused the request as longer than the model's context window (any
+#: HTTP status): never retried; the run ends `context_exhausted`, not `model_error`.
+CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
 
 
 class ModelFailure(BaseModel):
@@ -113,6 +117,56 @@ def timeout_failure(seconds: float, target: str | None = None) -> ModelFailure:
     return ModelFailure(kind=TIMEOUT, detail=f"no answer{where} after {seconds:g} s")
 
 
+#: How providers say a request is over the context window: OpenAI's error code
+#: (`context_length_exceeded`), llama.cpp's error type (`exceed_context_size_error`).
+_CONTEXT_CODES = frozenset({"context_length_exceeded", "exceed_context_size_error"})
+#: ... and in words: llama.cpp ("the request exceeds the available context size"),
+#: OpenAI and vLLM ("This model's maximum context length is N tokens").
+_CONTEXT_WORDS = ("exceeds the available context size", "maximum context length is")
+_NUMBER = re.compile(r"\d+")
+
+
+def _error_object(body: Any) -> dict[str, Any] | None:
+    """The error object of a provider's error body: `{"error": {...}}` or the body itself
+    (vLLM answers `{"object": "error", "message": ...}`; the SDK hands the inner one)."""
+    if not isinstance(body, dict):
+        return None
+    inner = body.get("error")
+    return inner if isinstance(inner, dict) else body
+
+
+def context_too_long(body: Any) -> bool:
+    """Whether a provider's error body says the request is over the model's context
+    window. Only read here, never passed on: a body may echo the prompt."""
+    error = _error_object(body)
+    if error is None:
+        return isinstance(body, str) and any(w in body.lower() for w in _CONTEXT_WORDS)
+    if any(isinstance(error.get(k), str) and error[k] in _CONTEXT_CODES
+           for k in ("code", "type")):
+        return True
+    message = error.get("message")
+    return isinstance(message, str) and any(w in message.lower() for w in _CONTEXT_WORDS)
+
+
+def context_failure(status: int, target: str, body: Any) -> ModelFailure:
+    """A refusal for the context window, with the window and the request's tokens when
+    the provider gave them as numbers (llama.cpp's `n_ctx` and `n_prompt_tokens`, the
+    first two numbers of OpenAI's and vLLM's message): numbers only, never its text."""
+    error = _error_object(body) or {}
+    window, asked = error.get("n_ctx"), error.get("n_prompt_tokens")
+    said = error.get("message")
+    message = said if isinstance(said, str) else ""
+    numbers = [int(n) for n in _NUMBER.findall(message)][:2]
+    if not isinstance(window, int) and "maximum context length" in message.lower() \
+            and len(numbers) == 2:
+        window, asked = numbers
+    told = (f": {asked} tokens asked, context window {window}"
+            if isinstance(window, int) and isinstance(asked, int) else "")
+    return ModelFailure(kind=CONTEXT_LENGTH_EXCEEDED,
+                        detail=f"HTTP {status} (over the model's context window{told}) "
+                               f"from {target}")
+
+
 _HINTS = {
     CONNECTION_REFUSED: "nothing listens there: check OPENAI_BASE_URL on the worker and that "
                         "the model server is running",
@@ -127,6 +181,11 @@ _HINTS = {
                            "see the worker log for this step",
     WORKER_ERROR: "the model activity failed inside the worker: see the worker log for this "
                   "step",
+    CONTEXT_LENGTH_EXCEEDED: "the conversation outgrew the model's context window: set the "
+                             "operator's context_windows entry for the model (or the run's "
+                             "max_input_tokens) to the window the server really has, so the "
+                             "run stops before sending, and keep tool results short "
+                             "(max_result_bytes)",
     "authentication": "the key was refused: check OPENAI_API_KEY on the worker and its access "
                       "to the model",
     "model or route not found": "check the run's model name (--model, BOUNDLOOP_MODEL where "

@@ -24,7 +24,14 @@ from pydantic import (
     model_validator,
 )
 
-from boundloop.core.limits import BUDGET_KEY_PATTERN, Limits, Policy, Price, RunSettings
+from boundloop.core.limits import (
+    BUDGET_KEY_PATTERN,
+    MAX_COUNT,
+    Limits,
+    Policy,
+    Price,
+    RunSettings,
+)
 from boundloop.core.mcp_tools import MCPToolDeclaration
 from boundloop.core.rules import TOOL_PATTERN, ArgumentRule
 from boundloop.core.signatures import ApproverName, PublicKeyText
@@ -34,11 +41,12 @@ __all__ = ["IN_CLEAR", "Admission", "BudgetRule", "OperatorLimits", "OperatorPol
            "resolve", "unserved_tools_line"]
 
 ToolGlob = Annotated[str, Field(pattern=TOOL_PATTERN)]
+PositiveTokens = Annotated[int, Field(strict=True, gt=0, le=MAX_COUNT)]
 #: The Limits fields that take a ceiling: the numeric ones.
 _NUMERIC = [name for name in Limits.model_fields if name != "per_tool_max_calls"]
 _INTEGERS = {"max_steps", "max_tool_executions", "token_threshold", "max_result_bytes",
              "max_history_bytes", "max_identical_calls", "tool_cost_budget",
-             "max_output_tokens"}
+             "max_output_tokens", "max_input_tokens"}
 
 
 class ToolPolicy(BaseModel):
@@ -157,6 +165,9 @@ class OperatorPolicy(BaseModel):
     approver_keys: dict[ApproverName, PublicKeyText] = Field(default_factory=dict)
     #: The only price table runs are charged by.
     prices: dict[str, Price] = Field(default_factory=dict)
+    #: Model name -> its context window in tokens (input and output together): a run of
+    #: that model gets it as `max_input_tokens`, and may only lower it.
+    context_windows: dict[str, PositiveTokens] = Field(default_factory=dict)
     budget: BudgetRule = Field(default_factory=BudgetRule)
     limits: OperatorLimits = Field(default_factory=OperatorLimits)
     #: Argument rules ahead of the run's own; the strictest match wins.
@@ -274,7 +285,8 @@ def _asks(operator: OperatorPolicy, tool: str, declared: ToolDeclared | None,
     return mcp is not None and mcp.needs_approval
 
 
-def _refused_limits(operator: OperatorPolicy, asked: Limits) -> tuple[Limits, list[Refusal]]:
+def _refused_limits(operator: OperatorPolicy, asked: Limits,
+                    model: str) -> tuple[Limits | None, list[Refusal]]:
     values = asked.model_dump()
     builtin = Limits().model_dump()
     for name, value in operator.limits.defaults.items():
@@ -292,7 +304,23 @@ def _refused_limits(operator: OperatorPolicy, asked: Limits) -> tuple[Limits, li
         elif value is not None and value > ceiling:
             refusals.append(Refusal(field=f"limits.{name}", asked=repr(value),
                                     operator=f"at most {ceiling:g}"))
-    return Limits.model_validate(values), refusals
+    # The model's context window: the run's max_input_tokens, or lower.
+    window = operator.context_windows.get(model)
+    if window is not None:
+        asked_window = values.get("max_input_tokens")
+        if asked_window is None or (asked_window > window and "max_input_tokens"
+                                    not in asked.model_fields_set):
+            values["max_input_tokens"] = window
+        elif asked_window > window:
+            refusals.append(Refusal(field="limits.max_input_tokens", asked=repr(asked_window),
+                                    operator=f"at most {window} (the context window of "
+                                             f"{model})"))
+    try:
+        return Limits.model_validate(values), refusals
+    except ValidationError as e:
+        return None, [*refusals, *(Refusal(
+            field="limits." + ".".join(str(p) for p in err["loc"]) if err["loc"] else "limits",
+            asked="", operator=err["msg"]) for err in e.errors())]
 
 
 def resolve(operator: OperatorPolicy, settings: RunSettings, *, tools: Sequence[str],
@@ -379,9 +407,9 @@ def resolve(operator: OperatorPolicy, settings: RunSettings, *, tools: Sequence[
     elif settings.budget is not None and rule.key is not None and settings.budget != rule.key:
         refusals.append(Refusal(field="budget", asked=settings.budget, operator=rule.key))
 
-    limits, refused_limits = _refused_limits(operator, settings.limits)
+    limits, refused_limits = _refused_limits(operator, settings.limits, settings.model)
     refusals.extend(refused_limits)
-    if refusals:
+    if refusals or limits is None:
         return refusals
 
     # The operator's floor becomes part of the run's policy: its `always` approvals and
@@ -394,7 +422,7 @@ def resolve(operator: OperatorPolicy, settings: RunSettings, *, tools: Sequence[
     try:
         policy = Policy(unknown_tool=run.unknown_tool, missing_usage=run.missing_usage,
                         approval=run.approval, approvers=approvers, approver_keys=keys,
-                        prices=dict(operator.prices), rules=rules)
+                        prices=dict(operator.prices), rules=rules, context=run.context)
         return RunSettings.model_validate({**settings.model_dump(), "policy": policy.model_dump(),
                                            "limits": limits.model_dump(),
                                            "budget": budget_key})

@@ -20,6 +20,7 @@ class StopReason(StrEnum):
     INCOMPLETE = "incomplete"
     EMPTY_OUTPUT = "empty_output"
     HISTORY_LIMIT = "history_limit"
+    CONTEXT_EXHAUSTED = "context_exhausted"
     RESULT_LIMIT = "result_limit"
     PROTOCOL_ERROR = "protocol_error"
     FORBIDDEN_TOOL = "forbidden_tool"
@@ -50,6 +51,11 @@ NEXT_CHECK: dict[StopReason, str] = {
     StopReason.EMPTY_OUTPUT: "the model returned neither text nor tool calls",
     StopReason.HISTORY_LIMIT: "the conversation outgrew max_history_bytes, or the run's record "
                               "outgrew Temporal's payload limit (event payload_too_large:*)",
+    StopReason.CONTEXT_EXHAUSTED: ("the next request would not fit the model's context "
+                                   "window (max_input_tokens), or the provider refused it as "
+                                   "too long: the event context_exhausted (estimate vs window) "
+                                   "or model_failed:context_length_exceeded says which; "
+                                   "shorten the tool results or the question"),
     StopReason.RESULT_LIMIT: "even the error envelope exceeds max_result_bytes, or a tool's "
                              "result passed Temporal's payload limit (payload_too_large:*)",
     StopReason.PROTOCOL_ERROR: "malformed model output: unknown item, bad or duplicate call id",
@@ -58,7 +64,9 @@ NEXT_CHECK: dict[StopReason, str] = {
                           "in the line with the call's fingerprint",
     StopReason.APPROVAL_TIMEOUT: "nobody decided a pending approval in time",
     StopReason.TOOL_UNAVAILABLE: "the worker that took the call no longer serves its tool "
-                                 "(renamed or removed in a deploy); the event names the tool: "
-                                 "serve it again, or let the run finish on the old version",
+                                 "as the run was admitted (renamed, removed, or its arguments "
+                                 "changed so that the call no longer fits, in a deploy); the "
+                                 "event names the tool and why: serve it again, or let the "
+                                 "run finish on the old version",
     StopReason.CANCELLED: "an operator cancelled the run",
 }
