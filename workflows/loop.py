@@ -75,6 +75,7 @@ with workflow.unsafe.imports_passed_through():
     )
     from boundloop.core import approvals, mcp_tools, retries, routing, signatures
     from boundloop.core import budget as shared
+    from boundloop.core import context as ctx
     from boundloop.core import loop as core
     from boundloop.core import model_failures as mf
     from boundloop.core import session as sessions
@@ -181,6 +182,11 @@ BUNDLED_04_PATCHES = BUNDLED_PATCHES | {CARRIED_GENUINE, DECISIONS_BOUND, RUN_SC
 #: `model_retried:<kind>` event, and the stream gets what of the answer's text the
 #: activity did not send (docs/streaming.md). Asked on its own.
 CHARGED_ATTEMPTS = "charged-model-attempts"
+#: The patch under which a run stops `context_exhausted` before a request that would not
+#: fit its context window (`core.context.check`, `limits.max_input_tokens`), and when
+#: the provider refuses a request as over the window (before it: `model_error`). Asked
+#: on its own, and only when the run stops so.
+CONTEXT_WINDOW = "context-window"
 #: The patch under which a response that used every output token its request allowed
 #: ends the run `incomplete` whatever its status says (`core.cut_at_the_cap`): before
 #: it, such a response reported `completed` was the answer. Asked on its own, and only
@@ -521,6 +527,9 @@ class BoundLoopWorkflow:
             plan = core.begin_step(state, self._processing_seconds())
             if isinstance(plan, StopReason):
                 return plan
+            over = ctx.check(state, self._fixed_bytes)  # the `stop` context strategy
+            if over is not None and self._patched(CONTEXT_WINDOW):
+                return ctx.exhausted(state, over)
             workflow.logger.info("step started", extra={"step": plan.step})
             self._publish()
             turn = await self._request_model(plan)
@@ -560,6 +569,13 @@ class BoundLoopWorkflow:
             self._open_calls = []
 
     # --- model ---------------------------------------------------------------------
+
+    def _failed(self, failure: mf.ModelFailure) -> StopReason:
+        """A failed model request's stop: `context_exhausted` when the provider refused
+        it as over the model's context window, `model_error` otherwise."""
+        if failure.kind == mf.CONTEXT_LENGTH_EXCEEDED and self._patched(CONTEXT_WINDOW):
+            return StopReason.CONTEXT_EXHAUSTED
+        return StopReason.MODEL_ERROR
 
     def _wire_items(self) -> list[Item]:
         """The unsent items as payloads carry them: a tool activity's output by reference
@@ -636,7 +652,7 @@ class BoundLoopWorkflow:
         workflow.logger.warning("model request failed", extra={
             "step": plan.step, "failure": failure.kind, "detail": failure.detail})
         state.log(f"{mf.EVENT_PREFIX}{failure.kind}", detail=failure.detail)
-        return state.stop(StopReason.MODEL_ERROR)
+        return state.stop(self._failed(failure))
 
     #: Under CHARGED_ATTEMPTS: what the step's abandoned attempts were charged, not yet
     #: settled with the shared budget (settled with the step, or when the run stops).
@@ -735,7 +751,7 @@ class BoundLoopWorkflow:
                     "step": plan.step, "failure": failure.kind, "detail": failure.detail})
                 state.log(f"{mf.EVENT_PREFIX}{failure.kind}", detail=failure.detail + charged)
                 self._settle_abandoned(plan.step)
-                return state.stop(StopReason.MODEL_ERROR)
+                return state.stop(self._failed(failure))
             if req.stream and turn.streamed is not None:
                 self._complete_text(plan.step, turn)
             usage = turn.usage
@@ -1201,7 +1217,8 @@ class BoundLoopWorkflow:
             pending=[a for a in self._state.approvals if a.status == "pending"],
             events=list(self._state.events), question=self._inp.question,
             model=self._state.settings.model, limits=self._state.limits,
-            grants=list(self._state.grants), run=workflow.info().first_execution_run_id)
+            grants=list(self._state.grants), run=workflow.info().first_execution_run_id,
+            context_tokens=ctx.estimate(self._state, self._fixed_bytes))
 
     # --- helpers -------------------------------------------------------------------
 
