@@ -37,7 +37,7 @@ from boundloop.workflows.budget import BudgetLedgerWorkflow
 #: updates in flight per workflow (history.maxInFlightUpdates): 100 runs reserving at
 #: once got "limit on number of concurrent in-flight updates", and under that load
 #: "workflow update was aborted", each time the client's own retries ran out.
-IN_FLIGHT = 5
+IN_FLIGHT = 8
 #: Answers that leave the update unsent or unfinished, so the same update (the same id:
 #: answered once) is sent again: the server's in-flight limit, an update aborted by the
 #: server (a continue-as-new, a workflow task failure, a cleared update registry).
