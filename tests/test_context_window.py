@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shlex
 import uuid
 from pathlib import Path
 from typing import Any
@@ -142,7 +143,17 @@ async def test_the_cli_exits_with_the_context_exit_code(temporal: Client,
     assert "reason: context_exhausted" in out
     assert ("model request failed: context_length_exceeded — HTTP 400 (over the model's "
             "context window: 5012 tokens asked, context window 4096)") in out
-    code, out, err = await cli("run", "在庫を調べて", "--max-input-tokens", "20",
-                               "--model-script", str(SCRIPTS / "stock_two_skus.json"), env=env)
+    # What the guide shows: the second request would not fit (its estimate, the window).
+    from tests.test_docs_outputs import shown_block, shown_matches
+
+    command = ('boundloop run "A-001とB-002の在庫をそれぞれ調べて。" --tools lookup_stock '
+               "--max-input-tokens 700 --max-output-tokens 200 --model-script "
+               "examples/scripts/stock_two_skus.json")
+    shown = shown_block("docs/guide.md", command)
+    assert shown[-1] == "(exit 8)"
+    code, out, err = await cli(*shlex.split(command)[1:], env=env)
     assert code == 8, err
-    assert "context: estimated " in out and "> context window 20 (max_input_tokens)" in out
+    run_id = out.split()[1]
+    printed = [line.replace(run_id, "boundloop-47851f30d88d") for line in out.splitlines()
+               if line.strip()]
+    assert shown_matches(printed, shown[:-1]), (printed, shown)

@@ -74,6 +74,10 @@ RUN_ELSEWHERE = {
         "tests/test_signed_approvals.py::test_forged_as_alice_without_her_key_is_refused",
     ("docs/guide.md", "boundloop status boundloop-3f6c0a9d2e41"):
         "tests/test_cli.py::test_a_failed_model_request_is_named_with_its_hint_and_exits_3",
+    ("docs/guide.md", 'boundloop run "A-001とB-002の在庫をそれぞれ調べて。" --tools lookup_stock '
+     "--max-input-tokens 700 --max-output-tokens 200 --model-script "
+     "examples/scripts/stock_two_skus.json"):
+        "tests/test_context_window.py::test_the_cli_exits_with_the_context_exit_code",
     ("docs/guide.md", ".venv/bin/boundloop demo --interactive"):
         SHOWN + "test_the_two_terminal_walkthrough_prints_what_the_guide_shows",
     ("docs/guide.md", ".venv/bin/boundloop pending"):
