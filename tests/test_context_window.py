@@ -14,9 +14,12 @@ from typing import Any
 
 import openai
 import pytest
-from temporalio.client import Client
+from temporalio.api.enums.v1 import EventType
+from temporalio.client import Client, WorkflowHandle
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.worker import Replayer
 
-from boundloop import OperatorPolicy, PolicyRefused, Worker
+from boundloop import OperatorPolicy, Plugin, PolicyRefused, Worker
 from boundloop.client import query_status, result_of
 from boundloop.contracts import WORKFLOW_NAME, RunInput, RunResult
 from boundloop.core.limits import Limits, RunSettings
@@ -36,6 +39,20 @@ BIG = [resp(call("huge", {"chars": 1500}, "h1")), answer("長い結果でした�
 
 def _events(result: RunResult) -> list[str]:
     return [e.event for e in result.events]
+
+
+async def _replayed_markers(handle: WorkflowHandle[Any, Any]) -> list[bytes]:
+    """The run's history replays on this code; the details of its marker events."""
+    history = await handle.fetch_history()
+    replayer = Replayer(workflows=[], data_converter=pydantic_data_converter,
+                        plugins=[Plugin(test_tools, deps=None)])
+    assert (await replayer.replay_workflow(history)).replay_failure is None
+    return [e.marker_recorded_event_attributes.SerializeToString() for e in history.events
+            if e.event_type == EventType.EVENT_TYPE_MARKER_RECORDED]
+
+
+def _asked_context_patch(markers: list[bytes]) -> bool:
+    return any(b"context-window" in m for m in markers)
 
 
 async def test_a_conversation_outgrowing_its_window_stops_before_the_request(
@@ -58,6 +75,9 @@ async def test_a_conversation_outgrowing_its_window_stops_before_the_request(
     roomy = await run_script(BIG, tools=["huge"],
                              limits=Limits(max_input_tokens=5000, max_result_bytes=8000))
     assert (roomy.result.reason, len(roomy.requests)) == ("completed", 2)
+    # The patch is asked only by the run it stopped: both histories replay.
+    assert _asked_context_patch(await _replayed_markers(out.handle))
+    assert not _asked_context_patch(await _replayed_markers(roomy.handle))
 
 
 async def test_the_output_cap_is_kept_free_in_the_window(run_script: RunScript) -> None:
@@ -83,6 +103,7 @@ async def test_a_providers_too_long_refusal_ends_context_exhausted(
     assert [e.event for e in failed] == ["model_failed:context_length_exceeded"]
     assert (failed[0].detail or "").startswith("HTTP 400 (over the model's context window")
     assert "model_error" not in _events(r)[-1]
+    assert _asked_context_patch(await _replayed_markers(out.handle))
 
 
 async def _start(temporal: Client, queue: str, limits: dict[str, Any]) -> Any:
@@ -139,7 +160,7 @@ async def test_the_cli_exits_with_the_context_exit_code(temporal: Client,
     env = env_for(temporal, tmp_path)
     code, out, err = await cli("run", "在庫を調べて", "--model-script",
                                str(SCRIPTS / "llama_cpp_context_size_exceeded.json"), env=env)
-    assert code == ExitCode.CONTEXT_EXHAUSTED == 8, err
+    assert code == int(ExitCode.CONTEXT_EXHAUSTED) == 8, err
     assert "reason: context_exhausted" in out
     assert ("model request failed: context_length_exceeded — HTTP 400 (over the model's "
             "context window: 5012 tokens asked, context window 4096)") in out
