@@ -28,8 +28,11 @@ from temporalio import workflow
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowUpdateFailedError
 from temporalio.common import RetryPolicy
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.worker import Replayer
 
 import boundloop
+from boundloop import Plugin
 from boundloop.activities.budget import send_update
 from boundloop.budgets import set_budget, show_budget
 from boundloop.contracts import (
@@ -56,6 +59,7 @@ from boundloop.workflows.budget import (
 from tests.conftest import DEMO_TOOLS, continue_as_new_server, workflow_task_failures
 from tests.conftest import test_worker as worker_for
 from tests.scripts import answer, call, resp
+from tests.support.tools import tools as test_tools
 from tests.test_budget_ledger import worker as ledger_worker
 
 #: Bound of every wait (seconds); none is an assertion on time.
@@ -219,6 +223,16 @@ async def test_a_third_party_cannot_settle_or_release_a_runs_open_reservation(
         server.stop()
     assert result.reason == "completed"
     assert view.spent.usd == result.cost_usd == 20.0
+    # The run settled and released by its activities, and its history replays.
+    history = await run.handle.fetch_history()
+    activities = [e.activity_task_scheduled_event_attributes.activity_type.name
+                  for e in history.events if e.event_type
+                  == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED]
+    assert [a for a in activities if a.startswith("budget_")] == [
+        "budget_reserve", "budget_settle", "budget_release"]
+    replayer = Replayer(workflows=[], data_converter=pydantic_data_converter,
+                        plugins=[Plugin(test_tools, deps=None)])
+    assert (await replayer.replay_workflow(history)).replay_failure is None
 
 
 FORGED = LedgerState(
