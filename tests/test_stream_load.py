@@ -360,3 +360,45 @@ async def test_run_stream_reads_on_after_a_read_timed_out(temporal: Client,
     assert text_of(seen, 1) == result.text == LONG
     assert isinstance(seen[-1], StreamResult) and seen[-1].result == result
     assert [i for i in seen if isinstance(i, TextDelta)]
+
+
+async def test_an_attempt_whose_worker_was_killed_after_it_sent_is_charged(
+        tmp_path: Path) -> None:
+    """kill -9 of the worker once the request reached the server (which holds it): the
+    next worker sends the request again, once, after a `model_retried:worker_lost` event
+    that names the lost attempt's charge; the run's tokens are that worst case plus the
+    answered attempt's usage, and the lost attempt does not count as a failure."""
+    from tests.test_crash import cluster, until
+
+    async with cluster(tmp_path) as c:
+        held = {**answer("never delivered"), "delay_seconds": WAIT}
+        worker = c.start_worker()
+        handle = await c.start_run([held, answer("在庫があります。")],
+                                   limits=Limits(max_output_tokens=MAX_OUT))
+
+        async def arrived() -> bool:
+            return len(c.model.requests) >= 1
+        await until(arrived, "the first request at the model server")
+        c.kill(worker)
+        c.start_worker()
+        result = await result_of(handle)
+        requests = len(c.model.requests)
+    assert (result.reason, result.text) == ("completed", "在庫があります。")
+    assert requests == 2
+    lost = [e for e in result.events if e.event == "model_retried:worker_lost"]
+    assert len(lost) == 1 and lost[0].detail is not None and "worst case" in lost[0].detail
+    assert [(a.outcome, a.worst_case) for a in result.model_attempts] == [
+        ("worker_lost", True), ("answered", False)]
+    assert result.output_tokens == MAX_OUT + USAGE["output_tokens"]
+    assert sum(a.input_tokens + a.output_tokens
+               for a in result.model_attempts) == result.total_tokens
+    assert not [e for e in result.events if e.event.startswith("model_failed")]
+
+
+@pytest.mark.parametrize("fault", ["cut", "no_terminator"])
+async def test_a_protocol_fault_event_names_its_fault(run_script: Any, fault: str) -> None:
+    out = await run_script([{**answer("short answer"), "stream_fault": fault,
+                             "chunk_bytes": 5}])
+    assert out.result.reason == "protocol_error"
+    faults = [e for e in out.result.events if e.event == "protocol_fault"]
+    assert len(faults) == 1 and faults[0].detail  # before: None
