@@ -257,6 +257,10 @@ class Run:
         it. When no worker answers (`Run.status` within QUERY_SECONDS), an unsigned
         decision is sent as that signal too, and NoWorker is raised with `recorded`: the
         decision takes effect when a worker picks the run up; a signed one is not sent."""
+        desc = await describe(self.handle)  # checked first: no worker may be there
+        if desc.status != WorkflowExecutionStatus.RUNNING:
+            raise errors.RunEnded(f"{self.id} has ended: it takes no more decisions "
+                                  f"({ended_state(desc)}; its result stays readable)")
         line = await self._stuck()
         if line is not None and signer is not None:
             # No worker can show the call while the task fails: nothing to sign over.

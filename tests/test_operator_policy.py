@@ -274,16 +274,20 @@ async def test_a_policy_file_refuses_a_cli_run_that_loosens_it(
                                     env={**env_for(temporal, tmp_path),
                                          "BOUNDLOOP_TASK_QUEUE": queue})
         cli_env = {**env_for(temporal, tmp_path), "BOUNDLOOP_TASK_QUEUE": queue}
-        started, out, _ = await cli("run", "チケットを作って", "--policy",
-                                    '{"approval": "never"}', env=cli_env)
-        run_id = next(w for w in out.split() if w.startswith("boundloop-")).rstrip(":")
+        run_id = f"refused-{uuid.uuid4().hex[:8]}"
+        started = await cli("run", "チケットを作って", "--policy", '{"approval": "never"}',
+                            "--id", run_id, env=cli_env)
         with pytest.raises(PolicyRefused):  # ended: `status` reads the closed run
             await asyncio.wait_for(result_of(temporal.get_workflow_handle(run_id)),
                                    RUN_TIMEOUT)
         shown = await cli("status", run_id, env=cli_env)
     text = " ".join(err.split())
-    # Started without --wait, the refusal shows in `status` the same way.
-    assert started == 0 and shown[0] == 2, shown
+    # Started without --wait, the refusal is said at once (exit 2, as with --wait), and
+    # `status` of the refused run shows it the same way: a run that ended without
+    # completing (exit 3, not 2: that is for input refused before anything started).
+    assert started[0] == 2 and "started" not in started[1], started
+    assert "refused: policy.approval: the run asked never" in " ".join(started[2].split())
+    assert shown[0] == 3, shown
     assert "refused: policy.approval: the run asked never" in " ".join(shown[2].split())
     assert code == 2, err
     assert "refused: policy.approval: the run asked never; the operator's policy: " \

@@ -105,6 +105,10 @@ async def test_session_start_takes_a_budget_as_run_does(temporal: Client, tmp_pa
             code, out, err = await cli("session", "start", "--json", *flags, env=env)
             assert code == 0, (out, err)
             code, out, err = await cli("say", json.loads(out)["session_id"], "hi", env=env)
-            assert code != 0 and "budget" in out + err, (out, err)
+            # Refused by the policy as a run is: its refusal, exit 2 (`run` prints the same).
+            assert code == 2, (out, err)
+            assert "was refused by the operator's policy" in err
+            assert (f"refused: budget: the run asked none; the operator's policy: required: "
+                    f"{key}") in " ".join(err.split()), err
     finally:
         server.stop()

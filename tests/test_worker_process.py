@@ -227,14 +227,19 @@ async def test_the_cli_starts_a_run_of_tools_only_its_worker_can_import(
             assert code == 0, (out, err)
             result = RunResult.model_validate_json(out)
             assert (result.reason, result.tool_executions, result.text) == ("completed", 1, "HI")
-            code, out, err = await cli("run", "hi", "--tools", "shout,whisper", "--model",
-                                       "scripted-model", "--wait", env=client_env)
+            waited = await cli("run", "hi", "--tools", "shout,whisper", "--model",
+                               "scripted-model", "--wait", env=client_env)
+            # Without --wait too: the worker's refusal, not "started", exit 2.
+            unwaited = await cli("run", "hi", "--tools", "shout,whisper", "--model",
+                                 "scripted-model", env=client_env)
     finally:
         model.stop()
-    assert code == 2, (out, err)
-    assert (f"the worker on task queue {queue!r} serves no tool named 'whisper' "
-            "(it serves: shout)") in " ".join(err.split()), err
-    assert "Traceback" not in err
+    for code, out, err in (waited, unwaited):
+        assert code == 2, (out, err)
+        assert (f"the worker on task queue {queue!r} serves no tool named 'whisper' "
+                "(it serves: shout)") in " ".join(err.split()), err
+        assert "Traceback" not in err
+    assert "started" not in unwaited[1], unwaited  # refused: never "started"
 
 
 async def test_sigterm_stops_the_worker_gracefully(temporal: Client, tmp_path: Path) -> None:

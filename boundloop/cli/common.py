@@ -107,9 +107,11 @@ async def connect(settings: Settings) -> Client:
                    ExitCode.UNREACHABLE) from None
 
 
-async def run_result(handle: Any) -> RunResult:
+async def run_result(handle: Any, refused: ExitCode = ExitCode.INVALID) -> RunResult:
     """The RunResult however the run ended, or exit 3 when Temporal ended it without one
-    (terminated, timed out)."""
+    (terminated, timed out). A run the operator's policy refused at admission prints
+    its refusals and exits `refused`: 2 for the command that started it (its input was
+    refused), 3 for one that reads a run that ended without completing (`status`)."""
     from boundloop import client as ops
 
     try:
@@ -117,10 +119,57 @@ async def run_result(handle: Any) -> RunResult:
     except RunEnded as exc:
         raise fail(str(exc), ExitCode.STOPPED) from None
     except PolicyRefused as exc:
-        # One line per refused field: what the run asked and the operator's value.
-        for line in exc.lines():
-            err.print(f"[bold red]refused:[/] {safe(line)}")
-        raise typer.Exit(ExitCode.INVALID) from None
+        print_refusals(exc.lines())
+        raise typer.Exit(refused) from None
+
+
+async def started(handle: Any, settings: Settings, as_json: bool) -> int:
+    """`run` without `--wait`: the run's worker admits or refuses it in its first
+    workflow task (tools it does not serve, the operator's policy), said here as `--wait`
+    says it (exit 2); admitted, or no worker took it yet (a note naming the task queue),
+    `started …`, exit 0."""
+    from boundloop import client as ops
+    from boundloop.errors import worker_hint
+
+    admitted = await admission(handle)
+    if admitted is None:  # closed at once: refused (printed, exit 2), or ended
+        await run_result(handle)
+    if as_json:
+        console.print_json(json.dumps({"workflow_id": handle.id}))
+    else:
+        console.print(f"started {handle.id}: {ops.ui_link(settings, handle.id)}")
+    if admitted is False:
+        queue = (await handle.describe()).task_queue
+        err.print(f"[yellow]note:[/] no worker has taken {safe(handle.id)} yet (within "
+                  f"{QUERY_TIMEOUT:g} s): {safe(worker_hint(queue))}")
+    return ExitCode.OK
+
+
+async def admission(handle: Any) -> bool | None:
+    """Whether a worker admitted the run just started (its first workflow task done, the
+    run open): True; None when it closed at once (refused); False when no worker took it
+    within QUERY_TIMEOUT."""
+    from temporalio.api.enums.v1 import EventType
+    from temporalio.client import WorkflowExecutionStatus
+
+    loop = asyncio.get_running_loop()
+    end = loop.time() + QUERY_TIMEOUT
+    while True:
+        if (await handle.describe()).status != WorkflowExecutionStatus.RUNNING:
+            return None
+        async for event in handle.fetch_history_events():
+            if event.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED:
+                open_ = (await handle.describe()).status == WorkflowExecutionStatus.RUNNING
+                return True if open_ else None
+        if loop.time() > end:
+            return False
+        await asyncio.sleep(0.2)
+
+
+def print_refusals(lines: list[str]) -> None:
+    """One line per refused field: what the run asked and the operator's value."""
+    for line in lines:
+        err.print(f"[bold red]refused:[/] {safe(line)}")
 
 
 def validation_lines(exc: ValidationError) -> str:

@@ -30,6 +30,7 @@ from boundloop.cli.common import (
     load_settings,
     print_pending_table,
     run_result,
+    started,
     validation_lines,
 )
 from boundloop.core.reasons import StopReason
@@ -115,12 +116,10 @@ async def _run_async(settings: Settings, agent: Agent[Any], question: str, wait:
     client = await connect(settings)
     if script is None:
         handle = await _start(client, agent, question, workflow_id, tenant)
+        if not wait:
+            return await started(handle, settings, as_json)
         if not as_json:
             console.print(f"started {handle.id}: {ops.ui_link(settings, handle.id)}")
-        if not wait:
-            if as_json:
-                console.print_json(json.dumps({"workflow_id": handle.id}))
-            return ExitCode.OK
         return await _follow(handle, settings, as_json)
     from boundloop.scripted.server import ScriptedModelServer
     from boundloop.worker.main import build_worker
@@ -205,7 +204,7 @@ def status(run_id: Annotated[str, typer.Argument(help="Workflow id")],
             raise fail(f"{run_id!r} is a session, not a run: `boundloop session show "
                        f"{run_id}` shows it (each turn is a run: {run_id}/turn-N)")
         if desc.status in (WorkflowExecutionStatus.COMPLETED, WorkflowExecutionStatus.FAILED):
-            result = await run_result(handle)
+            result = await run_result(handle, refused=ExitCode.STOPPED)  # it ended so
             if as_json:
                 print(result.model_dump_json())
             else:

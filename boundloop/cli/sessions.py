@@ -20,11 +20,12 @@ from boundloop.cli.common import (
     err,
     fail,
     load_settings,
+    print_refusals,
     print_session,
     run_result,
     validation_lines,
 )
-from boundloop.errors import RunEnded
+from boundloop.errors import REFUSES, RunEnded, SessionRefused
 from boundloop.exit_codes import ExitCode
 from boundloop.terminal import console, exit_code, print_event, print_result, safe
 
@@ -125,7 +126,17 @@ def say(session_id: Annotated[str, typer.Argument(help="Session id")],
         session = await ops.get_session(client, session_id)
         # What the session did with the message (started, queued, interrupting): on
         # stderr, so `--json` output stays one object.
-        result = await session.say(message, taken=lambda what: err.print(safe(what)))
+        try:
+            result = await session.say(message, taken=lambda what: err.print(safe(what)))
+        except SessionRefused as exc:
+            # A turn the operator's policy refused is a run refused at admission: its
+            # refusals and exit 2, as `run` prints them; any other refusal: exit 1.
+            head, found, refusal = str(exc).partition(REFUSES)
+            if not found:
+                raise
+            err.print(f"[bold red]error:[/] {safe(head.rstrip(': '))} by the operator's policy")
+            print_refusals([refusal])
+            return ExitCode.INVALID
         return _print_turn(result, settings, as_json)
 
     raise typer.Exit(_run(go()))
