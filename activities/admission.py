@@ -13,7 +13,7 @@ from temporalio import activity
 
 from boundloop.codec import started_encrypted
 from boundloop.contracts import ADMIT_ACTIVITY, AdmitRequest
-from boundloop.core.mcp_tools import MCPToolDeclaration
+from boundloop.core.mcp_tools import MCPToolDeclaration, predicate_digest
 from boundloop.core.operator import (
     IN_CLEAR,
     Admission,
@@ -69,7 +69,9 @@ class Admissions:
             needs_approval=s.needs_approval is not False, side_effects=s.side_effects,
             terminal=s.terminal, cost_units=s.cost_units, max_calls=s.max_calls,
             timeout_seconds=s.timeout.total_seconds(),
-            max_attempts=s.retry.maximum_attempts or 3, local=s.rule.local) for s in specs]
+            max_attempts=s.retry.maximum_attempts or 3, local=s.rule.local,
+            approval_predicate=None if isinstance(s.needs_approval, bool)
+            else predicate_digest(s.needs_approval)) for s in specs]
         policy = self.policy if self.policy is not None else OperatorPolicy(
             approver_keys=self.approver_keys, prices=dict(req.settings.policy.prices))
         rules = self.toolset.rules([s.name for s in specs])

@@ -333,7 +333,14 @@ class Run:
         """`decision` naming the run and the arguments it decides (those its caller was
         shown, else the call as the run shows it now), signed with `signer` over them: a
         signature always covers what its approver was shown, never what waits later."""
-        status = await self.status()
+        try:
+            status = await self.status()
+        except (errors.RunStuck, errors.NoWorker):
+            if signer is not None:
+                raise
+            # No worker shows the call (the run cannot be replayed, or none polls): the
+            # decision goes as it is, and the run checks what it names when one can.
+            return decision
         waiting = next((a for a in status.pending if a.call_id == decision.call_id), None)
         if waiting is None:
             if signer is not None:

@@ -209,9 +209,7 @@ async def decided(handle: WorkflowHandle[object, RunResult]) -> RunStatus:
 
 @pytest.mark.parametrize("toolset", [
     "tools",
-    pytest.param("predicate", marks=pytest.mark.xfail(strict=True, reason=(
-        "workflows/loop.py _ask_as_admitted replaces only a rule whose needs_approval is "
-        "False: a predicate that does not ask for this call loosens the approval"))),
+    "predicate",
 ])
 async def test_a_deploy_during_the_model_request_never_loosens_the_runs_approval(
         temporal: Client, tmp_path: Path, toolset: str) -> None:

@@ -499,7 +499,13 @@ class BoundLoopWorkflow:
         approvals (a worker's stricter rule applies at once: its rules are the base)."""
         for declared in self._admitted:
             rule = self._rules.get(declared.name)
-            if rule is not None and declared.needs_approval and rule.needs_approval is False:
+            if rule is None or not declared.needs_approval or rule.needs_approval is True:
+                continue
+            served = rule.needs_approval
+            # Admitted as always asking, or with another predicate than the one served
+            # now (which may ask less): the call always asks.
+            if served is False or declared.approval_predicate is None \
+                    or mcp_tools.predicate_digest(served) != declared.approval_predicate:
                 self._rules[declared.name] = dataclasses.replace(rule, needs_approval=True)
 
     def _own_schemas(self) -> None:

@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import marshal
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
@@ -192,6 +193,17 @@ def parameters_digest(parameters: Mapping[str, Any]) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
 
 
+def predicate_digest(predicate: Callable[..., Any]) -> str:
+    """A short digest of an approval predicate's code (its qualified name and compiled
+    body): an open run tells the predicate it was admitted with from the one a later
+    worker serves. The same source on the same Python gives the same digest; any other
+    counts as changed (the stricter reading: the call then always asks)."""
+    code = getattr(predicate, "__code__", None)
+    body = marshal.dumps(code) if code is not None else repr(predicate).encode()
+    name = getattr(predicate, "__qualname__", type(predicate).__qualname__).encode()
+    return hashlib.sha256(name + b"\n" + body).hexdigest()[:16]
+
+
 class MCPToolDeclaration(BaseModel):
     """One MCP tool as boundloop declares it: plain data, carried in a run's input so
     replay never depends on what a server lists later.
@@ -220,6 +232,10 @@ class MCPToolDeclaration(BaseModel):
     #: own read-only tools as its admission records them; a tool from an MCP server
     #: always runs as a regular activity. Left out of the JSON when False.
     local: bool = Field(default=False, exclude_if=lambda local: not local)
+    #: For a function tool whose `needs_approval` is a predicate (recorded as asking):
+    #: its `predicate_digest`. A worker serving the tool with another predicate, or
+    #: with none, cannot loosen an open run's approvals: the call then always asks.
+    approval_predicate: str | None = Field(default=None, exclude_if=lambda v: v is None)
 
     def openai_tool(self, api: str) -> dict[str, Any]:
         """The function definition for a Responses (`api="responses"`) or Chat request."""
