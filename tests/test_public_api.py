@@ -99,6 +99,8 @@ async def test_public_api_defines_tools_runs_a_worker_approves_and_reads_the_res
                         await run.approve(pending[0].call_id, approver="alice",
                                           args={**big, "amount": "120.00"})
             result = await asyncio.wait_for(run.result(), WAIT)
+            # Idempotency keys are scoped by the run (its first execution run id).
+            scope = f"{run.id}/{(await run.status()).run}"
     finally:
         model.stop()
     assert model.violations == []
@@ -109,10 +111,10 @@ async def test_public_api_defines_tools_runs_a_worker_approves_and_reads_the_res
     when = datetime(2026, 12, 1, 9, 30, tzinfo=UTC)
     assert ledger.seen == [
         ("refund", (uuid.UUID(ORDER), Decimal("20.50"), Currency.EUR, when,
-                    f"{run.id}/step-1/call-0")),
+                    f"{scope}/step-1/call-0")),
         ("ship", (date(2026, 12, 3), Address(city="Osaka", postcode="530-0001"), "none")),
         ("refund", (uuid.UUID(ORDER), Decimal("120.00"), Currency.JPY, when,
-                    f"{run.id}/step-2/call-0")),
+                    f"{scope}/step-2/call-0")),
     ]
     sent = outputs(model.requests[1].body)
     assert sent["c1"]["data"] == {"refunded": "20.50", "currency": "EUR"}
