@@ -52,6 +52,9 @@ TOOL_UNAVAILABLE = "ToolUnavailable"
 #: The worker serves the tool with an argument schema the run's call no longer fits (a
 #: compatible change runs the call): like TOOL_UNAVAILABLE, with the mismatch named.
 TOOL_ARGUMENTS_CHANGED = "ToolArgumentsChanged"
+#: The failure type Temporal's SDK gives an activity attempt its worker stopped while it
+#: ran (a graceful shutdown, as a deploy does): a lost worker, never a counted failure.
+WORKER_SHUTDOWN = "WorkerShutdown"
 #: A session refused a message or an end (a turn is running, the session has ended).
 SESSION_REFUSED = "SessionRefused"
 #: A session's turn ended without a RunResult (terminated, its tools not served).

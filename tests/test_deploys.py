@@ -211,15 +211,18 @@ async def decided(handle: WorkflowHandle[object, RunResult]) -> RunStatus:
     "tools",
     "predicate",
 ])
+@pytest.mark.parametrize("stop", ["kill", "term"])
 async def test_a_deploy_during_the_model_request_never_loosens_the_runs_approval(
-        temporal: Client, tmp_path: Path, toolset: str) -> None:
+        temporal: Client, tmp_path: Path, toolset: str, stop: str) -> None:
     """v1 serves create_ticket asking for approval; the run's first model request is in
     flight (the scripted server holds its answer) when v1 is killed and v2 takes over,
     whose toolset declares create_ticket with needs_approval=False, or with a predicate
     that asks for no call (tests/support/loosened_tools.py). The model's create_ticket
     call is decided on v2: it still waits for approval, nothing is created until it is
     approved (before STRICTER_APPROVALS the worker's own rule decided: v2 created the
-    ticket at once)."""
+    ticket at once). v1 is killed, or stopped as a deploy stops it (SIGTERM: the SDK
+    fails the attempt in flight with WorkerShutdown, a lost worker like a kill, never a
+    counted failure: the run ended model_error at once)."""
     released = threading.Event()  # the held answer goes out when the test lets it go
     held = resp(call("create_ticket", TICKET, "t1"), delay_seconds=RUN_TIMEOUT)
     server = ScriptedModelServer([held, resp(call("create_ticket", TICKET, "t1")),
@@ -241,7 +244,11 @@ async def test_a_deploy_during_the_model_request_never_loosens_the_runs_approval
                 return len(server.requests) == 1
 
             await wait_until(in_flight, timeout=RUN_TIMEOUT)
-            v1.kill()  # stopped with the request out (Temporal retries the lost attempt)
+            # Stopped with the request out: the run sends it again, not counted.
+            if stop == "kill":
+                v1.kill()
+            else:
+                v1.send_signal(signal.SIGTERM)
             v1.wait(timeout=60)
         released.set()  # v1 is gone: its request's answer reaches no one
         with deployed([BOUNDLOOP, "worker"], loosened, tmp_path / "v2.log"):

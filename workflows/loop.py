@@ -710,9 +710,13 @@ class BoundLoopWorkflow:
                     self._charge_abandoned(plan.step, "deadline", charge)
                     self._settle_abandoned(plan.step)
                     return state.stop(StopReason.DEADLINE)
-                if timeout == TimeoutType.HEARTBEAT or (
+                shut_down = isinstance(cause, ApplicationError) \
+                    and cause.type == errors.WORKER_SHUTDOWN
+                if timeout == TimeoutType.HEARTBEAT or shut_down or (
                         timeout == TimeoutType.SCHEDULE_TO_START and self._on_holder()):
-                    # Its worker was lost (or the holder never took it): not the
+                    # Its worker was lost, or shut down while it ran (a deploy's stop,
+                    # which fails the attempt with WorkerShutdown), or the holder never
+                    # took it: not the
                     # provider's failure, not counted; sent again only once it had gone
                     # out, which the event says.
                     if self._on_holder():
