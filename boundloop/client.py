@@ -257,8 +257,10 @@ class Run:
         it. When no worker answers (`Run.status` within QUERY_SECONDS), an unsigned
         decision is sent as that signal too, and NoWorker is raised with `recorded`: the
         decision takes effect when a worker picks the run up; a signed one is not sent."""
-        desc = await describe(self.handle)  # checked first: no worker may be there
-        if desc.status != WorkflowExecutionStatus.RUNNING:
+        # An unsigned decision on an ended run: said without a worker (none may be
+        # there). A signed one asks the run's worker for the call it signs over first.
+        desc = await describe(self.handle)
+        if signer is None and desc.status != WorkflowExecutionStatus.RUNNING:
             raise errors.RunEnded(f"{self.id} has ended: it takes no more decisions "
                                   f"({ended_state(desc)}; its result stays readable)")
         line = await self._stuck()
