@@ -337,11 +337,13 @@ class Run:
         signature always covers what its approver was shown, never what waits later."""
         try:
             status = await self.status()
-        except (errors.RunStuck, errors.NoWorker):
+        except errors.NoWorker:
+            raise  # none polls: `decide` records an unsigned decision, sends no signed one
+        except errors.RunStuck:
             if signer is not None:
                 raise
-            # No worker shows the call (the run cannot be replayed, or none polls): the
-            # decision goes as it is, and the run checks what it names when one can.
+            # No worker can show the call (the run cannot be replayed): the decision goes
+            # as it is, and the run checks what it names when one can.
             return decision
         waiting = next((a for a in status.pending if a.call_id == decision.call_id), None)
         if waiting is None:
