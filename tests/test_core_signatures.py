@@ -249,7 +249,7 @@ def test_a_decision_for_other_arguments_than_those_waiting_is_refused(alice: Sig
 def test_a_signed_decision_naming_no_run_is_refused_by_a_bound_run(alice: Signer) -> None:
     """A signature over no run would hold for any run under the workflow id: a run
     started under the rule refuses it; one started before it still takes it."""
-    state, plan = pending_state()
+    state, _ = pending_state()
     loose = bound_decision(alice, run=None, fp=None)
     why = approvals.check(state, loose, RULES, ctx(alice), run=RUN_A, bound=True)
     assert why is not None and "names the run and the arguments" in why
