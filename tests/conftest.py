@@ -163,3 +163,12 @@ def run_script(temporal: Client, tmp_path: Path) -> RunScript:
         return Outcome(result=result, server=server, handle=handle, data_dir=data_dir)
 
     return run
+
+
+def unscoped_key(key: str) -> str:
+    """A tool idempotency key without its run segment (`WF/RUN/step-N/call-M` ->
+    `WF/step-N/call-M`): the run's first execution run id differs per test run."""
+    parts = key.split("/")
+    at = next(i for i, part in enumerate(parts) if part.startswith("step-"))
+    assert at >= 2, key  # a run segment is there
+    return "/".join(parts[:at - 1] + parts[at:])

@@ -306,6 +306,8 @@ class Decision:
     remember: bool = False  # a grant for the rest of the run (remembered approvals)
     when: str | None = None
     scope: str = "run"  # or "session" (a session's turn)
+    run: str | None = None  # the run it was made for (first execution run id)
+    fingerprint: str | None = None  # of the arguments its approver was shown
 
 
 def turn_with(*calls: tuple[str, str, dict[str, Any]]) -> Turn:

@@ -17,7 +17,7 @@ from boundloop.contracts import MODEL_ACTIVITY, TOOL_ACTIVITY
 from boundloop.core.limits import Limits
 from boundloop.core.loop import LOCAL_TOOL_MAX_SECONDS, idempotency_key, runs_locally
 from boundloop.core.mcp_tools import MCPToolDeclaration, tool_rule
-from tests.conftest import Outcome, RunScript
+from tests.conftest import Outcome, RunScript, unscoped_key
 from tests.scripts import answer, call, outputs, resp
 
 # --- which tools run locally (the pure rule) --------------------------------------------
@@ -101,7 +101,7 @@ async def test_a_read_only_tool_is_a_local_activity_a_side_effecting_one_is_not(
     assert scheduled == [MODEL_ACTIVITY, TOOL_ACTIVITY, MODEL_ACTIVITY]  # counted only
     # The local activity's id is the call's idempotency key, the key its tool got.
     assert [m["returned"] for m in local] == [True]
-    assert local[0]["id"] == idempotency_key(out.handle.id, 1, 0)
+    assert unscoped_key(local[0]["id"]) == idempotency_key(out.handle.id, 1, 0)
     seen = outputs(out.bodies[1])
     assert seen["c1"]["data"]["sku"] == "A-001" and seen["c2"]["status"] == "success"
 

@@ -18,6 +18,7 @@ from temporalio.client import Client
 import boundloop
 from boundloop.scripted.server import ScriptedModelServer
 from boundloop.testing import wait_until
+from tests.conftest import unscoped_key
 from tests.scripts import answer, call, outputs, resp
 from tests.support import mcp_servers
 from tests.support.mcp_servers import rows
@@ -70,7 +71,7 @@ async def test_boundloop_worker_serves_the_tools_of_its_mcp_config(
     assert outputs(model.requests[1].body)["c1"]["data"] == {
         "structured": {"sku": "B-002", "stock": 5}}
     [(key,)] = rows(db, "SELECT key FROM requests WHERE tool = 'lookup'")
-    assert key == f"{result['workflow_id']}/step-1/call-0"
+    assert unscoped_key(key) == f"{result['workflow_id']}/step-1/call-0"
 
 
 async def test_boundloop_worker_refuses_a_bad_mcp_config(temporal: Client, tmp_path: Path) -> None:
@@ -119,8 +120,8 @@ async def test_worker_killed_during_an_approved_mcp_call_does_not_repeat_it(
     finally:
         model.stop()
     assert (res.reason, res.tool_executions) == ("completed", 1)
-    key = f"{run.id}/step-1/call-0"
-    assert rows(db, "SELECT key, record FROM effects") == [(key, "r9")]
+    [(key, record)] = rows(db, "SELECT key, record FROM effects")
+    assert (unscoped_key(key), record) == (f"{run.id}/step-1/call-0", "r9")
     assert rows(db, "SELECT record FROM deleted") == [("r9",)]  # one side effect
     calls = rows(db, "SELECT key FROM requests WHERE tool = 'archive_record'")
     assert calls == [(key,), (key,)]  # the retry carried the same key

@@ -172,16 +172,17 @@ STRICTER_APPROVALS = "stricter-approvals"
 #: The next bundle: every patch of BUNDLED_PATCHES and those above, asked as one marker
 #: by a run that starts under it (instead of BUNDLED).
 BUNDLED_04 = "bundled-patches-0.4"
-BUNDLED_04_PATCHES = BUNDLED_PATCHES | {CARRIED_GENUINE, DECISIONS_BOUND, RUN_SCOPED_KEYS,
-                                        STRICTER_APPROVALS}
 #: The patch under which the workflow alone retries a model request (Temporal never
 #: does: a lost worker's attempt is retried without counting, a start-to-close timeout
 #: counts as a timeout), the activity bounds the whole answer (model_answer_seconds,
 #: start-to-close follows it), every attempt that reached the provider is charged to
 #: the run and its shared budget (usage, else the worst case), each retry is a
 #: `model_retried:<kind>` event, and the stream gets what of the answer's text the
-#: activity did not send (docs/streaming.md). Asked on its own.
+#: activity did not send (docs/streaming.md). In BUNDLED_04 (a run that started before it
+#: asks it on its own).
 CHARGED_ATTEMPTS = "charged-model-attempts"
+BUNDLED_04_PATCHES = BUNDLED_PATCHES | {CARRIED_GENUINE, DECISIONS_BOUND, RUN_SCOPED_KEYS,
+                                        STRICTER_APPROVALS, CHARGED_ATTEMPTS}
 #: The patch under which a run stops `context_exhausted` before a request that would not
 #: fit its context window (`core.context.check`, `limits.max_input_tokens`), and when
 #: the provider refuses a request as over the window (before it: `model_error`). Asked
@@ -336,7 +337,7 @@ class BoundLoopWorkflow:
         self._bundled = self._bundled_04 or workflow.patched(BUNDLED)
         # Asked here, before any local activity: asked after one, a query that replays
         # the run could see the marker one workflow task early.
-        self._charged = workflow.patched(CHARGED_ATTEMPTS)
+        self._charged = self._patched(CHARGED_ATTEMPTS)
         cancelled_first = False
         info = workflow.info()
         if inp.carried is not None and (
