@@ -71,7 +71,8 @@ async def set_budget(client: Client, key: str, limits: BudgetLimits, *,
             start_workflow_operation=start)
     except WorkflowUpdateFailedError as exc:
         cause = exc.cause
-        if isinstance(cause, ApplicationError) and cause.type == errors.BUDGET_UNSIGNED:
+        if isinstance(cause, ApplicationError) and cause.type in (
+                errors.BUDGET_UNSIGNED, errors.INVALID_BUDGET_MESSAGE):
             raise errors.BudgetRefused(cause.message) from None
         raise
 

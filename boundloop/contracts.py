@@ -306,12 +306,16 @@ class LedgerInput(BaseModel):
     reap_seconds: float = Field(default=60.0, gt=0)
 
 
+#: The longest run (workflow) id a budget ledger takes in a message: its state holds them.
+RUN_ID_MAX = 512
+
+
 class ReserveRequest(BaseModel):
     """Update `reserve`: hold the worst case of `run`'s request at `step`."""
 
     model_config = ConfigDict(extra="forbid")
 
-    run: str = Field(min_length=1)
+    run: str = Field(min_length=1, max_length=RUN_ID_MAX)
     step: int = Field(ge=1)
     amount: Amount
     #: False when the run's model has no price: a USD-limited ledger refuses it.
@@ -325,7 +329,7 @@ class SettleRequest(BaseModel):
     """Update `settle_reservation` (signal `settle` from runs of before it): what `run`'s
     request at `step` really used, with the token it reserved with."""
 
-    run: str = Field(min_length=1)
+    run: str = Field(min_length=1, max_length=RUN_ID_MAX)
     step: int = Field(ge=1)
     amount: Amount
     token: Token | None = Field(default=None, exclude_if=_none)
@@ -337,7 +341,7 @@ class ReleaseRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    run: str = Field(min_length=1)
+    run: str = Field(min_length=1, max_length=RUN_ID_MAX)
     token: Token | None = None
 
 

@@ -287,3 +287,51 @@ def test_only_a_runs_own_settlement_moves_spent_and_it_stays_within_its_reservat
             assert grew <= held.amount.tokens * budget.SETTLE_FACTOR
         if held is not None and not own:
             assert state.reservations.get(run) == held  # another's message moved nothing
+
+
+# --- what a stranger's message may make a ledger hold ----------------------------------
+
+
+def test_an_amount_over_the_ledgers_bounds_is_refused_in_a_dimension_without_a_limit(
+        ) -> None:
+    """A tokens-only budget took usd=1e308 twice: its spent total became infinite and
+    every reader of the ledger failed."""
+    state = LedgerState(key="k", limits=BudgetLimits(tokens=100_000))
+    huge = budget.reserve_claimed(state, "r1", 1, Amount(usd=1e308, tokens=1), "2026-12-03",
+                                  token="0" * 32)
+    assert not huge.granted and "within the ledger's bounds" in huge.message
+    assert budget.amount_problem(Amount(usd=budget.MAX_USD, tokens=budget.MAX_TOKENS)) is None
+    assert budget.amount_problem(Amount(tokens=budget.MAX_TOKENS + 1)) is not None
+
+
+def test_a_ledger_keeps_a_bounded_number_of_runs() -> None:
+    state = LedgerState(key="k", limits=BudgetLimits(tokens=10**9))
+    for n in range(budget.MAX_RUNS):
+        assert budget.reserve_claimed(state, f"r{n}", 1, Amount(tokens=1), "2026-12-03",
+                                      token=f"{n:032x}").granted
+    refused = budget.reserve_claimed(state, "one-more", 1, Amount(tokens=1), "2026-12-03",
+                                     token="f" * 32)
+    assert not refused.granted and f"keeps {budget.MAX_RUNS} runs" in refused.message
+    assert "one-more" not in budget.known_runs(state)
+    # A run it keeps already is still answered.
+    assert budget.reserve_claimed(state, "r0", 1, Amount(tokens=1), "2026-12-03",
+                                  token=f"{0:032x}").granted
+
+
+def test_a_ledger_started_with_a_timeout_schedule_or_retry_is_named() -> None:
+    assert budget.irregular_start(timeout=False, cron=False, retry=False) is None
+    for kwargs, what in (({"timeout": True}, "a timeout"), ({"cron": True}, "a cron"),
+                         ({"retry": True}, "a retry policy")):
+        why = budget.irregular_start(**{"timeout": False, "cron": False, "retry": False,
+                                        **kwargs})
+        assert why is not None and what in why and "terminate it" in why
+
+
+def test_a_run_id_longer_than_a_ledger_takes_is_refused_in_its_message() -> None:
+    """Three reservations under 900 KB run ids made the ledger's check of closed runs an
+    activity input over Temporal's payload limit: every workflow task of it failed."""
+    from boundloop.contracts import RUN_ID_MAX, ReserveRequest
+
+    ReserveRequest(run="r" * RUN_ID_MAX, step=1, amount=Amount())
+    with pytest.raises(ValidationError):
+        ReserveRequest(run="r" * (RUN_ID_MAX + 1), step=1, amount=Amount())

@@ -15,7 +15,7 @@ import sys
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -426,3 +426,27 @@ async def test_the_console_refuses_a_decision_on_a_call_swapped_under_the_same_w
 
 async def _port_open(url: str) -> bool:
     return port_open("127.0.0.1", int(url.rsplit(":", 1)[1]))
+
+
+# --- the budget ledger's own start --------------------------------------------------
+
+
+async def test_a_ledger_started_first_with_a_timeout_refuses_the_operators_budget(
+        temporal: Client, tmp_path: Path) -> None:
+    """A stranger starts a budget's ledger before the operator does, with an execution
+    timeout: the operator's `budget set` attached to it, runs spent from it, and at the
+    timeout everything it counted was gone. Now it refuses the limits, naming the fix."""
+    from boundloop.budgets import set_budget
+    from boundloop.contracts import BUDGET_WORKFLOW, LedgerInput, budget_workflow_id
+    from boundloop.core.budget import BudgetLimits, LedgerState
+    from boundloop.errors import BudgetRefused
+
+    key = f"doors-{uuid.uuid4().hex[:8]}"
+    async with served(temporal, tmp_path, []) as env:
+        squatter = await temporal.start_workflow(
+            BUDGET_WORKFLOW, LedgerInput(state=LedgerState(key=key, limits=None)),
+            id=budget_workflow_id(key), task_queue=env.queue,
+            execution_timeout=timedelta(minutes=10))
+        with pytest.raises(BudgetRefused, match=r"started with a timeout.*terminate it"):
+            await set_budget(temporal, key, BudgetLimits(usd=5.0), task_queue=env.queue)
+        await squatter.terminate("test over")

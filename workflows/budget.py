@@ -83,6 +83,13 @@ class BudgetLedgerWorkflow:
                 cron=bool(info.cron_schedule), attempt=info.attempt)
         elif info.continued_run_id is None and workflow.patched(SIGNED_LIMITS):
             self._state = inp.state.model_copy(update={"limits": None})
+        # Messages are refused while the ledger is not one boundloop started as it is
+        # (a timeout, a cron schedule, a retry policy: its starter would decide when it
+        # ends or starts over empty).
+        self._irregular = budget.irregular_start(
+            timeout=info.execution_timeout is not None
+            or info.run_timeout is not None, cron=bool(info.cron_schedule),
+            retry=info.retry_policy is not None)
 
     @workflow.run
     async def run(self, inp: LedgerInput) -> None:
@@ -137,8 +144,14 @@ class BudgetLedgerWorkflow:
                                                                "step": req.step})
         return grant
 
+    def _refuse_if_irregular(self) -> None:
+        if self._irregular is not None:
+            raise ApplicationError(f"budget {self._state.key!r}: {self._irregular}",
+                                   type=errors.INVALID_BUDGET_MESSAGE, non_retryable=True)
+
     @reserve.validator
     def _validate_reserve(self, req: ReserveRequest) -> None:
+        self._refuse_if_irregular()
         # NaN passes every comparison with a limit: it would be granted, and then every
         # reservation after it.
         if budget.amount_problem(req.amount) is not None:
@@ -217,6 +230,7 @@ class BudgetLedgerWorkflow:
 
     @set_limits.validator
     def _validate_set_limits(self, limits: BudgetLimits) -> None:
+        self._refuse_if_irregular()
         # Read in the validator only (it never runs on replay): the worker's own keys.
         admins = catalog.served_on(workflow.info().task_queue).budget_admins
         if admins is not None:
@@ -233,6 +247,7 @@ class BudgetLedgerWorkflow:
 
     @set_signed_limits.validator
     def _validate_set_signed_limits(self, req: SignedLimits) -> None:
+        self._refuse_if_irregular()
         admins = catalog.served_on(workflow.info().task_queue).budget_admins
         if admins is None:
             return  # no approver keys configured: namespace access sets limits

@@ -261,12 +261,28 @@ def claim_of(token: str) -> str:
     return hashlib.sha256(token.encode("ascii", "replace")).hexdigest()
 
 
+#: The largest amount a ledger holds or charges in one message, in each dimension, with
+#: a limit on it or not: a sum of such amounts stays finite (a dimension without a limit
+#: was otherwise driven to infinity, which broke the ledger's view and its continuation).
+MAX_USD = 1e9
+MAX_TOKENS = 10**12
+#: The most runs a ledger keeps at once (holding, settled or refused, until released or
+#: reaped): its check of closed runs sends their ids in one activity input.
+MAX_RUNS = 2000
+
+
 def amount_problem(amount: Amount) -> str | None:
-    """Why `amount` is no amount a ledger may hold or charge (not finite, negative), or
-    None. Worded without the figures: they may be anyone's."""
-    if not (math.isfinite(amount.usd) and amount.usd >= 0 and amount.tokens >= 0):
-        return "not a finite, non-negative amount"
+    """Why `amount` is no amount a ledger may hold or charge (not finite, negative, over
+    MAX_USD or MAX_TOKENS), or None. Worded without the figures: they may be anyone's."""
+    if not (math.isfinite(amount.usd) and 0 <= amount.usd <= MAX_USD
+            and 0 <= amount.tokens <= MAX_TOKENS):
+        return "not a finite, non-negative amount within the ledger's bounds"
     return None
+
+
+def known_runs(state: LedgerState) -> set[str]:
+    """The runs a ledger keeps: holding a reservation, settled or refused, not released."""
+    return set(state.reservations) | set(state.settled) | set(state.refusing)
 
 
 def _within(actual: Amount, held: Amount) -> bool:
@@ -288,6 +304,10 @@ def reserve_claimed(state: LedgerState, run: str, step: int, amount: Amount, tod
     """
     roll(state, today)
     claim = None if token is None else claim_of(token)
+    if run not in known_runs(state) and len(known_runs(state)) >= MAX_RUNS:
+        # Not kept, not counted: the ledger's state stays bounded.
+        return Grant(granted=False, message=f"budget {state.key!r} refused step {step}: it "
+                     f"keeps {MAX_RUNS} runs already; try again once some have ended")
     problem = amount_problem(amount)
     held = state.reservations.get(run)
     if problem is None and held is not None:
@@ -386,3 +406,16 @@ def carried_state(key: str, state: LedgerState, *, continued: bool, cron: bool,
     if continued and not cron and attempt == 1 and state.key == key:
         return state
     return LedgerState(key=key, limits=None)
+
+
+def irregular_start(*, timeout: bool, cron: bool, retry: bool) -> str | None:
+    """Why a ledger's workflow is not one boundloop started, or None. boundloop starts a
+    ledger with no timeout, cron schedule or retry policy: a ledger started with one
+    (anyone with namespace access may start it first) would end, or start over empty,
+    when its starter chose."""
+    if timeout or cron or retry:
+        what = "a timeout" if timeout else "a cron schedule" if cron else "a retry policy"
+        return (f"the ledger's workflow was started with {what}, which boundloop never "
+                "sets: terminate it (temporal workflow terminate --workflow-id …), then set "
+                "the budget again")
+    return None
