@@ -361,6 +361,7 @@ class LedgerOfBeforeClaims(BudgetLedgerWorkflow):
     def __init__(self, inp: LedgerInput) -> None:
         self._inp, self._state = inp, inp.state
         self._claims, self._upgrade = False, False
+        self._irregular = None  # (the check of a ledger's start options came later)
         if workflow.info().continued_run_id is None and workflow.patched(SIGNED_LIMITS):
             self._state = inp.state.model_copy(update={"limits": None})
 

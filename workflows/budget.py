@@ -85,10 +85,13 @@ class BudgetLedgerWorkflow:
             self._state = inp.state.model_copy(update={"limits": None})
         # Messages are refused while the ledger is not one boundloop started as it is
         # (a timeout, a cron schedule, a retry policy: its starter would decide when it
-        # ends or starts over empty).
+        # ends or starts over empty). Timeouts are read at the first run only: Temporal
+        # gives a continued run one of its own, and the first run of a ledger started
+        # with one refused every message, so it never continues as new.
         self._irregular = budget.irregular_start(
-            timeout=info.execution_timeout is not None
-            or info.run_timeout is not None, cron=bool(info.cron_schedule),
+            timeout=info.continued_run_id is None and (
+                info.execution_timeout is not None or info.run_timeout is not None),
+            cron=bool(info.cron_schedule),
             retry=info.retry_policy is not None)
 
     @workflow.run
