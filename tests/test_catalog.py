@@ -34,3 +34,21 @@ def test_a_queue_serves_one_thing_for_as_long_as_a_worker_serves_it() -> None:
     catalog.register(queue, catalog.Served(other))  # a later worker may serve another
     assert catalog.served_on(queue).toolset is other
     catalog.unregister(queue, catalog.Served(other))
+
+
+def test_replayers_made_in_turn_each_replay_with_their_own_toolset() -> None:
+    """Two replayers of one process with other toolsets (one agent's histories, then
+    another's): the second was refused ("task queue None already serves another toolset"),
+    which failed every replay test run after another module's replayer in one process."""
+    from temporalio.contrib.pydantic import pydantic_data_converter
+    from temporalio.worker import Replayer
+
+    from boundloop import Plugin
+    from boundloop.tools import catalog
+    from tests.support.crash_tools import tools as crash_tools
+    from tests.support.tools import tools as test_tools
+
+    for toolset in (test_tools, crash_tools):
+        Replayer(workflows=[], data_converter=pydantic_data_converter,
+                 plugins=[Plugin(toolset, deps=None)])
+        assert catalog.served_on("a queue no worker serves").toolset is toolset

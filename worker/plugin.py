@@ -294,8 +294,8 @@ class Plugin(SimplePlugin, Generic[Deps]):
             or timedelta())
 
     def configure_replayer(self, config: ReplayerConfig) -> ReplayerConfig:
-        # A Replayer replays histories of any task queue.
-        catalog.register(None, self.served)
+        # A Replayer replays histories of any task queue, with its own toolset.
+        catalog.register_replayer(self.served)
         return super().configure_replayer(config)
 
 

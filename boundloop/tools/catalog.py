@@ -52,6 +52,13 @@ def register(task_queue: str | None, served: Served) -> None:
                              current[1] + 1 if current else 1)
 
 
+def register_replayer(served: Served) -> None:
+    """Serve `served` to the Replayer made last in this process (any task queue no worker
+    here serves): a replayer replays one set of histories, so the newest one's toolset
+    applies (replaying two agents' histories in turn, each with its own toolset, works)."""
+    _by_queue[None] = (served, 1)
+
+
 def unregister(task_queue: str | None, served: Served) -> None:
     current = _by_queue.get(task_queue)
     if current is None or not current[0].same_as(served):
