@@ -191,11 +191,7 @@ def reserve(state: LedgerState, run: str, step: int, amount: Amount, today: str,
                  f"{state.key} --usd AMOUNT)"] if lim is None
                 else _over(lim, state, others, amount, priced))
     if problems:
-        if state.refusing.get(run) != step:
-            state.refusing[run] = step
-            state.refused += 1
-        return Grant(granted=False, message=f"budget {state.key!r} refused step {step}: "
-                     + "; ".join(problems))
+        return _refused(state, run, step, problems)
     # An older reservation of the same run was never settled (its request failed):
     # the new one replaces it.
     state.reservations[run] = Reservation(run=run, step=step, amount=amount)
@@ -323,13 +319,18 @@ def reserve_claimed(state: LedgerState, run: str, step: int, amount: Amount, tod
                       f"{state.key} --usd AMOUNT)"] if lim is None
                 else _over(lim, state, reserved(state, excluding=run), amount, priced))
     if problems:
-        if state.refusing.get(run) != step:
-            state.refusing[run] = step
-            state.refused += 1
-        return Grant(granted=False, message=f"budget {state.key!r} refused step {step}: "
-                     + "; ".join(problems))
+        return _refused(state, run, step, problems)
     state.reservations[run] = Reservation(run=run, step=step, amount=amount, claim=claim)
     return Grant(granted=True, claim=claim)
+
+
+def _refused(state: LedgerState, run: str, step: int, problems: list[str]) -> Grant:
+    """A refusal of `run`'s `step`, counted once however often the run asks again."""
+    if state.refusing.get(run) != step:
+        state.refusing[run] = step
+        state.refused += 1
+    return Grant(granted=False, message=f"budget {state.key!r} refused step {step}: "
+                 + "; ".join(problems))
 
 
 def settle_problem(state: LedgerState, run: str, step: int, token: str | None) -> str | None:
