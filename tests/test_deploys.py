@@ -61,6 +61,19 @@ def deployed(command: list[str], env: dict[str, str], log: Path,
         worker.wait(timeout=60)
 
 
+async def parked_on_v1(temporal: Client, env: dict[str, str], queue: str, tmp_path: Path,
+                       inp: RunInput) -> WorkflowHandle[object, RunResult]:
+    """A run started on the first release's worker (`env`), waiting for approval when
+    that worker is stopped as a deploy stops it."""
+    with deployed([BOUNDLOOP, "worker"], env, tmp_path / "v1.log"):
+        await log_has(tmp_path / "v1.log", "worker started")
+        handle = await temporal.start_workflow(
+            WORKFLOW_NAME, inp, id=f"dep-{uuid.uuid4().hex[:12]}", task_queue=queue,
+            result_type=RunResult)
+        await parked(handle)
+    return handle
+
+
 async def parked(handle: WorkflowHandle[object, RunResult]) -> None:
     async def waiting() -> bool:
         return bool((await query_status(handle)).pending)
@@ -82,12 +95,7 @@ async def test_a_decision_for_a_stuck_run_is_recorded_and_applied_once_the_old_c
     inp = RunInput(question="open a ticket", settings=RunSettings(model="scripted-model"),
                    tools=DEMO_TOOLS)
     try:
-        with deployed([BOUNDLOOP, "worker"], env, tmp_path / "v1.log"):
-            await log_has(tmp_path / "v1.log", "worker started")
-            handle = await temporal.start_workflow(
-                WORKFLOW_NAME, inp, id=f"dep-{uuid.uuid4().hex[:12]}", task_queue=queue,
-                result_type=RunResult)
-            await parked(handle)
+        handle = await parked_on_v1(temporal, env, queue, tmp_path, inp)
         with deployed(NEXT_RELEASE_WORKER, next_release, tmp_path / "v2.log"):
             await log_has(tmp_path / "v2.log", "worker started")
             # No workflow task has failed yet: the status query is the first to replay
@@ -289,12 +297,7 @@ async def test_a_compatible_argument_change_runs_the_approved_call(
     inp = RunInput(question="open a ticket", settings=RunSettings(model="scripted-model"),
                    tools=DEMO_TOOLS)
     try:
-        with deployed([BOUNDLOOP, "worker"], env, tmp_path / "v1.log"):
-            await log_has(tmp_path / "v1.log", "worker started")
-            handle = await temporal.start_workflow(
-                WORKFLOW_NAME, inp, id=f"dep-{uuid.uuid4().hex[:12]}", task_queue=queue,
-                result_type=RunResult)
-            await parked(handle)
+        handle = await parked_on_v1(temporal, env, queue, tmp_path, inp)
         with deployed([BOUNDLOOP, "worker"], v2, tmp_path / "v2.log"):
             await log_has(tmp_path / "v2.log", "worker started")
             code, out, err = await cli("approve", handle.id, "t1", env=cli_env)
