@@ -38,7 +38,7 @@ from boundloop.contracts import (
 )
 from boundloop.core.budget import Amount, BudgetLimits, BudgetReset
 from boundloop.core.conversation import ConversationMeta, ConversationRef, user_message
-from boundloop.core.limits import Policy, RunSettings
+from boundloop.core.limits import Limits, Policy, RunSettings
 from boundloop.core.loop import LoopState
 from boundloop.core.rules import ArgumentRule
 from boundloop.core.session import Continuation, TurnOf
@@ -131,6 +131,19 @@ async def interrupt_during_request(c: Cluster, handle: WorkflowHandle[Any, RunRe
 
     await wait_until(asked, timeout=60)
     await handle.signal("interrupt", CancelRequest(reason="interrupted by a new message"))
+
+
+async def cancel_in_request(c: Cluster, handle: WorkflowHandle[Any, RunResult]) -> None:
+    """`boundloop cancel` once the model request reached the scripted server."""
+    async def asked() -> bool:
+        return len(c.model.requests) > REQUESTS_BEFORE[handle.id]
+
+    await wait_until(asked, timeout=60)
+    await ops.cancel(handle, "asked the wrong question")
+
+
+#: workflow id -> the model requests the scripted server had seen before its run started.
+REQUESTS_BEFORE: dict[str, int] = {}
 
 
 #: A provider failure the workflow retries itself (a durable timer, then a new attempt).
@@ -282,6 +295,38 @@ RUNS["admitted"] = ([
     resp(call("lookup_stock", {"sku": "A-001"}, "o1"), rid="or1"),
     answer("A-001は12個です。", rid="or2"),
 ], approve_by_signal)
+
+
+# Recorded from 0.4 on, so that every branch of the run's step order has a history:
+# an approval nobody decides within its timeout (stopped approval_timeout)...
+RUNS["approval_timed_out"] = ([
+    resp(call("create_ticket", TICKET, "e1"), rid="er1"),
+], nothing)
+# ...a request the provider refuses (HTTP 400: never retried, stopped model_error)...
+RUNS["model_error"] = ([
+    {"status": 400, "body": {"error": {"message": "bad request", "type": "invalid_request"}}},
+], nothing)
+# ...and a first request that cannot fit its context window (stopped context_exhausted
+# before it is sent, the context-window marker). tenant_budget reserves, settles and
+# releases a shared budget's amounts around its steps.
+RUNS["context_exhausted"] = ([], nothing)
+# A model attempt silent past model_timeout_seconds: charged its worst case, retried
+# (a model_retried:timeout event) after a durable timer.
+RUNS["charged_retry"] = ([
+    {**answer("never seen", rid="hr0"), "delay_seconds": 4.0},
+    resp(call("lookup_stock", {"sku": "A-001"}, "h1"), rid="hr1"),
+    answer("A-001は12個です。", rid="hr2"),
+], nothing)
+# A cancel with the model request out: the attempt is charged as `cancelled`.
+RUNS["cancelled_in_request"] = ([
+    {**answer("never seen", rid="nr1"), "delay_seconds": 4.0},
+], cancel_in_request)
+#: name -> the run's limits, for the histories that need others than the defaults.
+LIMITS: dict[str, Limits] = {
+    "approval_timed_out": Limits(approval_timeout_seconds=1.0),
+    "context_exhausted": Limits(max_input_tokens=20, max_output_tokens=10),
+    "charged_retry": Limits(model_timeout_seconds=1.0),
+}
 
 
 #: name -> the tools a run names that its worker does not all serve: refused at admission
@@ -545,9 +590,10 @@ async def record_on(tmp: Path, names: list[str], flags: list[str] | None = None)
                 assert c.client is not None
                 await set_budget(c.client, f"tenant-{tenant}", BudgetLimits(usd=1.0),
                                  task_queue=c.queue)
+            REQUESTS_BEFORE[workflow_id(name)] = len(c.model.requests)
             handle = await c.start_run(turns, workflow_id=workflow_id(name),
                                        policy=POLICIES.get(name), tenant=tenant,
-                                       tools=TOOLS.get(name))
+                                       tools=TOOLS.get(name), limits=LIMITS.get(name))
             await act(c, handle)
             result = await result_of(handle)
             if name in CONTINUED:

@@ -36,17 +36,22 @@ def load(path: str) -> WorkflowHistory:
     recorded under the workflow id of NAME."""
     file = HISTORIES / f"{path}.json"
     text = file.read_text(encoding="utf-8")
-    return WorkflowHistory.from_json(workflow_id(file.name.split(".")[0]), text)
+    # A session's turn runs under its own id (SESSION/turn-N), which its run checks.
+    started = json.loads(text)["events"][0].get("workflowExecutionStartedEventAttributes", {})
+    recorded = started.get("workflowId") or workflow_id(file.name.split(".")[0])
+    return WorkflowHistory.from_json(recorded, text)
 
 
 ALL_FILES = sorted(str(p.relative_to(HISTORIES).with_suffix(""))
                    for p in HISTORIES.glob("v*/*.json"))
 
 
-def latest(name: str) -> str:
-    """The newest release's recording of the history NAME."""
-    return max((p for p in ALL_FILES if p.split("/")[1] == name),
-               key=lambda p: tuple(int(n) for n in p.split("/")[0][1:].split(".")))
+def latest(name: str, upto: str = "v9999.0") -> str:
+    """The newest release's recording of the history NAME (up to release `upto`)."""
+    def release(p: str) -> tuple[int, ...]:
+        return tuple(int(n) for n in p.split("/")[0][1:].split("."))
+    return max((p for p in ALL_FILES if p.split("/")[1] == name
+                and release(p) <= release(f"{upto}/")), key=release)
 
 
 def kinds(history: WorkflowHistory) -> list[int]:
@@ -129,7 +134,35 @@ def test_history_is_the_run_it_is_named_after(name: str, reason: str,
                                               shape: dict[int, int]) -> None:
     """Guards the fixtures themselves: a regenerated file must still show its scenario
     (the crash history: a task sent to the killed worker timed out)."""
-    history = load(latest(name))
+    history = load(latest(name, upto="v0.3"))
+    assert final_result(history)["reason"] == reason
+    events = kinds(history)
+    assert {kind: events.count(kind) for kind in shape} == shape
+    assert E.EVENT_TYPE_WORKFLOW_TASK_FAILED not in events
+
+
+@pytest.mark.parametrize(("name", "reason", "shape"), [
+    # The approval's timer fired: no decision, no tool activity.
+    ("approval_timed_out", "approval_timeout", {E.EVENT_TYPE_TIMER_FIRED: 1,
+                                                E.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED: 1}),
+    # One attempt, refused (HTTP 400): never retried.
+    ("model_error", "model_error", {E.EVENT_TYPE_ACTIVITY_TASK_FAILED: 1,
+                                    E.EVENT_TYPE_TIMER_FIRED: 0}),
+    # The bundle, admit_run and context-window markers; no model request.
+    ("context_exhausted", "context_exhausted", {E.EVENT_TYPE_MARKER_RECORDED: 3,
+                                                E.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED: 0}),
+    # A silent attempt failed (counted, charged), a backoff timer, then two answers.
+    ("charged_retry", "completed", {E.EVENT_TYPE_ACTIVITY_TASK_FAILED: 1,
+                                    E.EVENT_TYPE_TIMER_FIRED: 1,
+                                    E.EVENT_TYPE_ACTIVITY_TASK_COMPLETED: 2}),
+    ("cancelled_in_request", "cancelled", {E.EVENT_TYPE_ACTIVITY_TASK_CANCEL_REQUESTED: 1,
+                                           E.EVENT_TYPE_WORKFLOW_EXECUTION_CANCEL_REQUESTED: 1}),
+    # Two steps: reserve, model, settle each, the lookup local; then the release.
+    ("tenant_budget", "completed", {E.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED: 7}),
+])
+def test_the_histories_of_0_4_are_the_runs_they_are_named_after(
+        name: str, reason: str, shape: dict[int, int]) -> None:
+    history = load(f"v0.4/{name}")
     assert final_result(history)["reason"] == reason
     events = kinds(history)
     assert {kind: events.count(kind) for kind in shape} == shape
@@ -210,10 +243,11 @@ def _answer(payloads: Any) -> Any:
     return json.loads(payloads[0].data) if payloads and payloads[0].data else None
 
 
-def _failed_before_any_activity(name: str, markers: int, type_: str) -> str:
+def _failed_before_any_activity(name: str, markers: int, type_: str,
+                                upto: str = "v9999.0") -> str:
     """The failure message of a committed history that failed with `type_` after
     `markers` markers and no activity."""
-    history = load(latest(name))
+    history = load(latest(name, upto))
     events = kinds(history)
     assert events.count(E.EVENT_TYPE_MARKER_RECORDED) == markers
     assert E.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED not in events
@@ -227,7 +261,11 @@ def _failed_before_any_activity(name: str, markers: int, type_: str) -> str:
 
 def test_the_unknown_tool_history_is_refused_at_admission_in_a_sentence() -> None:
     # operator-policy, the admit_run local activity, unknown-tools-named; no model request.
-    message = _failed_before_any_activity("unknown_tool", 3, errors.UNKNOWN_TOOLS)
+    message = _failed_before_any_activity("unknown_tool", 3, errors.UNKNOWN_TOOLS, "v0.3")
+    assert message.startswith(
+        "the worker on task queue 'histories' serves no tool named 'whisper' (it serves: ")
+    # From 0.4: the bundle's one marker and the admit_run local activity.
+    message = _failed_before_any_activity("unknown_tool", 2, errors.UNKNOWN_TOOLS)
     assert message.startswith(
         "the worker on task queue 'histories' serves no tool named 'whisper' (it serves: ")
 
