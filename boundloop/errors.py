@@ -5,11 +5,7 @@ workflow matches on (defined once here, so a rename cannot miss one place).
 from __future__ import annotations
 
 from boundloop.core.envelope import Envelope, ToolStatus
-
-#: Temporal's payload limit (bytes): no activity input or result, continue-as-new input
-#: or workflow result may be larger. The server refuses it with a failure of type
-#: `PAYLOADS_TOO_LARGE` below.
-PAYLOAD_LIMIT_BYTES = 2 * 1024 * 1024
+from boundloop.core.limits import PAYLOAD_LIMIT_BYTES as PAYLOAD_LIMIT_BYTES  # the core's
 
 # --- error type names (ApplicationError.type) -----------------------------------------
 

@@ -14,7 +14,6 @@ from pydantic_core import to_json
 
 from boundloop.core.rules import ArgumentRule
 from boundloop.core.signatures import ApproverName, PublicKeyText
-from boundloop.errors import PAYLOAD_LIMIT_BYTES
 
 # Upper bounds keep every limit inside what Temporal timers and Python's C ints take
 # (a 1e300-second deadline would fail every workflow task); they are far above any
@@ -33,6 +32,10 @@ BUDGET_KEY_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:@-]{0,99}$"
 # input, the workflow result) is one payload, at most PAYLOAD_LIMIT_BYTES. The largest
 # allowed settings are derived here, and only here, from that limit.
 
+#: Temporal's payload limit (bytes): no activity input or result, continue-as-new input
+#: or workflow result may be larger. The server refuses it with a failure of type
+#: `PAYLOADS_TOO_LARGE` (boundloop/errors.py).
+PAYLOAD_LIMIT_BYTES = 2 * 1024 * 1024
 #: Kept free in every payload for what wraps the value a setting sizes: the payload's
 #: metadata (about 30 bytes), the JSON of the model around it (`{"envelope": …,
 #: "executed": true, "fatal": false}` for a tool result: under 100 bytes), and the
