@@ -4,9 +4,9 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck docs pytest bench bench-peers setup clean
+.PHONY: demo test lint typecheck docs pytest bench bench-peers setup src-tree clean
 
-setup: $(STAMP)
+setup: $(STAMP) src-tree
 
 $(STAMP): pyproject.toml
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "need $(PYTHON) (set PYTHON=...)"; exit 1; }
@@ -15,15 +15,27 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet -e '.[dev]'
 	@touch $(STAMP)
 
+# The package as it installs, for the tools that find modules by path (mypy,
+# mkdocstrings): boundloop/'s entries and the top-level workflows/, activities/ and
+# worker/, linked under .boundloop/src/boundloop/ (pyproject.toml maps them so for pip;
+# an editable install maps them by an import hook these tools cannot see). Made again on
+# each use, so a new module shows; never committed.
+SRC_TREE := .boundloop/src/boundloop
+
+src-tree:
+	@rm -rf $(SRC_TREE) && mkdir -p $(SRC_TREE)
+	@for p in boundloop/* workflows activities worker; do \
+		case $$p in */__pycache__) ;; *) ln -s ../../../$$p $(SRC_TREE)/ ;; esac; done
+
 demo: $(STAMP)
 	$(BIN)/boundloop demo
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
 
-typecheck: $(STAMP)
+typecheck: $(STAMP) src-tree
 	$(BIN)/mypy
-	cd examples/weather_desk && MYPYPATH=../.. ../../$(BIN)/mypy --strict *.py
+	cd examples/weather_desk && MYPYPATH=../../.boundloop/src ../../$(BIN)/mypy --strict *.py
 
 # The tests run in PYTEST_WORKERS processes (pytest-xdist; each starts its own dev server
 # when a test needs one). Most of a test's time is spent waiting on a dev server, a worker
@@ -35,7 +47,7 @@ pytest: $(STAMP)
 	$(BIN)/pytest -q -n $(PYTEST_WORKERS) --dist loadgroup
 
 # The documentation site, strictly: a broken link or a docstring reference fails it.
-docs: $(STAMP)
+docs: $(STAMP) src-tree
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
 
 test: lint typecheck docs pytest

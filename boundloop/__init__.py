@@ -22,8 +22,18 @@ Define tools, serve them from a worker, start runs and decide their approvals:
 See README.md ("Build your own agent") and examples/weather_desk/.
 """
 
+import os
 from importlib import import_module
 from typing import TYPE_CHECKING, Any
+
+# A source checkout keeps workflows/, activities/ and worker/ at its top level; an
+# installed boundloop has them inside (pyproject.toml maps them so). A checkout finds its
+# own beside this package, whichever one is installed: `PYTHONPATH=<checkout>` runs that
+# checkout's workflows, not the installed one's.
+_checkout = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if (not os.path.isdir(os.path.join(os.path.dirname(__file__), "workflows"))
+        and os.path.isfile(os.path.join(_checkout, "workflows", "__init__.py"))):
+    __path__.append(_checkout)
 
 if TYPE_CHECKING:
     from boundloop.agent import DEFAULT_TASK_QUEUE, Agent
