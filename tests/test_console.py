@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import re
 import subprocess
 import sys
 import urllib.error
@@ -47,6 +48,8 @@ from boundloop.testing import free_port, wait_until
 from tests.conftest import DEMO_TOOLS
 from tests.conftest import test_worker as make_worker
 from tests.scripts import answer, call, resp
+from tests.test_docs_outputs import ROOT
+from tests.test_docs_shown import commands_of
 from tests.test_web_ui import CHROMIUM, CHROMIUM_ARGS
 
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="Chromium not found")
@@ -228,14 +231,23 @@ async def test_approver_decides_three_calls_in_the_browser(deployed: Deployed) -
             card1 = page.locator(f'.approval[data-run="{r1.id}"]')
             await expect(card1.locator(".arguments")).to_contain_text(
                 '"description": "B-001 is out of stock"')
-            await expect(card1.locator(".why")).to_contain_text("requires approval")
+            # Which rule asked: create_ticket's declaration (needs_approval=True).
+            await expect(card1.locator(".why")).to_have_text(
+                "asked because: the tool's declaration (needs_approval=True: every call asks)")
+            # The run's question, and when the call began to wait, to the second.
+            await expect(card1.locator(".question")).to_have_text(
+                "Open a restock ticket for B-001")
+            await expect(card1.locator("p").first).to_contain_text(re.compile(
+                r"waiting since \d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\+00:00$"))
             await page.screenshot(path=shots / "console-inbox.png", full_page=True)
 
-            # The runs list: all three wait for approval.
+            # The runs list: all three wait for approval, each with its question.
             await page.click("header >> text=Runs")
-            for h in deployed.runs:
-                await expect(page.locator(f'tr[data-run="{h.id}"]')).to_contain_text(
-                    "waiting approval")
+            for n, h in enumerate(deployed.runs, 1):
+                row = page.locator(f'tr[data-run="{h.id}"]')
+                await expect(row).to_contain_text("waiting approval")
+                await expect(row.locator(".question")).to_have_text(
+                    f"Open a restock ticket for B-00{n}")
 
             # Run 1's page, approved from there; the page follows it to its end.
             await page.click(f"text={r1.id}")
@@ -244,7 +256,9 @@ async def test_approver_decides_three_calls_in_the_browser(deployed: Deployed) -
             await expect(page.locator("#timeline")).to_contain_text("approval_requested")
             await page.screenshot(path=shots / "console-run-waiting.png", full_page=True)
             await page.locator('.approval[data-call="t1"] button[name=approve]').click()
-            await expect(page.locator("#note")).to_contain_text("t1: approved (signed by alice)")
+            # The note names the run: every run of this script has a call t1.
+            await expect(page.locator("#note")).to_have_text(
+                f"run {r1.id} · call t1: approved (signed by alice)")
             await expect(page.locator("#state")).to_have_text("completed")
             await expect(page.locator("#answer")).to_have_text("Done.")
             await expect(page.locator("#timeline")).to_contain_text("tool_success")
@@ -263,7 +277,8 @@ async def test_approver_decides_three_calls_in_the_browser(deployed: Deployed) -
             card2 = page.locator(f'.approval[data-run="{r2.id}"]')
             await card2.locator("input[name=reason]").fill("wrong priority")
             await card2.locator("button[name=reject]").click()
-            await expect(page.locator("#note")).to_contain_text("t2: rejected")
+            await expect(page.locator("#note")).to_have_text(
+                f"run {r2.id} · call t2: rejected (signed by alice)")
 
             # Run 3: edited, the edit shown as a diff, then approved.
             card3 = page.locator(f'.approval[data-run="{r3.id}"]')
@@ -275,8 +290,8 @@ async def test_approver_decides_three_calls_in_the_browser(deployed: Deployed) -
             await expect(page.locator(".diff .del")).to_contain_text('"priority": "normal"')
             await expect(page.locator(".diff .add")).to_contain_text('"priority": "high"')
             await page.click("button[name=confirm]")
-            await expect(page.locator("#note")).to_contain_text(
-                "t3: approved with edited arguments")
+            await expect(page.locator("#note")).to_have_text(
+                f"run {r3.id} · call t3: approved with edited arguments (signed by alice)")
             await expect(page.locator("#inbox-empty")).to_be_visible()
 
             # Once they have ended, the list shows every run completed.
@@ -371,3 +386,36 @@ async def test_the_runs_list_filters_by_state_tool_and_approver(deployed: Deploy
     assert await listed("tool=lookup_stock") == set()
     assert await listed("state=stopped") == set()
     assert await listed("reason=max_steps") == set()
+
+
+async def test_a_script_signs_in_and_decides_with_the_pages_curl_lines(
+        deployed: Deployed) -> None:
+    """docs/console.md's "Without a browser" lines, run in a shell as shown (the console
+    on its test port): they sign in as alice, approve a waiting call, and print what the
+    page shows."""
+    for turn in (resp(call("create_ticket", ticket(8), "c8"), rid="resp_c8"),
+                 answer("Filed B-008.", rid="resp_c8a")):
+        deployed.model.append(turn)
+    agent = boundloop.Agent(DEMO_TOOLS, model="scripted-model", task_queue=deployed.queue)
+    handle = (await agent.start(deployed.client, "Open a restock ticket for B-008")).handle
+
+    async def waiting() -> bool:
+        return bool((await query_status(handle)).pending)
+
+    await wait_until(waiting, timeout=60)
+    lines = (ROOT / "docs/console.md").read_text(encoding="utf-8").splitlines()
+    start = next(i for i, x in enumerate(lines) if x.startswith("$ curl") and "/login" in
+                 lines[i + 1])
+    block = lines[start:lines.index("```", start)]
+    commands = commands_of(block)
+    script = "\n".join(c for c, _ in commands).replace("http://127.0.0.1:8090", deployed.url)
+    done = await asyncio.to_thread(
+        subprocess.run, ["sh", "-c", "set -e\n" + script], cwd=deployed.data_dir,
+        env={**os.environ, "TOKEN": PASSWORD, "RUN": handle.id, "CALL": "c8"},
+        capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done
+    assert done.stdout.splitlines() == [x for _, shown in commands for x in shown], done
+    result = await asyncio.wait_for(result_of(handle), 60)
+    assert (result.reason, [(e.event, e.detail) for e in result.events
+                            if e.event == "approval_approved"]) == (
+        "completed", [("approval_approved", "by alice")])

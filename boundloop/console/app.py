@@ -38,6 +38,7 @@ from boundloop import client as ops
 from boundloop.console import auth
 from boundloop.console import html as h
 from boundloop.contracts import SESSION_WORKFLOW, RunResult, RunStatus, SessionStatus
+from boundloop.core.canonical import preview
 from boundloop.core.loop import Approval, Event
 from boundloop.core.reasons import StopReason
 from boundloop.errors import (
@@ -70,6 +71,10 @@ SIGN_IN_ERRORS = {
 }
 #: Turns a session's chat view shows (the latest; older ones by their run pages).
 SESSION_TURNS_SHOWN = 20
+#: How much of a run's question the runs list and the inbox show (its page: all of it).
+QUESTION_SHOWN = 160
+#: Runs whose question the runs list reads at once (one describe each).
+DESCRIBES_AT_ONCE = 16
 
 
 @dataclass
@@ -139,12 +144,26 @@ async def snapshot(client: Client, workflow_id: str) -> dict[str, Any]:
     }
 
 
+#: What the run says asked for a person (`Approval.asked_by`), as the inbox says it.
+ASKED_BY = {
+    "policy": 'the run\'s approval policy (approval "always": every side-effecting tool '
+              "asks)",
+    "declaration": "the tool's declaration (needs_approval=True: every call asks)",
+    "predicate": "the tool's needs_approval predicate, for these arguments (a predicate "
+                 "that raises asks too)",
+}
+
+
 def asked_because(approval: Approval) -> str:
-    """Why the call waits for a person: the rule that asked when the run names one,
-    else the tool's own flag (or the run's approval policy)."""
+    """Why the call waits for a person: the policy rule that asked, the tool's
+    declaration, its predicate, or the run's approval policy, as the run names it."""
     rule = getattr(approval, "asked_because", None)
     if rule:
-        return f"rule: {rule}"
+        return f"a policy rule: {rule}"
+    named = ASKED_BY.get(getattr(approval, "asked_by", None) or "")
+    if named is not None:
+        return named
+    # A worker from before runs record which: one of the two, not said which.
     return "the tool requires approval (its needs_approval flag, or the run's policy)"
 
 
@@ -306,6 +325,22 @@ def decided_by(events: list[Event]) -> set[str]:
             if ev.event in ("approval_approved", "approval_rejected") and ev.detail}
 
 
+async def questions_of(client: Client, rows: list[dict[str, Any]]) -> list[str]:
+    """Each listed run's question, from the summary it was started with (the server
+    alone, no worker; decoded with the console's codec keys): "" where there is none."""
+    limit = asyncio.Semaphore(DESCRIBES_AT_ONCE)
+
+    async def one(row: dict[str, Any]) -> str:
+        handle = client.get_workflow_handle(row["workflow_id"], run_id=row.get("run_id"))
+        with contextlib.suppress(Exception):  # gone since it was listed, a key missing
+            async with limit:
+                summary = await (await handle.describe()).static_summary()
+            return preview(summary or "", QUESTION_SHOWN)
+        return ""
+
+    return list(await asyncio.gather(*(one(r) for r in rows)))
+
+
 async def runs_page(request: Request, console: Console, who: auth.SignedIn) -> Response:
     q = request.query_params
     state, reason = q.get("state") or None, q.get("reason") or None
@@ -324,16 +359,19 @@ async def runs_page(request: Request, console: Console, who: auth.SignedIn) -> R
         f'<label>tool <input name="tool" value="{h.e(tool)}" size="14"></label> '
         f'<label>approver <input name="approver" value="{h.e(approver)}" size="12"></label> '
         '<button>Filter</button> <a href="/">clear</a></form>')
+    questions = await questions_of(console.client, rows)
     lines = "".join(
         f'<tr class="{h.e(r["status"])}" data-run="{h.e(r["workflow_id"])}">'
         f'<td>{h.run_link(r["workflow_id"])}</td>'
+        f'<td class="question">{h.prose(q)}</td>'
         f'<td>{h.state_badge(r["status"], r["reason"])}</td>'
         f'<td>{r["steps"]}</td><td>{r["tool_executions"]}</td>'
-        f'<td>{r["pending_approvals"] or ""}</td><td>{h.e(r["start_time"])}</td></tr>'
-        for r in rows)
-    table = ('<table id="runs"><thead><tr><th>run</th><th>state</th><th>steps</th>'
-             '<th>tool executions</th><th>waiting</th><th>started</th></tr></thead>'
-             f'<tbody>{lines}</tbody></table>' if rows else '<p id="runs">no runs match</p>')
+        f'<td>{r["pending_approvals"] or ""}</td><td>{h.e(h.when(r["start_time"]))}</td></tr>'
+        for r, q in zip(rows, questions, strict=True))
+    table = ('<table id="runs"><thead><tr><th>run</th><th>question</th><th>state</th>'
+             '<th>steps</th><th>tool executions</th><th>waiting</th><th>started</th></tr>'
+             f'</thead><tbody>{lines}</tbody></table>' if rows
+             else '<p id="runs">no runs match</p>')
     return _page(who, "Runs", filters + table, request)
 
 
@@ -369,12 +407,15 @@ def decision_forms(workflow_id: str, a: Approval | dict[str, Any], csrf: str,
 
 
 def approval_card(workflow_id: str, a: Approval, csrf: str, back: str,
-                  first_run: str = "") -> str:
+                  first_run: str = "", *, question: str | None = None) -> str:
+    """One waiting call; `question`: the run's, on a page that is not the run's own."""
+    asked = ("" if question is None else
+             f'<p class="question">{h.prose(preview(question, QUESTION_SHOWN))}</p>')
     return (f'<div class="card approval" data-run="{h.e(workflow_id)}" '
             f'data-call="{h.e(a.call_id)}">'
             f'<p><b>{h.visible(a.tool)}</b> · call <code>{h.visible(a.call_id)}</code> · '
             f'step {a.step} · run {h.run_link(workflow_id)} · waiting since '
-            f'{h.e(a.requested_at)}</p>'
+            f'{h.e(h.when(a.requested_at))}</p>{asked}'
             f'<p class="why">asked because: {h.visible(asked_because(a))}</p>'
             f'{h.arguments_view(a.arguments)}'
             f'{decision_forms(workflow_id, a, csrf, back, first_run)}</div>')
@@ -451,7 +492,8 @@ async def run_api(request: Request, console: Console, who: auth.SignedIn) -> Res
 async def approvals_page(request: Request, console: Console, who: auth.SignedIn) -> Response:
     unanswered: list[str] = []
     rows = await ops.pending_runs(console.client, unanswered)
-    cards = "".join(approval_card(wf, a, who.csrf, "/approvals", status.run)
+    cards = "".join(approval_card(wf, a, who.csrf, "/approvals", status.run,
+                                  question=status.question)
                     for wf, status in rows for a in status.pending)
     notes = "".join(f'<p class="error">{h.run_link(wf)} waits for approval but no worker '
                     'answered its status query</p>' for wf in unanswered)
@@ -541,7 +583,9 @@ async def decide(request: Request, console: Console, who: auth.SignedIn) -> Resp
     log.info("console decision", extra={"approver": who.approver, "call_id": call_id,
                                         "decision": action, "signed": signer is not None})
     done = "approved" if action == "approve" else "rejected"
-    return _back(who, back, note=f"{call_id}: {done}" + (" with edited arguments" if args else "")
+    # Every run may have a call of this id: the note names the run too.
+    return _back(who, back, note=f"run {workflow_id} · call {call_id}: {done}"
+                 + (" with edited arguments" if args else "")
                  + (f" (signed by {who.approver})" if signer is not None else ""))
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import difflib
 import re
 from collections.abc import Iterable
+from datetime import datetime
 from html import escape
 from typing import Any
 from urllib.parse import quote
@@ -141,6 +142,14 @@ def state_badge(status: str, reason: str | None = None) -> str:
     label = status.replace("_", " ") + (f" · {reason}" if reason and status != "completed"
                                         else "")
     return f'<span class="badge {cls}">{e(label)}</span>'
+
+
+def when(iso: str) -> str:
+    """An ISO 8601 time to the second (a run records microseconds)."""
+    try:
+        return datetime.fromisoformat(iso).isoformat(timespec="seconds")
+    except ValueError:
+        return iso
 
 
 def run_link(workflow_id: str) -> str:

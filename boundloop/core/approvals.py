@@ -56,7 +56,8 @@ def request(state: LoopState, plan: Execute, step: int, now: datetime) -> Approv
     approval = Approval(
         call_id=plan.call.call_id, tool=plan.call.name, arguments=plan.arguments,
         fingerprint=plan.fingerprint, idempotency_key=plan.idempotency_key, step=step,
-        requested_at=now.isoformat(), asked_because=plan.asked_because)
+        requested_at=now.isoformat(), asked_because=plan.asked_because,
+        asked_by=plan.asked_by)
     state.approvals.append(approval)
     state.log("approval_requested", tool=plan.call.name, call_id=plan.call.call_id,
               fp=plan.fingerprint, detail=None if plan.asked_because is None

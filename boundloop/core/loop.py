@@ -130,6 +130,10 @@ class Approval(BaseModel):
     #: The argument rule that asked for this approval (`amount > 100`); None when the
     #: tool's own declaration or the approval policy asked.
     asked_because: str | None = Field(default=None, exclude_if=lambda v: v is None)
+    #: Which rule asked (ASKED_BY): a policy's argument rule, the tool's declaration
+    #: (needs_approval=True), its needs_approval predicate, or the run's approval policy
+    #: ("always"). None from a worker before it.
+    asked_by: str | None = Field(default=None, exclude_if=lambda v: v is None)
 
 
 class LoopState(BaseModel):
@@ -296,6 +300,8 @@ class Execute(BaseModel):
     needs_approval: bool = False
     #: The argument rule that asks for approval, as people read it.
     asked_because: str | None = None
+    #: Which rule asks (ASKED_BY), when one does.
+    asked_by: str | None = None
 
 
 class Reply(BaseModel):
@@ -362,6 +368,18 @@ def _validate_arguments(call: FunctionCall,
         return env.invalid_input("INVALID_ARGUMENTS", preview(
             f"arguments do not match the {rule.name} schema: {_schema_problems(exc, rule)}",
             600))
+
+
+#: What `Approval.asked_by` names: the rule that asked for a person.
+ASKED_BY = ("rule", "policy", "declaration", "predicate")
+
+
+def asked_by(rule: ToolRule, policy: Policy) -> str:
+    """Which of `needs_approval`'s rules asked, once it did: the run's approval policy
+    ("always"), the tool's declaration (True), or its predicate."""
+    if policy.approval == "always" and rule.side_effects:
+        return "policy"
+    return "declaration" if isinstance(rule.needs_approval, bool) else "predicate"
 
 
 def needs_approval(rule: ToolRule, args: BaseModel | dict[str, Any], policy: Policy) -> bool:
@@ -542,7 +560,9 @@ def _plan_one(state: LoopState, call: FunctionCall, rules: dict[str, ToolRule],
         state.log("approval_remembered", tool=call.name, call_id=call.call_id, fp=fp,
                   detail=f"by {preview(grant.approver, 100)}: {grant.text}")
     return Execute(call=call, arguments=args, fingerprint=fp, idempotency_key=key,
-                   needs_approval=ask and grant is None, asked_because=asked)
+                   needs_approval=ask and grant is None, asked_because=asked,
+                   asked_by=None if not ask else "rule" if asked is not None
+                   else asked_by(rule, state.policy))
 
 
 def _refused_repeat(state: LoopState, call: FunctionCall, fp: str) -> Reply | None:
