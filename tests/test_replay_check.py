@@ -201,3 +201,54 @@ def test_a_divergence_raised_by_workflow_code_is_its_message_not_the_sdks_dump()
     assert _first_line(RuntimeError(nondeterminism)) == (
         "[TMPRL1100] Nondeterminism error: Activity machine does not handle this event: "
         "HistoryEvent(id: 22, TimerStarted)")
+
+
+async def test_replay_check_catches_a_timer_of_another_duration_that_temporal_replays(
+        temporal: Client, tmp_path: Path) -> None:
+    """A release with a 1 s timer before the approval wait replays without an error in
+    Temporal's replayer (timers match by order, not duration): on it, the approved run
+    would wait for its history's 24 h approval timer. replay-check names the timer and
+    both durations; the code of now replays the same run with nothing to say."""
+    from boundloop.replay_check import replay_check
+    from boundloop.worker.plugin import Plugin
+    from tests.support import timer_release
+
+    server = ScriptedModelServer([resp(call("create_ticket", TICKET, "t1")),
+                                  answer("Ticket opened.")])
+    model = openai.AsyncOpenAI(base_url=server.start(), api_key="sk-test-not-real")
+    queue = f"rt-{uuid.uuid4().hex[:8]}"
+    data = tmp_path / "data"
+
+    def worker(*plugins: object) -> Worker[DemoDeps]:
+        return Worker(temporal, test_tools, deps=DemoDeps(data_dir=data), model=model,
+                      task_queue=queue, plugins=list(plugins),  # type: ignore[arg-type]
+                      sticky_timeout=timedelta(seconds=1))
+
+    inp = RunInput(question="open a ticket", settings=RunSettings(model="scripted-model"),
+                   tools=DEMO_TOOLS)
+    try:
+        async with worker():
+            handle = await temporal.start_workflow(
+                WORKFLOW_NAME, inp, id=f"rt-{uuid.uuid4().hex[:12]}", task_queue=queue,
+                result_type=RunResult)
+
+            async def parked() -> bool:
+                return bool((await handle.query("status"))["pending"])
+
+            await wait_until(parked, timeout=60)
+
+        async def diverges(*plugins: object) -> list[str]:
+            _, diverged = await replay_check(
+                temporal, [Plugin(test_tools, deps=None), *plugins])  # type: ignore[list-item]
+            return [d.message for d in diverged if d.run_id == handle.result_run_id]
+
+        assert await diverges() == []
+        [message] = await diverges(timer_release.swap_plugin())
+        assert re.fullmatch(
+            r"timer \d+ \(HistoryEvent \d+, TimerStarted\) was started for 86400 s, this "
+            r"code starts it for 1 s: Temporal's replayer matches timers by order, not "
+            r"duration, so the run would wait for the history's timer", message), message
+    finally:
+        server.stop()
+        await handle.terminate("replay-check test finished")
+    assert list_tickets(data) == []
