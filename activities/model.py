@@ -21,7 +21,7 @@ import httpx2 as httpx
 import openai
 from temporalio import activity
 from temporalio.contrib.workflow_streams import WorkflowStreamClient
-from temporalio.exceptions import ApplicationError
+from temporalio.exceptions import ApplicationError, ApplicationErrorCategory
 
 from boundloop import errors
 from boundloop.activities.conversation import ConversationCache, rebuild
@@ -54,6 +54,30 @@ STREAM_SIGNALS_MAX = 48
 #: characters (one `TextDelta` each): a signal stays well under Temporal's limits.
 STREAM_BATCH_BYTES = 32 * 1024
 STREAM_PIECE = 4096
+
+
+#: The failure of a model request this worker cannot describe: the run was admitted
+#: with a tool this worker's toolset lacks (another release's worker, in a deploy
+#: without versioning, docs/deploying.md).
+TOOL_NOT_SERVED = "tool_not_served"
+
+
+def _tools_not_served(missing: list[str], progress: _Progress) -> ApplicationError:
+    """The request is not sent: this worker cannot describe the run's tools `missing`.
+    Retryable (the workflow's counted attempts): another worker of the queue that
+    serves them may take the next attempt."""
+    info = activity.info()
+    names = ", ".join(repr(n) for n in missing)
+    failure = ModelFailure(kind=TOOL_NOT_SERVED, detail=(
+        f"the worker {activity.client().identity!r} on task queue {info.task_queue!r} "
+        f"serves no tool named {names}, which the run was admitted with: the request "
+        "was not sent (a worker of another release took it: give every worker of the "
+        "queue the run's tools, or deploy with worker versioning)"))
+    activity.logger.warning("model request not sent: tools not served", extra={
+        "tools": missing, "task_queue": info.task_queue})
+    return ApplicationError(failure.detail, failure.model_dump(), *progress.details(),
+                            type=errors.MODEL_ACTIVITY_FAILED,
+                            category=ApplicationErrorCategory.BENIGN)
 
 
 def model_idempotency_key(workflow_id: str, step: int) -> str:
@@ -135,6 +159,10 @@ class ModelActivities:
         type transform of `input` costs O(conversation) on the event loop each step
         (docs/benchmarks.md)."""
         headers = {"Idempotency-Key": model_idempotency_key(workflow_id, req.step)}
+        missing = self._registry.unknown([n for n in req.tools
+                                          if n not in {d.name for d in req.mcp_tools}])
+        if missing:
+            raise _tools_not_served(missing, progress)
         tools = self._definitions(req)
         body: dict[str, Any] = {"model": req.model}
         if req.api == "chat":

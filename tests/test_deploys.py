@@ -428,3 +428,58 @@ async def test_a_reset_run_keeps_its_tool_keys_and_creates_no_second_ticket(
     assert len(server.requests) == 3
     data = outputs(server.requests[2].body)["t1"]["data"]
     assert (data["ticket_id"], data["already_existed"]) == (tickets[0]["id"], True)
+
+
+async def test_a_model_request_on_a_worker_without_a_tool_of_the_run_names_the_tool(
+        temporal: Client, tmp_path: Path) -> None:
+    """Mid-way through a deploy without versioning: the run's workflow task on a worker
+    of the first release (every tool), its model request taken by a worker of the next
+    one (its own process), whose toolset lacks `lookup_stock`. The request is not sent;
+    each attempt fails as `tool_not_served`, naming the tool, that worker and its task
+    queue (counted and retried: another worker of the queue may serve it), and the run
+    stops model_error with that event, not a bare "model activity failed"."""
+    import openai
+    from temporalio.plugin import SimplePlugin
+    from temporalio.worker import WorkerConfig
+
+    from boundloop import Worker
+    from boundloop.tools.demo import DemoDeps
+    from boundloop.tools.demo import tools as demo_tools
+
+    server = ScriptedModelServer([answer("In stock.")])
+    base_url = server.start()
+    model = openai.AsyncOpenAI(base_url=base_url, api_key="sk-test-not-real")
+    queue = f"mix-{uuid.uuid4().hex[:8]}"
+    class WorkflowsOnly(SimplePlugin):
+        def configure_worker(self, config: WorkerConfig) -> WorkerConfig:
+            return {**super().configure_worker(config), "no_remote_activities": True}
+
+    # The first release runs the workflow (and its local activities), no model request.
+    first = Worker(temporal, demo_tools, deps=DemoDeps(data_dir=tmp_path / "data"),
+                   model=model, task_queue=queue, own_task_queue=False,
+                   plugins=[WorkflowsOnly("workflows-only")])
+    env = {**worker_env(tmp_path), "PYTHONPATH": str(ROOT),
+           "TEMPORAL_ADDRESS": temporal.service_client.config.target_host}
+    log = tmp_path / "next.log"
+    inp = RunInput(question="How many A-001 are in stock?",
+                   settings=RunSettings(model="scripted-model"), tools=DEMO_TOOLS)
+    try:
+        with process([sys.executable, "-m", "tests.support.model_only_release", queue,
+                      base_url], env, log):
+            await log_has(log, "worker started")
+            async with first:
+                handle = await temporal.start_workflow(
+                    WORKFLOW_NAME, inp, id=f"mix-{uuid.uuid4().hex[:12]}", task_queue=queue,
+                    result_type=RunResult)
+                result = await asyncio.wait_for(result_of(handle), timeout=RUN_TIMEOUT)
+    finally:
+        server.stop()
+    assert result.reason == "model_error"
+    named = (f"on task queue {queue!r} serves no tool named 'lookup_stock', which the run "
+             "was admitted with: the request was not sent")
+    failed = [e for e in result.events if e.event.startswith(("model_retried:",
+                                                              "model_failed:"))]
+    assert [e.event for e in failed] == [*["model_retried:tool_not_served"] * 3,
+                                         "model_failed:tool_not_served"], failed
+    assert all(named in (e.detail or "") for e in failed), failed
+    assert server.requests == []
