@@ -11,10 +11,11 @@ from __future__ import annotations
 import asyncio
 import builtins
 import dataclasses
+import functools
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any, NoReturn, TypeVar
 
 from temporalio import workflow
@@ -73,7 +74,7 @@ with workflow.unsafe.imports_passed_through():
         ToolRequest,
         budget_workflow_id,
     )
-    from boundloop.core import approvals, mcp_tools, retries, routing, signatures
+    from boundloop.core import approvals, driver, mcp_tools, retries, routing, signatures
     from boundloop.core import budget as shared
     from boundloop.core import context as ctx
     from boundloop.core import loop as core
@@ -87,12 +88,11 @@ with workflow.unsafe.imports_passed_through():
         function_call_output,
         user_message,
     )
-    from boundloop.core.envelope import Envelope, temporary_error_exhausted, tool_timed_out
     from boundloop.core.limits import MAX_PAYLOAD_VALUE_BYTES, payload_bytes
     from boundloop.core.mcp_tools import MCPToolDeclaration
     from boundloop.core.operator import Admission, Refusal, unknown_tools_line
     from boundloop.core.reasons import NEXT_CHECK, StopReason
-    from boundloop.core.turn import FunctionCall, Turn
+    from boundloop.core.turn import Turn
     from boundloop.tools import catalog
 
 #: Both activities heartbeat every second: an attempt whose worker died is noticed
@@ -134,7 +134,7 @@ ADMITTED_SCHEMAS = "admitted-schemas"
 ADMIT_ATTRIBUTES = "admit-search-attributes"
 #: The patch under which a short read-only tool runs as a local activity
 #: (`boundloop.core.loop.runs_locally`; before it, every tool was a regular activity).
-LOCAL_TOOLS = "local-tools"
+LOCAL_TOOLS = driver.LOCAL_TOOLS
 #: The patch under which a session's turn takes the approvals remembered for the session
 #: by its earlier turns (within its own policy), accepts decisions remembered for the
 #: session, and hands them back in its RunResult.
@@ -187,12 +187,12 @@ BUNDLED_04_PATCHES = BUNDLED_PATCHES | {CARRIED_GENUINE, DECISIONS_BOUND, RUN_SC
 #: fit its context window (`core.context.check`, `limits.max_input_tokens`), and when
 #: the provider refuses a request as over the window (before it: `model_error`). Asked
 #: on its own, and only when the run stops so.
-CONTEXT_WINDOW = "context-window"
+CONTEXT_WINDOW = driver.CONTEXT_WINDOW
 #: The patch under which a response that used every output token its request allowed
 #: ends the run `incomplete` whatever its status says (`core.cut_at_the_cap`): before
 #: it, such a response reported `completed` was the answer. Asked on its own, and only
 #: when a response reached the cap.
-CUT_AT_THE_CAP = "cut-at-the-output-cap"
+CUT_AT_THE_CAP = driver.CUT_AT_THE_CAP
 
 
 def _worker_lost(counted: list[str]) -> RetryPolicy:
@@ -269,29 +269,24 @@ class BoundLoopWorkflow:
         # the admitted declaration, never by this worker's toolset.
         self._described: dict[str, MCPToolDeclaration] = {}
         self._keep_admitted()
+        # The conversation's bookkeeping between steps (the driver keeps it up to date).
+        self._ex = driver.Exchange()
         if carried is not None:
             self._state = carried.state
-            self._unsent: list[Item] = list(carried.unsent)
+            self._ex.unsent = list(carried.unsent)
             self._base: ConversationRef | None = carried.base
-            self._sent = carried.base.meta
+            self._ex.sent = carried.base.meta
             self._processing_before = carried.processing_seconds
         else:
             self._state = core.LoopState(settings=inp.settings, allowed_tools=list(inp.tools))
-            self._unsent = []
             self._base = None
-            self._sent = ConversationMeta()
             self._processing_before = 0.0
             follows = inp.turn.follows if inp.turn is not None else None
             if follows is not None:  # a session's next turn: its conversation so far
                 self._state.conversation = follows.conversation
-                self._unsent = list(follows.unsent)
+                self._ex.unsent = list(follows.unsent)
                 self._base = follows.base
-                self._sent = follows.base.meta if follows.base else ConversationMeta()
-        # The last model turn's calls that have no output in the conversation yet, and
-        # the outputs they got so far: a session's next turn answers each of them.
-        self._open_calls: list[FunctionCall] = []
-        self._answered: dict[str, tuple[Envelope, str | None]] = {}
-        self._turn_returned = False  # a model turn of this run is in history
+                self._ex.sent = follows.base.meta if follows.base else ConversationMeta()
         self._waited = 0.0  # approval waits of this run (excluded from processing time)
         self._published: tuple[object, ...] = ()
         self._bundled = False  # BUNDLED (or BUNDLED_04), asked first when the run starts
@@ -301,11 +296,9 @@ class BoundLoopWorkflow:
         self._key_scope = workflow.info().workflow_id
         self._sparse_upserts = False  # SPARSE_UPSERTS, decided when the run starts
         self._session_grants = False  # SESSION_GRANTS, decided when the run starts
-        self._refs: dict[str, str] = {}  # call_id -> idempotency key of its tool output
         self._started = workflow.now()
         self._cancel_reason: str | None = None
         self._interrupted: str | None = None  # the `interrupt` signal's reason
-        self._model_in_flight = False  # a cancel now leaves the step unfinished
         # The own task queue of the worker whose cache holds the conversation (named by
         # the last model turn); None: the shared queue.
         self._holder: str | None = None
@@ -318,7 +311,6 @@ class BoundLoopWorkflow:
         # Approver public keys: the worker's (like its toolset) and the run policy's.
         self._keys = signatures.run_keys(served.approver_keys,
                                          self._state.policy.approver_keys)
-        self._reserved = Amount()  # the shared budget's hold for the request in flight
         self._budget_token: str | None = None  # what the hold was reserved with
         self._settling: asyncio.Task[None] | None = None  # the settle signal in flight
         # The live stream (docs/streaming.md): a view of the event log, the model's text
@@ -391,15 +383,13 @@ class BoundLoopWorkflow:
             self._inherit_grants(inp)
         if inp.carried is None:
             first = [user_message(inp.question)]
-            self._unsent = [*self._unsent, *first]
+            self._ex.unsent = [*self._ex.unsent, *first]
             self._state.conversation = self._state.conversation.extend(first)
             self._state.log("run_started")
-        try:
-            reason = (core.cancelled(self._state, self._cancel_reason, step_unfinished=False)
-                      if cancelled_first else await self._loop())
-        except asyncio.CancelledError:
-            reason = core.cancelled(self._state, self._cancel_reason,
-                                    step_unfinished=self._model_in_flight)
+        self._run = driver.Run(self._state, self._rules, self._key_scope, _View(self),
+                               self._ex)
+        reason = (core.cancelled(self._state, self._cancel_reason, step_unfinished=False)
+                  if cancelled_first else await self._drive())
         if reason is None:  # continue-as-new was requested
             await self._settled()
             self._stream_events()
@@ -522,58 +512,50 @@ class BoundLoopWorkflow:
                 self._rules[declared.name] = mcp_tools.tool_rule(declared)
                 self._described[declared.name] = declared
 
-    async def _loop(self) -> StopReason | None:
-        state = self._state
+    async def _drive(self) -> StopReason | None:
+        """Carry out the driver's commands (boundloop/core/driver.py) until the run stops
+        or should continue as new; a cancel while a command is out is thrown into it."""
+        steps = self._run.steps()
+        command = next(steps)
         while True:
-            if self._interrupted is not None:
-                # A safe point: every call of the last response has its result (none
-                # runs now), and the next request is not sent.
-                return core.cancelled(state, self._interrupted, step_unfinished=False)
-            if state.steps and workflow.info().is_continue_as_new_suggested():
+            try:
+                answer = await self._carry_out(command)
+            except asyncio.CancelledError:
+                advance = functools.partial(steps.throw, driver.Cancelled())
+            else:
+                advance = functools.partial(steps.send, answer)
+            try:
+                command = advance()
+            except StopIteration as done:
+                result: StopReason | None = done.value
+                return result
+
+    async def _carry_out(self, command: driver.Command) -> object:
+        match command:
+            case driver.AskPatch(name):
+                return self._patched(name)
+            case driver.Publish(attributes):
+                self._publish(attributes=attributes)
                 return None
-            plan = core.begin_step(state, self._processing_seconds())
-            if isinstance(plan, StopReason):
-                return plan
-            over = ctx.check(state, self._fixed_bytes)  # the `stop` context strategy
-            if over is not None and self._patched(CONTEXT_WINDOW):
-                return ctx.exhausted(state, over)
-            workflow.logger.info("step started", extra={"step": plan.step})
-            self._publish()
-            turn = await self._request_model(plan)
-            if isinstance(turn, StopReason):
-                return turn
-            state.conversation = state.conversation.extend(turn.items)
-            self._sent = state.conversation
-            before = (state.usage.total_tokens, state.cost_usd)
-            self._open_calls, self._answered, self._turn_returned = list(turn.calls), {}, True
-            stop = core.account_usage(state, turn, state.conversation.bytes)
-            self._settle_budget(plan.step, shared.settlement(
-                self._reserved, state.usage.total_tokens - before[0],
-                state.cost_usd - before[1], turn.usage is not None or state.usage.estimated)
-                + self._take_abandoned())
-            if stop is not None:
-                return stop
-            if self._processing_seconds() >= state.limits.deadline_seconds:
-                return state.stop(StopReason.DEADLINE, turn.text)
-            if self._interrupted is not None:  # before any call of this response runs
-                return core.cancelled(state, self._interrupted, step_unfinished=False)
-            # Asked only for a response that reached the cap: a run whose history has
-            # none never writes the marker; one from before it replays as it ran.
-            cut = (core.cut_at_the_cap(turn, state.limits.max_output_tokens)
-                   and turn.status == "completed" and turn.fault is None
-                   and self._patched(CUT_AT_THE_CAP))
-            plans = core.plan_calls(state, turn, plan, self._rules, self._key_scope,
-                                    cut=cut)
-            if isinstance(plans, StopReason):
-                return plans
-            outputs = await self._run_calls(plan.step, plans)
-            if isinstance(outputs, StopReason):
-                return outputs
-            items = core.outputs_items([(call, envelope) for call, envelope, _ in outputs])
-            self._unsent = items
-            self._refs = {call.call_id: key for call, _, key in outputs if key is not None}
-            state.conversation = state.conversation.extend(items)
-            self._open_calls = []
+            case driver.BuildModelRequest(plan):
+                workflow.logger.info("step started", extra={"step": plan.step})
+                self._request = self._model_request(plan)
+                return payload_bytes(self._request)
+            case driver.ReserveBudget():
+                return await self._reserve_budget(command)
+            case driver.RequestModel(plan):
+                return await self._send_model_request(plan)
+            case driver.SettleBudget(step, amount):
+                self._settle_budget(step, amount)
+                return None
+            case driver.BuildToolRequest(step, plan, timeout):
+                self._tool_request = self._build_tool_request(step, plan, timeout)
+                return payload_bytes(self._tool_request)
+            case driver.RunTool():
+                return await self._run_tool(command)
+            case driver.AwaitDecision(approval, timeout):
+                return await self._await_decision(approval, timeout)
+        raise AssertionError(f"unknown command {command!r}")
 
     # --- model ---------------------------------------------------------------------
 
@@ -589,19 +571,18 @@ class BoundLoopWorkflow:
         (its idempotency key), since history already holds it (docs/history.md)."""
         return [
             {"type": "function_call_output", "call_id": item["call_id"],
-             OUTPUT_REF: self._refs[item["call_id"]]}
-            if item.get("type") == "function_call_output" and item["call_id"] in self._refs
+             OUTPUT_REF: self._ex.refs[item["call_id"]]}
+            if item.get("type") == "function_call_output" and item["call_id"] in self._ex.refs
             else item
-            for item in self._unsent]
+            for item in self._ex.unsent]
 
-    async def _request_model(self, plan: core.StepPlan) -> Turn | StopReason:
+    def _model_request(self, plan: core.StepPlan) -> ModelRequest:
         state = self._state
-        new_items = self._wire_items()
-        req = ModelRequest(
+        return ModelRequest(
             step=plan.step,
             model=state.settings.model, api=state.settings.api, tools=list(state.allowed_tools),
             tool_choice=plan.tool_choice, instructions=self._inp.instructions,
-            prior=self._sent, new_items=new_items, expected=state.conversation,
+            prior=self._ex.sent, new_items=self._wire_items(), expected=state.conversation,
             base=self._base, max_output_tokens=state.limits.max_output_tokens,
             stream=state.settings.stream,
             # The tools the run describes itself: its MCP tools, and any a deploy took
@@ -609,21 +590,11 @@ class BoundLoopWorkflow:
             # stops the run with `tool_unavailable`; a run that never calls it goes on).
             mcp_tools=[self._mcp.get(n) or self._described[n] for n in state.allowed_tools
                        if n in self._mcp or n in self._described])
-        too_large = core.check_payload(state, "model_request", payload_bytes(req))
-        if too_large is not None:
-            return too_large
-        # Until the model returns (a cancel raises through): a cancel while the shared
-        # budget reserves leaves the step unsent, so unfinished too.
-        self._model_in_flight = True
-        refused = await self._reserve_budget(plan.step)
-        if refused is not None:
-            self._model_in_flight = False
-            return refused
-        turn = await self._model_attempts(plan, req)
-        self._model_in_flight = False
+
+    async def _send_model_request(self, plan: core.StepPlan) -> driver.Answered | StopReason:
+        turn = await self._model_attempts(plan, self._request)
         if isinstance(turn, StopReason):
             return turn
-        self._unsent, self._refs = [], {}
         # How this request was sent: by choice to the shared queue while a holder was
         # named, or to the holder's queue (not lost to the shared queue on the way).
         probed, on_holder = self._holder is not None and not self._follow, self._on_holder()
@@ -632,8 +603,7 @@ class BoundLoopWorkflow:
             self._routing = True
             self._shared_missed = self._shared_missed or (probed and not turn.cached)
             self._follow = routing.follows_holder(turn.cached, on_holder, self._shared_missed)
-        state.log("model_returned")
-        return turn
+        return driver.Answered(turn, self._take_abandoned())
 
     async def _model_attempts(self, plan: core.StepPlan, req: ModelRequest) -> Turn | StopReason:
         """The request's attempts: each provider failure counts (MODEL_BACKOFF, with the
@@ -911,23 +881,15 @@ class BoundLoopWorkflow:
 
     # --- shared budget (workflows/budget.py) ----------------------------------------
 
-    async def _reserve_budget(self, step: int) -> StopReason | None:
-        """Reserve this request's worst case from the run's shared budget, if it names
-        one; a refusal stops the run before the request is sent."""
-        state, key = self._state, self._state.settings.budget
-        cap = state.limits.max_output_tokens
-        if key is None or cap is None:  # settings validation: a budget comes with a cap
-            return None
-        price = state.policy.prices.get(state.settings.model)
-        input_tokens = shared.input_tokens_bound(
-            conversation_bytes=state.conversation.bytes, fixed_bytes=self._fixed_bytes(),
-            last_tokens=state.last_tokens, last_bytes=state.last_bytes)
-        amount = shared.worst_case(price, input_tokens, cap)
-        await self._settled()  # the last step's usage is in before this one reserves
+    async def _reserve_budget(self, command: driver.ReserveBudget) -> Grant:
+        """Reserve the request's worst case from the run's shared budget, once the last
+        step's usage is in; a ledger that fails refuses."""
+        key, step = command.key, command.step
+        await self._settled()
         try:
             grant: Grant = await workflow.execute_activity(
                 BUDGET_RESERVE_ACTIVITY,
-                BudgetReserve(key=key, step=step, amount=amount, priced=price is not None),
+                BudgetReserve(key=key, step=step, amount=command.amount, priced=command.priced),
                 result_type=Grant, start_to_close_timeout=timedelta(seconds=60),
                 heartbeat_timeout=HEARTBEAT_TIMEOUT,
                 retry_policy=RetryPolicy(initial_interval=timedelta(seconds=1),
@@ -938,11 +900,11 @@ class BoundLoopWorkflow:
                 raise asyncio.CancelledError from None
             grant = Grant(granted=False, message=f"budget {key!r} could not reserve step "
                           f"{step}: {getattr(err.cause, 'message', 'the ledger failed')}")
-        if not grant.granted:
+        if grant.granted:
+            self._budget_token = grant.token
+        else:
             workflow.logger.info("budget refused the step", extra={"step": step})
-            return core.budget_refused(state, grant.message)
-        self._reserved, self._budget_token = amount, grant.token
-        return None
+        return grant
 
     def _settle_budget(self, step: int, actual: Amount) -> None:
         """Send the settlement without waiting for it: the step goes on (its tools run)
@@ -1036,135 +998,72 @@ class BoundLoopWorkflow:
 
     # --- tools ---------------------------------------------------------------------
 
-    async def _run_calls(
-        self, step: int, plans: list[core.CallPlan]
-    ) -> list[tuple[FunctionCall, Envelope, str | None]] | StopReason:
-        """Every call's output in call order, with the idempotency key when the output is
-        the tool activity's own result (then history already holds it: docs/history.md)."""
+    def _build_tool_request(self, step: int, p: core.Execute, timeout: float) -> ToolRequest:
         state = self._state
-        results = self._answered  # kept as they come: a stopped turn hands them on
-        waiting: list[core.Execute] = []
-        for p in plans:
-            if isinstance(p, core.Execute) and p.needs_approval:
-                approvals.request(state, p, step, workflow.now())
-                waiting.append(p)
-        if waiting:
-            self._publish()
-        for p in plans:
-            if isinstance(p, core.Reply):
-                out = _no_ref(core.reply_output(state, p))
-            elif not p.needs_approval:
-                out = await self._execute(step, p)
-            else:
-                continue
-            if isinstance(out, StopReason):
-                return out
-            results[p.call.call_id] = out
-        for p in waiting:
-            out = await self._await_approval(step, p)
-            if isinstance(out, StopReason):
-                return out
-            results[p.call.call_id] = out
-        return [(p.call, *results[p.call.call_id]) for p in plans]
-
-    async def _await_approval(self, step: int,
-                              p: core.Execute) -> tuple[Envelope, str | None] | StopReason:
-        state = self._state
-        approval = approvals.find(state, p.call.call_id)
-        assert approval is not None
-        limit = timedelta(seconds=state.limits.approval_timeout_seconds)
-        left = approvals.time_left(approval, workflow.now(), limit)
-        began = workflow.now()
-        self._publish()
-        try:
-            await workflow.wait_condition(lambda: approval.status != "pending", timeout=left)
-            timed_out = False
-        except builtins.TimeoutError:
-            timed_out = True
-        # Not in a `finally`: a worker that shuts down or evicts this run closes the
-        # coroutine outside the workflow's event loop, where no workflow API may run (a
-        # cancelled run ends right away, so its last wait need not be counted).
-        self._waited += (workflow.now() - began).total_seconds()
-        if timed_out:
-            approval.status = "timed_out"
-            state.log("approval_timed_out", tool=p.call.name, call_id=p.call.call_id,
-                      fp=p.fingerprint)
-            return state.stop(StopReason.APPROVAL_TIMEOUT)
-        if approval.status == "rejected":
-            refusal = approvals.rejection(state, approval)
-            return _no_ref(core.reply_output(state, core.Reply(
-                call=p.call, fingerprint=p.fingerprint, envelope=refusal)))
-        execute = approvals.approved_plan(p, approval)
-        self._publish()
-        return await self._execute(step, execute)
-
-    async def _execute(self, step: int,
-                       p: core.Execute) -> tuple[Envelope, str | None] | StopReason:
-        state = self._state
-        rule = self._rules[p.call.name]
         mcp = self._mcp.get(p.call.name)  # an MCP tool: the activity calls its server
-        timeout = state.limits.tool_timeout_seconds or rule.timeout_seconds
-        req = ToolRequest(tool=p.call.name,
-                          call_id=p.call.call_id, step=step, arguments=p.arguments,
-                          idempotency_key=p.idempotency_key,
-                          max_result_bytes=state.limits.max_result_bytes,
-                          timeout_seconds=timeout,
-                          mcp=mcp_tools.call_target(mcp) if mcp is not None else None,
-                          parameters_digest=self._digests.get(p.call.name))
-        too_large = core.check_payload(state, "tool_request", payload_bytes(req))
-        if too_large is not None:
-            return too_large
-        local = core.runs_locally(rule, timeout, gated=p.needs_approval) \
-            and self._patched(LOCAL_TOOLS)
+        return ToolRequest(tool=p.call.name,
+                           call_id=p.call.call_id, step=step, arguments=p.arguments,
+                           idempotency_key=p.idempotency_key,
+                           max_result_bytes=state.limits.max_result_bytes,
+                           timeout_seconds=timeout,
+                           mcp=mcp_tools.call_target(mcp) if mcp is not None else None,
+                           parameters_digest=self._digests.get(p.call.name))
+
+    async def _run_tool(self, command: driver.RunTool) -> core.ToolOutcome | driver.ToolFailed:
+        p, local, req = command.plan, command.local, self._tool_request
+        rule = self._rules[p.call.name]
         workflow.logger.info("tool execution", extra={
-            "step": step, "tool": p.call.name, "fingerprint": p.fingerprint,
+            "step": command.step, "tool": p.call.name, "fingerprint": p.fingerprint,
             "local": local})
         attempts = _Attempts(
-            activity=TOOL_ACTIVITY, timeout_seconds=timeout, lost=TOOL_RETRY,
+            activity=TOOL_ACTIVITY, timeout_seconds=command.timeout_seconds, lost=TOOL_RETRY,
             backoff=rule.backoff, retryable=TOOL_RETRYABLE, deadline_ends=False,
-            summary=f"tool {p.call.name} · call {state.tool_executions + 1}",
+            summary=f"tool {p.call.name} · call {self._state.tool_executions + 1}",
             local_id=p.idempotency_key if local else None)
         if local and self._routing:
             req = req.model_copy(update={"holder": self._holder})
         outcome = await self._attempts(attempts, req, core.ToolOutcome)
-        if not isinstance(outcome, _Failed) and outcome.worker_queue is not None \
-                and self._routing:
-            # A local tool ran in the worker that runs this run's tasks, not the holder:
-            # its output is in that worker's cache, so the next request goes there.
-            self._holder = outcome.worker_queue
-        if isinstance(outcome, _Failed):
-            cause = outcome.error.cause
-            kind = cause.type if isinstance(cause, ApplicationError) else None
-            if kind in (errors.TOOL_UNAVAILABLE, errors.TOOL_ARGUMENTS_CHANGED):
-                # Renamed or removed by a deploy since the run started: never retried.
-                detail = (preview(cause.message, 300) if isinstance(cause, ApplicationError)
-                          and kind == errors.TOOL_ARGUMENTS_CHANGED
-                          else f"{p.call.name} is not served here")
-                state.log("tool_unavailable", tool=p.call.name, call_id=p.call.call_id,
-                          fp=p.fingerprint, detail=detail)
-                return state.stop(StopReason.TOOL_UNAVAILABLE)
-            if kind == errors.PAYLOADS_TOO_LARGE:
-                # The body ran; its result could not be returned (never retried).
-                workflow.logger.warning("tool result over the payload limit", extra={
-                    "step": step, "tool": p.call.name, "fingerprint": p.fingerprint})
-                return core.result_payload_too_large(state, p, self._rules)
-            # A tool's timeout and transient failures give the model a temporary error;
-            # an unexpected exception stops the run.
-            transient = isinstance(cause, TimeoutError) or kind in (
-                errors.TRANSIENT_TOOL_ERROR, errors.TOOL_TIMED_OUT)
-            # Timing out on the last attempt is told apart, with the numbers.
-            exhausted = (tool_timed_out(timeout, outcome.failures)
-                         if kind == errors.TOOL_TIMED_OUT else temporary_error_exhausted())
-            started = any(_body_started(err.cause) for err in outcome.attempts)
-            outcome = core.ToolOutcome(envelope=exhausted, executed=started,
-                                       fatal=not transient, from_activity=False)
-        result = core.record_outcome(state, p, outcome, self._rules)
-        self._publish(attributes=False)  # the count reaches the attributes next step
-        if isinstance(result, StopReason):
-            return result
-        # The activity's own result is in history: the next request refers to it.
-        return result, p.idempotency_key if outcome.from_activity and result == outcome.envelope \
-            else None
+        if not isinstance(outcome, _Failed):
+            if outcome.worker_queue is not None and self._routing:
+                # A local tool ran in the worker that runs this run's tasks, not the
+                # holder: its output is in that worker's cache, so the next request goes
+                # there.
+                self._holder = outcome.worker_queue
+            return outcome
+        cause = outcome.error.cause
+        kind = cause.type if isinstance(cause, ApplicationError) else None
+        started = any(_body_started(err.cause) for err in outcome.attempts)
+        if kind in (errors.TOOL_UNAVAILABLE, errors.TOOL_ARGUMENTS_CHANGED):
+            # Renamed or removed by a deploy since the run started: never retried.
+            return driver.ToolFailed("unavailable", outcome.failures, started, detail=(
+                preview(cause.message, 300) if isinstance(cause, ApplicationError)
+                and kind == errors.TOOL_ARGUMENTS_CHANGED else None))
+        if kind == errors.PAYLOADS_TOO_LARGE:
+            # The body ran; its result could not be returned (never retried).
+            workflow.logger.warning("tool result over the payload limit", extra={
+                "step": command.step, "tool": p.call.name, "fingerprint": p.fingerprint})
+            return driver.ToolFailed("result_too_large", outcome.failures, started)
+        if kind == errors.TOOL_TIMED_OUT:
+            return driver.ToolFailed("timed_out", outcome.failures, started)
+        transient = isinstance(cause, TimeoutError) or kind == errors.TRANSIENT_TOOL_ERROR
+        return driver.ToolFailed("transient" if transient else "fatal", outcome.failures,
+                                 started)
+
+    async def _await_decision(self, approval: core.Approval, timeout: timedelta) -> bool:
+        """Whether the approval was decided within `timeout`; the wait is not counted as
+        processing time."""
+        began = workflow.now()
+        try:
+            await workflow.wait_condition(lambda: approval.status != "pending",
+                                          timeout=timeout)
+            decided = True
+        except builtins.TimeoutError:
+            decided = False
+        # Not in a `finally`: a worker that shuts down or evicts this run closes the
+        # coroutine outside the workflow's event loop, where no workflow API may run (a
+        # cancelled run ends right away, so its last wait need not be counted).
+        self._waited += (workflow.now() - began).total_seconds()
+        return decided
 
     # --- approvals: signals, update, query -----------------------------------------
 
@@ -1330,7 +1229,7 @@ class BoundLoopWorkflow:
     def _carry(self) -> RunInput:
         info = workflow.info()
         base = ConversationRef(workflow_id=info.workflow_id, run_id=info.run_id,
-                               meta=self._sent)
+                               meta=self._ex.sent)
         carried = Carried(state=self._state, base=base, unsent=self._wire_items(),
                           processing_seconds=self._processing_seconds(),
                           stream=self._stream.get_state(),
@@ -1366,12 +1265,12 @@ class BoundLoopWorkflow:
         never answered), then the unsent items, and an output for every open call."""
         s, info = self._state, workflow.info()
         assert s.reason is not None
-        closing = sessions.closing_outputs(self._open_calls, self._answered, s.reason)
+        closing = sessions.closing_outputs(self._ex.open_calls, self._ex.answered, s.reason)
         wire = [{"type": "function_call_output", "call_id": call_id, OUTPUT_REF: key}
                 if key is not None else function_call_output(call_id, envelope.to_output())
                 for call_id, envelope, key in closing]
         base = (ConversationRef(workflow_id=info.workflow_id, run_id=info.run_id,
-                                meta=self._sent) if self._turn_returned else self._base)
+                                meta=self._ex.sent) if self._ex.turn_returned else self._base)
         conversation = s.conversation.extend(
             [function_call_output(call_id, envelope.to_output())
              for call_id, envelope, _ in closing])
@@ -1460,5 +1359,26 @@ def _refuse(refusal: Refusal) -> NoReturn:
                            non_retryable=True)
 
 
-def _no_ref(out: Envelope | StopReason) -> tuple[Envelope, str | None] | StopReason:
-    return out if isinstance(out, StopReason) else (out, None)
+class _View:
+    """What the driver reads of the run's surroundings (driver.View)."""
+
+    def __init__(self, run: BoundLoopWorkflow) -> None:
+        self._run = run
+
+    def processing_seconds(self) -> float:
+        return self._run._processing_seconds()
+
+    def now(self) -> datetime:
+        return workflow.now()
+
+    def continue_as_new_suggested(self) -> bool:
+        return workflow.info().is_continue_as_new_suggested()
+
+    def interrupted(self) -> str | None:
+        return self._run._interrupted
+
+    def cancel_reason(self) -> str | None:
+        return self._run._cancel_reason
+
+    def fixed_bytes(self) -> int:
+        return self._run._fixed_bytes()

@@ -37,11 +37,11 @@ class ExtraActivityBeforeApproval(BoundLoopWorkflow):
     async def run(self, inp: RunInput) -> RunResult:
         return await super().run(inp)
 
-    async def _await_approval(self, step: int, p: Any) -> Any:
+    async def _await_decision(self, approval: Any, timeout: timedelta) -> bool:
         await workflow.execute_activity(BUDGET_CLOSED_RUNS_ACTIVITY, [],
                                         result_type=list[str],
                                         start_to_close_timeout=timedelta(seconds=30))
-        return await super()._await_approval(step, p)
+        return await super()._await_decision(approval, timeout)
 
 
 def swap_plugin() -> SimplePlugin:

@@ -1,0 +1,428 @@
+"""The run's step order, as a generator of commands: pure, no Temporal, no I/O.
+
+`steps` is the whole order of a run, from its first model request to the reason it
+stops (or continues as new): it yields a command for everything that touches the world
+(ask a patch, publish, reserve or settle budget, request the model, run a tool, wait
+for a decision) and receives the command's result. The workflow (workflows/loop.py) is
+its interpreter, as httpx's client drives an `Auth.auth_flow`: it carries out each
+command with the Temporal API and sends the result back, and throws `Cancelled` into
+the generator when the run is cancelled while a command is out. Every command that
+writes to history is a command here, in the order it is written, so a change of this
+order is a change of the workflow's commands (docs/durability.md). Tests drive it with
+plain values (tests/test_core_driver.py).
+
+What the driver only reads of its surroundings (the clock, whether the server suggests
+continue-as-new, an `interrupt`, the fixed bytes of a request) comes from a `View`:
+reading it writes nothing to history.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Literal, Protocol, TypeVar
+
+from boundloop.core import approvals
+from boundloop.core import budget as shared
+from boundloop.core import context as ctx
+from boundloop.core import loop as core
+from boundloop.core.budget import Amount, Grant
+from boundloop.core.canonical import preview
+from boundloop.core.conversation import ConversationMeta, Item
+from boundloop.core.envelope import Envelope, temporary_error_exhausted, tool_timed_out
+from boundloop.core.reasons import StopReason
+from boundloop.core.turn import FunctionCall, Turn
+
+#: The patch under which a run stops `context_exhausted` before a request that would not
+#: fit its context window; asked only when the run stops so (workflows/loop.py).
+CONTEXT_WINDOW = "context-window"
+#: The patch under which a response that used every output token its request allowed
+#: ends the run `incomplete`; asked only when a response reached the cap.
+CUT_AT_THE_CAP = "cut-at-the-output-cap"
+#: The patch under which a short read-only tool runs as a local activity.
+LOCAL_TOOLS = "local-tools"
+
+
+# --- commands ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class AskPatch:
+    """`workflow.patched(name)` (a marker event the first time): -> bool."""
+
+    name: str
+
+
+@dataclass(frozen=True)
+class Publish:
+    """Search attributes (an upsert event when they changed, unless `attributes` is
+    False), current details and the stream's event records: -> None."""
+
+    attributes: bool = True
+
+
+@dataclass(frozen=True)
+class ReserveBudget:
+    """Reserve a request's worst case from the run's shared budget (after the settlement
+    in flight): -> Grant (a failed ledger is a refusal)."""
+
+    key: str
+    step: int
+    amount: Amount
+    priced: bool
+
+
+@dataclass(frozen=True)
+class SettleBudget:
+    """Settle a step with the shared budget, without waiting for it: -> None."""
+
+    step: int
+    amount: Amount
+
+
+@dataclass(frozen=True)
+class BuildModelRequest:
+    """Build the step's model request (the shell's wire types): -> its payload bytes."""
+
+    plan: core.StepPlan
+
+
+@dataclass(frozen=True)
+class RequestModel:
+    """Send the built request, with its counted attempts: -> Answered | StopReason."""
+
+    plan: core.StepPlan
+
+
+@dataclass(frozen=True)
+class Answered:
+    """The model's turn, and what the step's attempts that brought no answer were
+    charged (settled with the step)."""
+
+    turn: Turn
+    abandoned: Amount = field(default_factory=Amount)
+
+
+@dataclass(frozen=True)
+class BuildToolRequest:
+    """Build a call's tool request: -> its payload bytes."""
+
+    step: int
+    plan: core.Execute
+    timeout_seconds: float
+
+
+@dataclass(frozen=True)
+class RunTool:
+    """Run the built tool request with its counted attempts, as a local activity or a
+    regular one: -> core.ToolOutcome | ToolFailed."""
+
+    step: int
+    plan: core.Execute
+    timeout_seconds: float
+    local: bool
+
+
+@dataclass(frozen=True)
+class ToolFailed:
+    """A call's attempts ended without a result.
+
+    kind: `unavailable` (renamed, removed or reshaped by a deploy; `detail` says how),
+    `result_too_large` (its body ran, its result could not cross), `transient` (its
+    own temporary failures, or a timeout: the model gets a temporary error), `timed_out`
+    (the tool's own timeout on every attempt), `fatal` (an unexpected exception)."""
+
+    kind: Literal["unavailable", "result_too_large", "transient", "timed_out", "fatal"]
+    failures: int
+    started: bool
+    detail: str | None = None
+
+
+@dataclass(frozen=True)
+class AwaitDecision:
+    """Wait until the approval is decided, at most `timeout`: -> True when decided,
+    False when it timed out. The wait is not processing time."""
+
+    approval: core.Approval
+    timeout: timedelta
+
+
+Command = (AskPatch | Publish | ReserveBudget | SettleBudget | BuildModelRequest
+           | RequestModel | BuildToolRequest | RunTool | AwaitDecision)
+
+_T = TypeVar("_T")
+#: A generator of commands returning `_T`.
+Steps = Generator[Command, object, _T]
+
+
+class Cancelled(Exception):
+    """Thrown into `steps` when the run is cancelled while a command is out."""
+
+
+class View(Protocol):
+    """What the driver reads of its surroundings; nothing it reads is a history event."""
+
+    def processing_seconds(self) -> float: ...
+
+    def now(self) -> datetime: ...
+
+    def continue_as_new_suggested(self) -> bool: ...
+
+    def interrupted(self) -> str | None: ...
+
+    def cancel_reason(self) -> str | None: ...
+
+    def fixed_bytes(self) -> int: ...
+
+
+# --- the conversation the steps hand on ------------------------------------------
+
+
+@dataclass
+class Exchange:
+    """The conversation's bookkeeping between steps, which the shell reads to build a
+    request, continue as new or hand a session's next turn on."""
+
+    #: Items of the conversation not yet in a model request's history.
+    unsent: list[Item] = field(default_factory=list)
+    #: call_id -> the idempotency key of a tool output history already holds.
+    refs: dict[str, str] = field(default_factory=dict)
+    #: The conversation as the last model turn left it in history.
+    sent: ConversationMeta = field(default_factory=ConversationMeta)
+    #: The last turn's calls with no output in the conversation yet, and their outputs
+    #: so far: a session's next turn answers each of them.
+    open_calls: list[FunctionCall] = field(default_factory=list)
+    answered: dict[str, tuple[Envelope, str | None]] = field(default_factory=dict)
+    turn_returned: bool = False  # a model turn of this run is in history
+    #: The model request is out (or its budget being reserved): a cancel now leaves the
+    #: step unfinished.
+    model_in_flight: bool = False
+    #: What the shared budget holds for the request in flight.
+    reserved: Amount = field(default_factory=Amount)
+
+
+@dataclass
+class Run:
+    """One run's driver: its state, its tools' rules and what the steps hand on."""
+
+    state: core.LoopState
+    rules: dict[str, core.ToolRule]
+    key_scope: str
+    view: View
+    exchange: Exchange = field(default_factory=Exchange)
+
+    def steps(self) -> Steps[StopReason | None]:
+        """The run's steps until it stops (the reason) or should continue as new
+        (None). A `Cancelled` thrown in at any command ends it `cancelled`."""
+        try:
+            return (yield from self._steps())
+        except Cancelled:
+            return core.cancelled(self.state, self.view.cancel_reason(),
+                                  step_unfinished=self.exchange.model_in_flight)
+
+    def _steps(self) -> Steps[StopReason | None]:
+        state, view, ex = self.state, self.view, self.exchange
+        while True:
+            if view.interrupted() is not None:
+                # A safe point: every call of the last response has its result (none
+                # runs now), and the next request is not sent.
+                return core.cancelled(state, view.interrupted(), step_unfinished=False)
+            if state.steps and view.continue_as_new_suggested():
+                return None
+            plan = core.begin_step(state, view.processing_seconds())
+            if isinstance(plan, StopReason):
+                return plan
+            over = ctx.check(state, view.fixed_bytes)  # the `stop` context strategy
+            if over is not None and (yield from _ask(CONTEXT_WINDOW)):
+                return ctx.exhausted(state, over)
+            yield Publish()
+            answered = yield from self._request_model(plan)
+            if isinstance(answered, StopReason):
+                return answered
+            turn = answered.turn
+            state.conversation = state.conversation.extend(turn.items)
+            ex.sent = state.conversation
+            before = (state.usage.total_tokens, state.cost_usd)
+            ex.open_calls, ex.answered, ex.turn_returned = list(turn.calls), {}, True
+            stop = core.account_usage(state, turn, state.conversation.bytes)
+            if state.settings.budget is not None:
+                yield SettleBudget(plan.step, shared.settlement(
+                    ex.reserved, state.usage.total_tokens - before[0],
+                    state.cost_usd - before[1], turn.usage is not None or state.usage.estimated)
+                    + answered.abandoned)
+            if stop is not None:
+                return stop
+            if view.processing_seconds() >= state.limits.deadline_seconds:
+                return state.stop(StopReason.DEADLINE, turn.text)
+            if view.interrupted() is not None:  # before any call of this response runs
+                return core.cancelled(state, view.interrupted(), step_unfinished=False)
+            # Asked only for a response that reached the cap: a run whose history has
+            # none never writes the marker; one from before it replays as it ran.
+            cut = (core.cut_at_the_cap(turn, state.limits.max_output_tokens)
+                   and turn.status == "completed" and turn.fault is None
+                   and (yield from _ask(CUT_AT_THE_CAP)))
+            plans = core.plan_calls(state, turn, plan, self.rules, self.key_scope, cut=cut)
+            if isinstance(plans, StopReason):
+                return plans
+            outputs = yield from self._run_calls(plan.step, plans)
+            if isinstance(outputs, StopReason):
+                return outputs
+            items = core.outputs_items([(call, envelope) for call, envelope, _ in outputs])
+            ex.unsent = items
+            ex.refs = {call.call_id: key for call, _, key in outputs if key is not None}
+            state.conversation = state.conversation.extend(items)
+            ex.open_calls = []
+
+    # --- model ---------------------------------------------------------------------
+
+    def _request_model(self, plan: core.StepPlan) -> Steps[Answered | StopReason]:
+        state, ex = self.state, self.exchange
+        size = yield BuildModelRequest(plan)
+        assert isinstance(size, int)
+        too_large = core.check_payload(state, "model_request", size)
+        if too_large is not None:
+            return too_large
+        # Until the model returns (a cancel raises through): a cancel while the shared
+        # budget reserves leaves the step unsent, so unfinished too.
+        ex.model_in_flight = True
+        refused = yield from self._reserve_budget(plan.step)
+        if refused is not None:
+            ex.model_in_flight = False
+            return refused
+        answered = yield RequestModel(plan)
+        assert isinstance(answered, Answered | StopReason)
+        ex.model_in_flight = False
+        if isinstance(answered, StopReason):
+            return answered
+        ex.unsent, ex.refs = [], {}
+        state.log("model_returned")
+        return answered
+
+    def _reserve_budget(self, step: int) -> Steps[StopReason | None]:
+        """Reserve this request's worst case from the run's shared budget, if it names
+        one; a refusal stops the run before the request is sent."""
+        state, key = self.state, self.state.settings.budget
+        cap = state.limits.max_output_tokens
+        if key is None or cap is None:  # settings validation: a budget comes with a cap
+            return None
+        price = state.policy.prices.get(state.settings.model)
+        input_tokens = shared.input_tokens_bound(
+            conversation_bytes=state.conversation.bytes, fixed_bytes=self.view.fixed_bytes(),
+            last_tokens=state.last_tokens, last_bytes=state.last_bytes)
+        amount = shared.worst_case(price, input_tokens, cap)
+        grant = yield ReserveBudget(key=key, step=step, amount=amount,
+                                    priced=price is not None)
+        assert isinstance(grant, Grant)
+        if not grant.granted:
+            return core.budget_refused(state, grant.message)
+        self.exchange.reserved = amount
+        return None
+
+    # --- tools ---------------------------------------------------------------------
+
+    def _run_calls(self, step: int, plans: list[core.CallPlan]
+                   ) -> Steps[list[tuple[FunctionCall, Envelope, str | None]] | StopReason]:
+        """Every call's output in call order, with the idempotency key when the output is
+        the tool activity's own result (then history already holds it: docs/history.md).
+        Calls that need no approval run first, in order; then each approval is awaited."""
+        state = self.state
+        results = self.exchange.answered  # kept as they come: a stopped turn hands them on
+        waiting: list[core.Execute] = []
+        for p in plans:
+            if isinstance(p, core.Execute) and p.needs_approval:
+                approvals.request(state, p, step, self.view.now())
+                waiting.append(p)
+        if waiting:
+            yield Publish()
+        for p in plans:
+            if isinstance(p, core.Reply):
+                out = _no_ref(core.reply_output(state, p))
+            elif not p.needs_approval:
+                out = yield from self._execute(step, p)
+            else:
+                continue
+            if isinstance(out, StopReason):
+                return out
+            results[p.call.call_id] = out
+        for p in waiting:
+            out = yield from self._await_approval(step, p)
+            if isinstance(out, StopReason):
+                return out
+            results[p.call.call_id] = out
+        return [(p.call, *results[p.call.call_id]) for p in plans]
+
+    def _await_approval(self, step: int, p: core.Execute
+                        ) -> Steps[tuple[Envelope, str | None] | StopReason]:
+        state = self.state
+        approval = approvals.find(state, p.call.call_id)
+        assert approval is not None
+        limit = timedelta(seconds=state.limits.approval_timeout_seconds)
+        left = approvals.time_left(approval, self.view.now(), limit)
+        yield Publish()
+        decided = yield AwaitDecision(approval, left)
+        if not decided:
+            approval.status = "timed_out"
+            state.log("approval_timed_out", tool=p.call.name, call_id=p.call.call_id,
+                      fp=p.fingerprint)
+            return state.stop(StopReason.APPROVAL_TIMEOUT)
+        if approval.status == "rejected":
+            refusal = approvals.rejection(state, approval)
+            return _no_ref(core.reply_output(state, core.Reply(
+                call=p.call, fingerprint=p.fingerprint, envelope=refusal)))
+        execute = approvals.approved_plan(p, approval)
+        yield Publish()
+        return (yield from self._execute(step, execute))
+
+    def _execute(self, step: int, p: core.Execute
+                 ) -> Steps[tuple[Envelope, str | None] | StopReason]:
+        state = self.state
+        rule = self.rules[p.call.name]
+        timeout = state.limits.tool_timeout_seconds or rule.timeout_seconds
+        size = yield BuildToolRequest(step, p, timeout)
+        assert isinstance(size, int)
+        too_large = core.check_payload(state, "tool_request", size)
+        if too_large is not None:
+            return too_large
+        local = core.runs_locally(rule, timeout, gated=p.needs_approval) \
+            and (yield from _ask(LOCAL_TOOLS))
+        outcome = yield RunTool(step, p, timeout, local)
+        if isinstance(outcome, ToolFailed):
+            if outcome.kind == "unavailable":
+                state.log("tool_unavailable", tool=p.call.name, call_id=p.call.call_id,
+                          fp=p.fingerprint,
+                          detail=outcome.detail or f"{p.call.name} is not served here")
+                return state.stop(StopReason.TOOL_UNAVAILABLE)
+            if outcome.kind == "result_too_large":
+                return core.result_payload_too_large(state, p, self.rules)
+            # A tool's timeout and transient failures give the model a temporary error
+            # (timing out on the last attempt is told apart, with the numbers); an
+            # unexpected exception stops the run.
+            exhausted = (tool_timed_out(timeout, outcome.failures)
+                         if outcome.kind == "timed_out" else temporary_error_exhausted())
+            outcome = core.ToolOutcome(envelope=exhausted, executed=outcome.started,
+                                       fatal=outcome.kind == "fatal", from_activity=False)
+        assert isinstance(outcome, core.ToolOutcome)
+        result = core.record_outcome(state, p, outcome, self.rules)
+        yield Publish(attributes=False)  # the count reaches the attributes next step
+        if isinstance(result, StopReason):
+            return result
+        # The activity's own result is in history: the next request refers to it.
+        return result, p.idempotency_key if outcome.from_activity \
+            and result == outcome.envelope else None
+
+
+def _ask(patch: str) -> Steps[bool]:
+    answer = yield AskPatch(patch)
+    assert isinstance(answer, bool)
+    return answer
+
+
+def _no_ref(out: Envelope | StopReason) -> tuple[Envelope, str | None] | StopReason:
+    return out if isinstance(out, StopReason) else (out, None)
+
+
+def unavailable_detail(tool: str, message: str | None) -> str:
+    """What a `tool_unavailable` event says: the changed argument schema's message, or
+    that the tool is not served."""
+    return preview(message, 300) if message is not None else f"{tool} is not served here"

@@ -1,0 +1,385 @@
+"""The run's step order (boundloop/core/driver.py), driven with plain values: no server.
+
+Each test plays the workflow's part: it answers the driver's commands (a model turn,
+a tool outcome, a decision, a patch) and reads the commands it was given, in order.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from boundloop.core import driver
+from boundloop.core import envelope as env
+from boundloop.core.budget import Amount, Grant
+from boundloop.core.limits import Limits, Policy, RunSettings
+from boundloop.core.loop import LoopState, ToolOutcome
+from boundloop.core.reasons import StopReason
+from boundloop.core.turn import Turn, Usage
+from tests.support import strategies
+
+RULES = strategies.demo_rules()
+USAGE = Usage(input_tokens=10, output_tokens=5, total_tokens=15)
+CALL_IDS = itertools.count(1)
+TICKET = {"title": "Printer on fire", "description": "3F printer smokes", "priority": "high"}
+
+
+def calls(*specs: tuple[str, dict[str, Any]]) -> Turn:
+    return Turn(items=[{"type": "function_call", "call_id": f"c{next(CALL_IDS)}",
+                        "name": name, "arguments": json.dumps(args)} for name, args in specs],
+                usage=USAGE)
+
+
+def text(answer: str) -> Turn:
+    return Turn(items=[{"type": "message", "role": "assistant",
+                        "content": [{"type": "output_text", "text": answer}]}],
+                text=answer, usage=USAGE)
+
+
+@dataclass
+class View:
+    seconds: float = 0.0
+    suggested: bool = False
+    interrupt: str | None = None
+    reason: str | None = None
+
+    def processing_seconds(self) -> float:
+        return self.seconds
+
+    def now(self) -> datetime:
+        return datetime(2026, 1, 1, tzinfo=UTC) + timedelta(seconds=self.seconds)
+
+    def continue_as_new_suggested(self) -> bool:
+        return self.suggested
+
+    def interrupted(self) -> str | None:
+        return self.interrupt
+
+    def cancel_reason(self) -> str | None:
+        return self.reason
+
+    def fixed_bytes(self) -> int:
+        return 100
+
+
+Answer = Callable[[driver.Command], object]
+
+
+@dataclass
+class Shell:
+    """The workflow's part: answers each command, records them in order."""
+
+    turns: list[Turn]
+    limits: Limits = field(default_factory=Limits)
+    policy: Policy = field(default_factory=lambda: Policy(approval="never"))
+    budget: str | None = None
+    view: View = field(default_factory=View)
+    #: call_id -> how a waiting approval is decided ("approve", "reject", "timeout").
+    decide: dict[str, str] = field(default_factory=dict)
+    patches: set[str] = field(default_factory=lambda: {
+        driver.CONTEXT_WINDOW, driver.CUT_AT_THE_CAP, driver.LOCAL_TOOLS})
+    tool: Callable[[driver.RunTool], object] = lambda c: ToolOutcome(
+        envelope=env.success({"ok": True}))
+    grant: Grant = field(default_factory=lambda: Grant(granted=True, token="t"))
+    #: A command type that is cancelled when given (the run's cancel arrives).
+    cancel_at: type | None = None
+    commands: list[driver.Command] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        settings = RunSettings(model="m", limits=self.limits, policy=self.policy,
+                               budget=self.budget)
+        self.state = LoopState(settings=settings, allowed_tools=list(RULES))
+        self.run = driver.Run(self.state, RULES, "wf/run", self.view)
+
+    def answer(self, c: driver.Command) -> object:
+        match c:
+            case driver.AskPatch(name):
+                return name in self.patches
+            case driver.Publish() | driver.SettleBudget():
+                return None
+            case driver.BuildModelRequest() | driver.BuildToolRequest():
+                return 1000
+            case driver.ReserveBudget():
+                return self.grant
+            case driver.RequestModel():
+                return driver.Answered(self.turns.pop(0))
+            case driver.RunTool():
+                return self.tool(c)
+            case driver.AwaitDecision(approval, _):
+                how = self.decide.get(approval.call_id, "timeout")
+                if how == "timeout":
+                    return False
+                approval.status = "approved" if how == "approve" else "rejected"
+                return True
+        raise AssertionError(c)
+
+    def go(self) -> StopReason | None:
+        steps = self.run.steps()
+        try:
+            command = next(steps)
+        except StopIteration as first:
+            stopped: StopReason | None = first.value
+            return stopped
+        while True:
+            self.commands.append(command)
+            try:
+                if self.cancel_at is not None and isinstance(command, self.cancel_at):
+                    command = steps.throw(driver.Cancelled())
+                else:
+                    command = steps.send(self.answer(command))
+            except StopIteration as done:
+                result: StopReason | None = done.value
+                return result
+
+    def kinds(self) -> list[str]:
+        return [type(c).__name__ for c in self.commands]
+
+    def events(self) -> list[str]:
+        return [e.event for e in self.state.events]
+
+
+STEP = ["Publish", "BuildModelRequest", "RequestModel"]
+TOOL = ["BuildToolRequest", "RunTool", "Publish"]
+
+
+def test_a_tool_call_then_an_answer_completes_in_two_steps() -> None:
+    shell = Shell([calls(("lookup_stock", {"sku": "A-001"})), text("12 in stock")])
+    assert shell.go() == StopReason.COMPLETED
+    assert shell.kinds() == [*STEP, *TOOL, *STEP]
+    assert shell.events() == ["model_requested", "model_returned", "tool_success",
+                              "model_requested", "model_returned", "answered",
+                              "stopped:completed"]
+    assert shell.state.steps == 2 and shell.state.tool_executions == 1
+    # The tool's output goes in the next request by its idempotency key.
+    assert shell.run.exchange.unsent == []
+    assert shell.run.exchange.turn_returned
+
+
+def test_the_tool_activity_output_is_referred_to_by_its_key() -> None:
+    shell = Shell([calls(("lookup_stock", {"sku": "A-001"})), text("done")])
+    seen: list[dict[str, str]] = []
+
+    def model(c: driver.Command) -> object:
+        seen.append(dict(shell.run.exchange.refs))
+        return driver.Answered(shell.turns.pop(0))
+    answer = shell.answer
+    shell.answer = lambda c: model(c) if isinstance(c, driver.RequestModel) else answer(c)
+    shell.go()
+    assert seen[0] == {} and list(seen[1].values()) == ["wf/run/step-1/call-0"]
+
+
+def test_a_short_read_only_tool_asks_the_local_tools_patch() -> None:
+    rules = {**RULES, "lookup_stock": driver.core.ToolRule(
+        "lookup_stock", RULES["lookup_stock"].args_model, local=True, timeout_seconds=5)}
+    shell = Shell([calls(("lookup_stock", {"sku": "A-001"})), text("done")])
+    shell.run.rules = rules
+    shell.go()
+    run = next(c for c in shell.commands if isinstance(c, driver.RunTool))
+    assert run.local and driver.AskPatch(driver.LOCAL_TOOLS) in shell.commands
+    shell = Shell([calls(("lookup_stock", {"sku": "A-001"})), text("done")], patches=set())
+    shell.run.rules = rules
+    shell.go()
+    assert not next(c for c in shell.commands if isinstance(c, driver.RunTool)).local
+
+
+def test_the_last_step_is_forced_to_answer() -> None:
+    shell = Shell([calls(("lookup_stock", {"sku": "A-001"})), text("forced")],
+                  limits=Limits(max_steps=2))
+    assert shell.go() == StopReason.MAX_STEPS
+    plans = [c.plan for c in shell.commands if isinstance(c, driver.RequestModel)]
+    assert [(p.tool_choice, p.last) for p in plans] == [("auto", False), ("none", True)]
+
+
+def test_steps_run_out_before_a_third_request() -> None:
+    shell = Shell([calls(("lookup_stock", {"sku": "A-001"})),
+                   calls(("lookup_stock", {"sku": "B-002"}))], limits=Limits(max_steps=2))
+    # The forced last step's calls are refused, not run.
+    assert shell.go() == StopReason.MAX_STEPS
+    assert shell.kinds().count("RunTool") == 1
+
+
+def test_the_deadline_stops_before_a_request_and_after_a_slow_answer() -> None:
+    shell = Shell([text("late")], limits=Limits(deadline_seconds=10))
+    shell.view.seconds = 10
+    assert shell.go() == StopReason.DEADLINE and shell.kinds() == []
+    shell = Shell([calls(("lookup_stock", {"sku": "A-001"}))], limits=Limits(deadline_seconds=10))
+    answer = shell.answer
+
+    def slow(c: driver.Command) -> object:
+        if isinstance(c, driver.RequestModel):
+            shell.view.seconds = 11
+        return answer(c)
+    shell.answer = slow
+    assert shell.go() == StopReason.DEADLINE
+    assert "RunTool" not in shell.kinds()
+
+
+def test_identical_calls_stop_the_run() -> None:
+    same = ("lookup_stock", {"sku": "A-001"})
+    shell = Shell([calls(same), calls(same), calls(same), calls(same)],
+                  limits=Limits(max_identical_calls=2))
+    assert shell.go() == StopReason.MAX_IDENTICAL_CALLS
+    assert shell.kinds().count("RunTool") == 2
+
+
+def test_an_approved_call_runs_after_the_other_calls() -> None:
+    turn = calls(("create_ticket", TICKET), ("lookup_stock", {"sku": "A-001"}))
+    ticket = turn.calls[0].call_id
+    shell = Shell([turn, text("done")], policy=Policy(), decide={ticket: "approve"})
+    assert shell.go() == StopReason.COMPLETED
+    # Asked (published), the lookup runs, then the wait, then the approved call.
+    assert shell.kinds() == [*STEP, "Publish", *TOOL, "Publish", "AwaitDecision", "Publish",
+                             *TOOL, *STEP]
+    runs = [c.plan.call.name for c in shell.commands if isinstance(c, driver.RunTool)]
+    assert runs == ["lookup_stock", "create_ticket"]
+    wait = next(c for c in shell.commands if isinstance(c, driver.AwaitDecision))
+    assert wait.timeout == timedelta(seconds=shell.limits.approval_timeout_seconds)
+
+
+def test_a_rejected_call_is_answered_without_running() -> None:
+    turn = calls(("create_ticket", TICKET))
+    shell = Shell([turn, text("not created")], policy=Policy(),
+                  decide={turn.calls[0].call_id: "reject"})
+    assert shell.go() == StopReason.COMPLETED
+    assert "RunTool" not in shell.kinds()
+    assert shell.state.rejected_fingerprints
+
+
+def test_an_approval_nobody_decides_times_out() -> None:
+    shell = Shell([calls(("create_ticket", TICKET))], policy=Policy(),
+                  limits=Limits(approval_timeout_seconds=60))
+    shell.view.seconds = 30  # requested now: 60 s left
+    assert shell.go() == StopReason.APPROVAL_TIMEOUT
+    assert shell.kinds()[-1] == "AwaitDecision"
+    assert shell.state.approvals[0].status == "timed_out"
+    assert "approval_timed_out" in shell.events()
+
+
+def test_a_cancel_during_the_approval_wait_leaves_the_step_finished() -> None:
+    shell = Shell([calls(("create_ticket", TICKET))], policy=Policy(),
+                  cancel_at=driver.AwaitDecision)
+    shell.view.reason = "wrong customer"
+    assert shell.go() == StopReason.CANCELLED
+    assert shell.state.steps == 1
+    assert shell.state.events[-2].detail == "wrong customer"
+
+
+def test_a_cancel_during_the_model_request_leaves_the_step_unfinished() -> None:
+    shell = Shell([text("never")], cancel_at=driver.RequestModel)
+    assert shell.go() == StopReason.CANCELLED
+    assert shell.state.steps == 0  # the request in flight is not a step
+
+
+def test_an_interrupt_stops_before_any_call_of_the_response_runs() -> None:
+    shell = Shell([calls(("lookup_stock", {"sku": "A-001"}))])
+    answer = shell.answer
+
+    def interrupted(c: driver.Command) -> object:
+        if isinstance(c, driver.RequestModel):
+            shell.view.interrupt = "a newer message"
+        return answer(c)
+    shell.answer = interrupted
+    assert shell.go() == StopReason.CANCELLED
+    assert "RunTool" not in shell.kinds() and shell.state.steps == 1
+
+
+def test_continue_as_new_is_suggested_between_steps_only() -> None:
+    shell = Shell([calls(("lookup_stock", {"sku": "A-001"}))])
+    shell.view.suggested = True
+    assert shell.go() is None  # after the first step, before the second request
+    assert shell.kinds() == [*STEP, *TOOL] and shell.state.steps == 1
+    assert shell.run.exchange.unsent  # the tool's output goes with the carried state
+
+
+def test_a_shared_budget_reserves_before_and_settles_after_each_request() -> None:
+    shell = Shell([calls(("lookup_stock", {"sku": "A-001"})), text("done")], budget="team",
+                  limits=Limits(max_output_tokens=100))
+    assert shell.go() == StopReason.COMPLETED
+    assert shell.kinds() == ["Publish", "BuildModelRequest", "ReserveBudget", "RequestModel",
+                             "SettleBudget", *TOOL,
+                             "Publish", "BuildModelRequest", "ReserveBudget", "RequestModel",
+                             "SettleBudget"]
+    settle = next(c for c in shell.commands if isinstance(c, driver.SettleBudget))
+    assert settle.amount.tokens == USAGE.total_tokens
+
+
+def test_a_budget_refusal_stops_before_the_request_and_is_no_step() -> None:
+    shell = Shell([text("never")], budget="team", limits=Limits(max_output_tokens=100),
+                  grant=Grant(granted=False, message="budget 'team' is spent"))
+    assert shell.go() == StopReason.BUDGET_LIMIT
+    assert shell.kinds()[-1] == "ReserveBudget" and shell.state.steps == 0
+    assert shell.state.text == "budget 'team' is spent"
+
+
+def test_attempts_that_brought_no_answer_are_settled_with_the_step() -> None:
+    shell = Shell([text("done")], budget="team", limits=Limits(max_output_tokens=100))
+    answer = shell.answer
+    abandoned = Amount(usd=0.5, tokens=1000)
+    shell.answer = lambda c: (driver.Answered(shell.turns.pop(0), abandoned)
+                              if isinstance(c, driver.RequestModel) else answer(c))
+    shell.go()
+    settle = next(c for c in shell.commands if isinstance(c, driver.SettleBudget))
+    assert settle.amount.tokens == USAGE.total_tokens + 1000
+
+
+def test_a_model_failure_stops_with_the_shells_reason() -> None:
+    shell = Shell([])
+    shell.answer = lambda c: (StopReason.MODEL_ERROR if isinstance(c, driver.RequestModel)
+                              else Shell.answer(shell, c))
+    assert shell.go() == StopReason.MODEL_ERROR
+
+
+def test_a_request_over_the_context_window_is_never_sent() -> None:
+    shell = Shell([text("never")], limits=Limits(max_input_tokens=20, max_output_tokens=10))
+    assert shell.go() == StopReason.CONTEXT_EXHAUSTED
+    assert shell.commands == [driver.AskPatch(driver.CONTEXT_WINDOW)]
+    # A run from before the patch sends it as it did.
+    shell = Shell([text("sent")], limits=Limits(max_input_tokens=20, max_output_tokens=10),
+                  patches=set())
+    assert shell.go() == StopReason.COMPLETED
+
+
+def test_a_request_over_the_payload_limit_is_never_sent() -> None:
+    shell = Shell([text("never")])
+    answer = shell.answer
+    shell.answer = lambda c: (10**9 if isinstance(c, driver.BuildModelRequest) else answer(c))
+    assert shell.go() == StopReason.HISTORY_LIMIT
+    assert "RequestModel" not in shell.kinds()
+
+
+@pytest.mark.parametrize(("kind", "reason", "executed"), [
+    ("unavailable", StopReason.TOOL_UNAVAILABLE, 0),
+    ("result_too_large", StopReason.RESULT_LIMIT, 1),
+    ("fatal", StopReason.TOOL_ERROR, 1),
+])
+def test_a_failed_tool_stops_the_run(kind: str, reason: StopReason, executed: int) -> None:
+    shell = Shell([calls(("lookup_stock", {"sku": "A-001"})), text("never")],
+                  tool=lambda c: driver.ToolFailed(kind, 3, started=True))  # type: ignore[arg-type]
+    assert shell.go() == reason
+    assert shell.state.tool_executions == executed
+
+
+@pytest.mark.parametrize("kind", ["transient", "timed_out"])
+def test_a_tool_that_keeps_failing_gives_the_model_a_temporary_error(kind: str) -> None:
+    shell = Shell([calls(("lookup_stock", {"sku": "A-001"})), text("sorry")],
+                  tool=lambda c: driver.ToolFailed(kind, 3, started=False))  # type: ignore[arg-type]
+    assert shell.go() == StopReason.COMPLETED
+    assert "tool_temporary_error" in shell.events() and "tool_failed" not in shell.events()
+    assert shell.state.tool_executions == 0
+
+
+def test_a_terminal_success_forces_the_answer_and_completes() -> None:
+    rules = {**RULES, "create_ticket": driver.core.ToolRule(
+        "create_ticket", RULES["create_ticket"].args_model, side_effects=True)}
+    shell = Shell([calls(("create_ticket", TICKET)), text("created")],
+                  tool=lambda c: ToolOutcome(envelope=env.success({"id": 1}, terminal=True)))
+    shell.run.rules = rules
+    assert shell.go() == StopReason.COMPLETED
+    plans = [c.plan for c in shell.commands if isinstance(c, driver.RequestModel)]
+    assert plans[-1].tool_choice == "none"
