@@ -32,11 +32,6 @@ class TimerBeforeApproval(BoundLoopWorkflow):
     async def run(self, inp: RunInput) -> RunResult:
         return await super().run(inp)
 
-    # The approval wait, by either name the workflow has given it.
-    async def _await_approval(self, step: int, p: Any) -> Any:
-        await workflow.sleep(timedelta(seconds=1))
-        return await super()._await_approval(step, p)
-
     async def _await_decision(self, approval: Any, timeout: timedelta) -> bool:
         await workflow.sleep(timedelta(seconds=1))
         return await super()._await_decision(approval, timeout)
