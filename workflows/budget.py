@@ -28,7 +28,7 @@ from datetime import timedelta
 from temporalio import workflow
 from temporalio.exceptions import ApplicationError
 
-from boundloop.workflows import SANDBOXED
+from boundloop.workflows import SANDBOXED, options
 
 with workflow.unsafe.imports_passed_through():
     from boundloop import errors
@@ -60,10 +60,6 @@ LEDGER_CLAIMS = "budget-claims"
 #: The patch under which a run settles and releases by an update its activity sends (with
 #: the token of its reservation), not by a signal (workflows/loop.py asks it).
 RUN_MESSAGES_BY_UPDATE = "budget-messages-by-update"
-#: How long a run's settlement, and its release at its end, wait for the ledger's answer;
-#: then the ledger's own check for closed runs releases what the run held.
-SETTLE_WAIT = timedelta(minutes=5)
-RELEASE_WAIT = timedelta(seconds=30)
 
 
 @workflow.defn(name=BUDGET_WORKFLOW, sandboxed=SANDBOXED)
@@ -120,9 +116,11 @@ class BudgetLedgerWorkflow:
         return sorted(set(s.reservations) | set(s.settled) | set(s.refusing))
 
     async def _reap(self, runs: list[str]) -> None:
+        # By name, not by reference: its module (activities/budget.py) sends this
+        # workflow's updates by reference, so importing it here would be an import circle.
         closed: list[str] = await workflow.execute_activity(
             BUDGET_CLOSED_RUNS_ACTIVITY, runs, result_type=list[str],
-            start_to_close_timeout=timedelta(seconds=30),
+            start_to_close_timeout=options.CLOSED_RUNS_TIMEOUT,
             summary=f"check {len(runs)} run(s) holding budget")
         for run in closed:
             if run in self._state.reservations:

@@ -13,45 +13,36 @@ import builtins
 import dataclasses
 import functools
 import json
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta
 from typing import Any, NoReturn, TypeVar
 
 from temporalio import workflow
-from temporalio.common import RetryPolicy
 from temporalio.contrib.workflow_streams import WorkflowStream
 from temporalio.contrib.workflow_streams._types import PublisherState
 from temporalio.exceptions import (
     ActivityError,
     ApplicationError,
-    FailureError,
-    RetryState,
     TimeoutError,
     TimeoutType,
     is_cancelled_exception,
 )
 
-from boundloop.workflows import SANDBOXED
-from boundloop.workflows.budget import (
-    RELEASE_WAIT,
-    RUN_MESSAGES_BY_UPDATE,
-    SETTLE_WAIT,
-    BudgetLedgerWorkflow,
-)
+from boundloop.workflows import SANDBOXED, options
+from boundloop.workflows.attempts import Attempts, Failed, Routing, body_started
+from boundloop.workflows.attempts import attempts as counted_attempts
+from boundloop.workflows.budget import RUN_MESSAGES_BY_UPDATE, BudgetLedgerWorkflow
 
 with workflow.unsafe.imports_passed_through():
     from boundloop import errors
     from boundloop import search_attributes as sa
+    from boundloop.activities.admission import Admissions
+    from boundloop.activities.budget import budget_release, budget_reserve, budget_settle
+    from boundloop.activities.model import ModelActivities
+    from boundloop.activities.tools import ToolActivities
     from boundloop.contracts import (
-        ADMIT_ACTIVITY,
-        BUDGET_RELEASE_ACTIVITY,
-        BUDGET_RESERVE_ACTIVITY,
-        BUDGET_SETTLE_ACTIVITY,
-        MODEL_ACTIVITY,
         OUTPUT_REF,
         STREAM_TOPIC,
-        TOOL_ACTIVITY,
         WORKFLOW_NAME,
         AdmitRequest,
         BudgetRelease,
@@ -74,7 +65,7 @@ with workflow.unsafe.imports_passed_through():
         ToolRequest,
         budget_workflow_id,
     )
-    from boundloop.core import approvals, driver, mcp_tools, retries, routing, signatures
+    from boundloop.core import approvals, driver, mcp_tools, retries, signatures
     from boundloop.core import budget as shared
     from boundloop.core import context as ctx
     from boundloop.core import loop as core
@@ -90,17 +81,11 @@ with workflow.unsafe.imports_passed_through():
     )
     from boundloop.core.limits import MAX_PAYLOAD_VALUE_BYTES, payload_bytes
     from boundloop.core.mcp_tools import MCPToolDeclaration
-    from boundloop.core.operator import Admission, Refusal, unknown_tools_line
+    from boundloop.core.operator import Refusal, unknown_tools_line
     from boundloop.core.reasons import NEXT_CHECK, StopReason
     from boundloop.core.turn import Turn
     from boundloop.tools import catalog
 
-#: Both activities heartbeat every second: an attempt whose worker died is noticed
-#: within this and retried by Temporal (not counted), and a cancel reaches the attempt.
-HEARTBEAT_TIMEOUT = timedelta(seconds=5)
-#: Start-to-close beyond the provider's or tool's own timeout (which the activity
-#: enforces and reports as a counted failure): only a wedged worker reaches it.
-WEDGED_MARGIN = 10.0
 #: The patch under which failures are counted by the workflow (runs that started before
 #: it had Temporal count them, and stopped at the first failure Temporal returned).
 COUNTED_RETRIES = "counted-retries"
@@ -195,39 +180,6 @@ CONTEXT_WINDOW = driver.CONTEXT_WINDOW
 CUT_AT_THE_CAP = driver.CUT_AT_THE_CAP
 
 
-def _worker_lost(counted: list[str]) -> RetryPolicy:
-    """Temporal retries only attempts lost to our own workers (heartbeat or start-to-close
-    timeouts), without limit: schedule-to-close, the time left before the run's deadline,
-    bounds them. Every failure type the activity raises is the workflow's to count
-    (boundloop.core.retries), so a crash never uses up an attempt."""
-    # 1 s apart, no growth: the heartbeat timeout already spaces lost attempts.
-    return RetryPolicy(initial_interval=timedelta(seconds=1), backoff_coefficient=1.0,
-                       maximum_attempts=0,
-                       non_retryable_error_types=[*counted, errors.PAYLOADS_TOO_LARGE])
-
-
-#: Provider failures (HTTP, connection, provider timeout) and failures of our own code,
-#: each counted against MODEL_BACKOFF; the others end the request at once.
-MODEL_RETRYABLE = (errors.MODEL_REQUEST_RETRYABLE, errors.MODEL_ACTIVITY_FAILED)
-MODEL_RETRY = _worker_lost([*MODEL_RETRYABLE, errors.MODEL_REQUEST_REJECTED,
-                            errors.MODEL_RESPONSE_TOO_LARGE, errors.CONVERSATION_MISMATCH])
-#: Under CHARGED_ATTEMPTS: one attempt per activity; the workflow retries it.
-MODEL_ONCE = RetryPolicy(maximum_attempts=1)
-#: A tool's own failures, each counted against the tool's attempts.
-TOOL_RETRYABLE = (errors.TRANSIENT_TOOL_ERROR, errors.TOOL_TIMED_OUT,
-                  errors.UNEXPECTED_TOOL_ERROR)
-TOOL_RETRY = _worker_lost(list(TOOL_RETRYABLE))
-
-
-#: An activity sent to the worker that holds the run's conversation (its own task queue)
-#: gets one attempt, which waits this long at most to start: then, or if the worker is
-#: lost while running it, the activity goes to the shared queue (core/routing.py).
-HOLDER_START_TIMEOUT = timedelta(seconds=5)
-HOLDER_RETRY = RetryPolicy(maximum_attempts=1)
-
-_R = TypeVar("_R")
-
-
 #: Event names of a model attempt that failed and was sent again start with this; the
 #: failure's kind follows (`worker_lost` for an attempt lost with its request sent).
 MODEL_RETRIED = "model_retried:"
@@ -241,6 +193,9 @@ MODEL_FAILURES = {
     errors.CONVERSATION_MISMATCH: mf.CONVERSATION_MISMATCH,
     errors.MODEL_ACTIVITY_FAILED: mf.WORKER_ERROR,  # our own code failed (worker log)
 }
+
+
+_R = TypeVar("_R")
 
 
 @workflow.defn(name=WORKFLOW_NAME, sandboxed=SANDBOXED)
@@ -299,15 +254,7 @@ class BoundLoopWorkflow:
         self._started = workflow.now()
         self._cancel_reason: str | None = None
         self._interrupted: str | None = None  # the `interrupt` signal's reason
-        # The own task queue of the worker whose cache holds the conversation (named by
-        # the last model turn); None: the shared queue.
-        self._holder: str | None = None
-        # Whether activities go to the holder's queue (before ROUTE_WHEN_NEEDED: always),
-        # and whether a model request sent to the shared queue while a holder was named
-        # did not find the conversation there (then the run follows the holder).
-        self._follow = True
-        self._shared_missed = False
-        self._routing = False  # ROUTE_WHEN_NEEDED, decided at the first turn naming a holder
+        self._routes = Routing()  # which task queue the next activity goes to
         # Approver public keys: the worker's (like its toolset) and the run policy's.
         self._keys = signatures.run_keys(served.approver_keys,
                                          self._state.policy.approver_keys)
@@ -432,11 +379,11 @@ class BoundLoopWorkflow:
                        for pair in workflow.info().typed_search_attributes
                        if isinstance(pair.value, str)}
                       if self._patched(ADMIT_ATTRIBUTES) else {})
-        admission = await workflow.execute_local_activity(
-            ADMIT_ACTIVITY, AdmitRequest(settings=inp.settings, tools=list(inp.tools),
+        admission = await workflow.execute_local_activity_method(
+            Admissions.admit_run, AdmitRequest(settings=inp.settings, tools=list(inp.tools),
                                          mcp_tools=list(self._mcp.values()),
                                          search_attributes=attributes),
-            result_type=Admission, start_to_close_timeout=timedelta(seconds=10))
+            start_to_close_timeout=options.ADMIT_TIMEOUT)
         if admission.unknown:
             if self._patched(UNKNOWN_TOOLS_NAMED):
                 raise ApplicationError(
@@ -595,14 +542,8 @@ class BoundLoopWorkflow:
         turn = await self._model_attempts(plan, self._request)
         if isinstance(turn, StopReason):
             return turn
-        # How this request was sent: by choice to the shared queue while a holder was
-        # named, or to the holder's queue (not lost to the shared queue on the way).
-        probed, on_holder = self._holder is not None and not self._follow, self._on_holder()
-        self._holder = turn.worker_queue
-        if self._holder is not None and self._patched(ROUTE_WHEN_NEEDED):
-            self._routing = True
-            self._shared_missed = self._shared_missed or (probed and not turn.cached)
-            self._follow = routing.follows_holder(turn.cached, on_holder, self._shared_missed)
+        self._routes.after_turn(turn.worker_queue, turn.cached,
+                                lambda: self._patched(ROUTE_WHEN_NEEDED))
         return driver.Answered(turn, self._take_abandoned())
 
     async def _model_attempts(self, plan: core.StepPlan, req: ModelRequest) -> Turn | StopReason:
@@ -613,15 +554,16 @@ class BoundLoopWorkflow:
         state = self._state
         limit = state.limits.model_timeout_seconds
         req = req.model_copy(update={"timeout_seconds": limit})
-        attempts = _Attempts(
-            activity=MODEL_ACTIVITY, timeout_seconds=limit, lost=MODEL_RETRY,
-            backoff=retries.MODEL_BACKOFF, retryable=MODEL_RETRYABLE, deadline_ends=True,
+        attempts = Attempts(
+            activity=ModelActivities.model_request, timeout_seconds=limit,
+            lost=options.MODEL_RETRY, backoff=retries.MODEL_BACKOFF,
+            retryable=options.MODEL_RETRYABLE, deadline_ends=True,
             summary=f"model step {plan.step} · {state.settings.model}",
             # Whatever a failed attempt streamed is void.
             on_failure=(lambda: self._topic.publish(Reset(step=plan.step))) if req.stream
             else None)
         out = await self._attempts(attempts, req, Turn)
-        if not isinstance(out, _Failed):
+        if not isinstance(out, Failed):
             return out
         if out.deadline:
             return state.stop(StopReason.DEADLINE)
@@ -655,11 +597,12 @@ class BoundLoopWorkflow:
             sent = req.model_copy(update={"timeout_seconds": silence,
                                           "answer_seconds": answer})
             try:
-                turn: Turn = await workflow.execute_activity(
-                    MODEL_ACTIVITY, sent, result_type=Turn,
-                    start_to_close_timeout=timedelta(seconds=answer + WEDGED_MARGIN),
+                turn: Turn = await workflow.execute_activity_method(
+                    ModelActivities.model_request, sent,
+                    start_to_close_timeout=timedelta(seconds=answer + options.WEDGED_MARGIN),
                     schedule_to_close_timeout=timedelta(seconds=max(remaining, 1.0)),
-                    heartbeat_timeout=HEARTBEAT_TIMEOUT, **self._route(MODEL_ONCE),
+                    heartbeat_timeout=options.HEARTBEAT_TIMEOUT,
+                    **self._routes.route(options.MODEL_ONCE),
                     summary=f"model step {plan.step} · {state.settings.model}")
             except ActivityError as err:
                 if req.stream:  # its text is void, and so is any that arrives later
@@ -684,14 +627,14 @@ class BoundLoopWorkflow:
                 shut_down = isinstance(cause, ApplicationError) \
                     and cause.type == errors.WORKER_SHUTDOWN
                 if timeout == TimeoutType.HEARTBEAT or shut_down or (
-                        timeout == TimeoutType.SCHEDULE_TO_START and self._on_holder()):
+                        timeout == TimeoutType.SCHEDULE_TO_START and self._routes.on_holder()):
                     # Its worker was lost, or shut down while it ran (a deploy's stop,
                     # which fails the attempt with WorkerShutdown), or the holder never
                     # took it: not the
                     # provider's failure, not counted; sent again only once it had gone
                     # out, which the event says.
-                    if self._on_holder():
-                        self._holder = None
+                    if self._routes.on_holder():
+                        self._routes.holder = None
                     if charge is not None and charge.sent:
                         tokens = self._charge_abandoned(plan.step, "worker_lost", charge)
                         state.log(f"{MODEL_RETRIED}worker_lost", detail=(
@@ -702,11 +645,12 @@ class BoundLoopWorkflow:
                 failure = _model_failure(err, silence) if timeout != TimeoutType.START_TO_CLOSE \
                     else mf.ModelFailure(kind=mf.TIMEOUT, detail=(
                         f"the attempt outlived its start-to-close timeout "
-                        f"({answer + WEDGED_MARGIN:g} s): its worker was overloaded or wedged"))
+                        f"({answer + options.WEDGED_MARGIN:g} s): its worker was overloaded or "
+                        "wedged"))
                 tokens = self._charge_abandoned(plan.step, failure.kind, charge)
                 charged = f"; charged {tokens} tokens (worst case)" if tokens else ""
                 retryable = timeout == TimeoutType.START_TO_CLOSE or (
-                    isinstance(cause, ApplicationError) and cause.type in MODEL_RETRYABLE)
+                    isinstance(cause, ApplicationError) and cause.type in options.MODEL_RETRYABLE)
                 asked = cause.next_retry_delay if isinstance(cause, ApplicationError) else None
                 delay = retries.next_delay(
                     retries.MODEL_BACKOFF, failures,
@@ -810,74 +754,13 @@ class BoundLoopWorkflow:
             self._topic.publish(TextDelta(step=step, attempt=attempt,
                                           text=rest[start:start + STREAM_PIECE]))
 
-    async def _attempts(self, a: _Attempts, arg: object,
-                        result_type: type[_R]) -> _R | _Failed:
-        """One activity's counted attempts, the same for a model request and a tool
-        execution: an attempt lost to a dead worker (Temporal retries it) or to the
-        holder's queue (the shared queue takes it) is not counted; each failure of the
-        provider or tool is, against `a.backoff`, until the attempts or the run's time
-        run out. A cancel of the run raises through."""
-        state = self._state
-        failures = 0
-        failed: list[ActivityError] = []
-        while True:
-            remaining = state.limits.deadline_seconds - self._processing_seconds()
-            start_to_close = timedelta(seconds=a.timeout_seconds + WEDGED_MARGIN)
-            schedule_to_close = timedelta(seconds=max(remaining, 1.0))
-            try:
-                if a.local_id is not None:
-                    # In this worker, within the workflow task: no heartbeats (the task's
-                    # own timeout notices a dead worker) and no routing. Its activity id
-                    # is the call's idempotency key: the model activity finds the result
-                    # in history by it.
-                    try:
-                        result: _R = await workflow.execute_local_activity(
-                            a.activity, arg, result_type=result_type,
-                            start_to_close_timeout=start_to_close,
-                            schedule_to_close_timeout=schedule_to_close,
-                            retry_policy=a.lost, activity_id=a.local_id, summary=a.summary)
-                    except FailureError as exc:
-                        raise _as_activity_error(exc, a.activity, a.local_id) from exc
-                else:
-                    result = await workflow.execute_activity(
-                        a.activity, arg, result_type=result_type,
-                        start_to_close_timeout=start_to_close,
-                        schedule_to_close_timeout=schedule_to_close,
-                        heartbeat_timeout=HEARTBEAT_TIMEOUT, **self._route(a.lost),
-                        summary=a.summary)
-                return result
-            except ActivityError as err:
-                if a.on_failure is not None:
-                    a.on_failure()
-                if is_cancelled_exception(err):
-                    raise asyncio.CancelledError from None  # the run was cancelled
-                failed.append(err)
-                in_time = self._processing_seconds() < state.limits.deadline_seconds
-                if (in_time or not a.deadline_ends) and a.local_id is None \
-                        and self._holder_lost(err, a.lost):
-                    continue  # not a failure: the shared queue takes it (same request)
-                # Schedule-to-close is the time left before the deadline: a retry refused
-                # for lack of time is the deadline, not the provider.
-                if a.deadline_ends and (err.retry_state == RetryState.TIMEOUT or not in_time):
-                    return _Failed(err, failures, failed, deadline=True)
-                failures += 1
-                cause = err.cause if isinstance(err.cause, ApplicationError) else None
-                if cause is not None and cause.type in a.retryable \
-                        and err.retry_state != RetryState.TIMEOUT \
-                        and self._patched(COUNTED_RETRIES):
-                    asked = cause.next_retry_delay
-                    delay = retries.next_delay(
-                        a.backoff, failures, asked.total_seconds() if asked is not None else None,
-                        state.limits.deadline_seconds - self._processing_seconds())
-                    if delay == "deadline" and a.deadline_ends:
-                        return _Failed(err, failures, failed, deadline=True)
-                    if not isinstance(delay, str):
-                        workflow.logger.warning("activity failed; retrying", extra={
-                            "activity": a.activity, "error_type": cause.type,
-                            "failures": failures})
-                        await workflow.sleep(delay)
-                        continue
-                return _Failed(err, failures, failed, deadline=False)
+    async def _attempts(self, a: Attempts, arg: object, result_type: type[_R]) -> _R | Failed:
+        """`a`'s counted attempts (workflows/attempts.py) within the run's deadline."""
+        return await counted_attempts(
+            a, arg, result_type, routes=self._routes,
+            seconds_left=lambda: self._state.limits.deadline_seconds
+            - self._processing_seconds(),
+            counted=lambda: self._patched(COUNTED_RETRIES))
 
     # --- shared budget (workflows/budget.py) ----------------------------------------
 
@@ -887,13 +770,11 @@ class BoundLoopWorkflow:
         key, step = command.key, command.step
         await self._settled()
         try:
-            grant: Grant = await workflow.execute_activity(
-                BUDGET_RESERVE_ACTIVITY,
+            grant = await workflow.execute_activity(
+                budget_reserve,
                 BudgetReserve(key=key, step=step, amount=command.amount, priced=command.priced),
-                result_type=Grant, start_to_close_timeout=timedelta(seconds=60),
-                heartbeat_timeout=HEARTBEAT_TIMEOUT,
-                retry_policy=RetryPolicy(initial_interval=timedelta(seconds=1),
-                                         backoff_coefficient=1.0, maximum_attempts=0),
+                start_to_close_timeout=options.RESERVE_TIMEOUT,
+                heartbeat_timeout=options.HEARTBEAT_TIMEOUT, retry_policy=options.LEDGER_RETRY,
                 summary=f"reserve step {step} · budget {key}")
         except ActivityError as err:
             if is_cancelled_exception(err):
@@ -914,7 +795,7 @@ class BoundLoopWorkflow:
             return
         if workflow.patched(RUN_MESSAGES_BY_UPDATE):
             self._settling = asyncio.create_task(self._ledger_activity(
-                BUDGET_SETTLE_ACTIVITY, BudgetSettle(key=key, step=step, amount=actual,
+                budget_settle, BudgetSettle(key=key, step=step, amount=actual,
                                                      token=self._budget_token),
                 f"settle step {step} · budget {key}"))
             return
@@ -937,30 +818,28 @@ class BoundLoopWorkflow:
             await self._settled()
             token, run = self._budget_token, workflow.info().workflow_id
             if workflow.patched(RUN_MESSAGES_BY_UPDATE):
-                await self._ledger_activity(BUDGET_RELEASE_ACTIVITY,
+                await self._ledger_activity(budget_release,
                                             BudgetRelease(key=key, token=token),
-                                            f"release · budget {key}", give_up=RELEASE_WAIT)
+                                            f"release · budget {key}", give_up=options.RELEASE_WAIT)
                 return
             await self._signal_ledger(key, BudgetLedgerWorkflow.release,
                                       run if token is None else ReleaseRequest(run=run,
                                                                                token=token))
 
-    async def _ledger_activity(self, activity: str, arg: object, summary: str,
-                               give_up: timedelta = SETTLE_WAIT) -> None:
+    async def _ledger_activity(self, activity: Callable[[Any], Awaitable[None]], arg: Any,
+                               summary: str, give_up: timedelta = options.SETTLE_WAIT) -> None:
         """Settle or release by the activity that sends the ledger an update; a ledger
         that does not answer within `give_up` is left to find the run closed itself."""
         try:
             await workflow.execute_activity(
                 activity, arg, schedule_to_close_timeout=give_up,
-                heartbeat_timeout=HEARTBEAT_TIMEOUT,
-                retry_policy=RetryPolicy(initial_interval=timedelta(seconds=1),
-                                         backoff_coefficient=1.0, maximum_attempts=0),
+                heartbeat_timeout=options.HEARTBEAT_TIMEOUT, retry_policy=options.LEDGER_RETRY,
                 summary=summary)
         except ActivityError as exc:
             if is_cancelled_exception(exc):
                 raise asyncio.CancelledError from None
             workflow.logger.warning("budget ledger message failed", extra={
-                "activity": activity, "error": type(exc.cause).__name__})
+                "activity": activity.__name__, "error": type(exc.cause).__name__})
 
     async def _signal_ledger(self, key: str, signal: Callable[[Any, Any], None],
                              arg: object) -> None:
@@ -1015,24 +894,25 @@ class BoundLoopWorkflow:
         workflow.logger.info("tool execution", extra={
             "step": command.step, "tool": p.call.name, "fingerprint": p.fingerprint,
             "local": local})
-        attempts = _Attempts(
-            activity=TOOL_ACTIVITY, timeout_seconds=command.timeout_seconds, lost=TOOL_RETRY,
-            backoff=rule.backoff, retryable=TOOL_RETRYABLE, deadline_ends=False,
+        attempts = Attempts(
+            activity=ToolActivities.tool_execute, timeout_seconds=command.timeout_seconds,
+            lost=options.TOOL_RETRY, backoff=rule.backoff, retryable=options.TOOL_RETRYABLE,
+            deadline_ends=False,
             summary=f"tool {p.call.name} · call {self._state.tool_executions + 1}",
             local_id=p.idempotency_key if local else None)
-        if local and self._routing:
-            req = req.model_copy(update={"holder": self._holder})
+        if local and self._routes.active:
+            req = req.model_copy(update={"holder": self._routes.holder})
         outcome = await self._attempts(attempts, req, core.ToolOutcome)
-        if not isinstance(outcome, _Failed):
-            if outcome.worker_queue is not None and self._routing:
+        if not isinstance(outcome, Failed):
+            if outcome.worker_queue is not None and self._routes.active:
                 # A local tool ran in the worker that runs this run's tasks, not the
                 # holder: its output is in that worker's cache, so the next request goes
                 # there.
-                self._holder = outcome.worker_queue
+                self._routes.holder = outcome.worker_queue
             return outcome
         cause = outcome.error.cause
         kind = cause.type if isinstance(cause, ApplicationError) else None
-        started = any(_body_started(err.cause) for err in outcome.attempts)
+        started = any(body_started(err.cause) for err in outcome.attempts)
         if kind in (errors.TOOL_UNAVAILABLE, errors.TOOL_ARGUMENTS_CHANGED):
             # Renamed or removed by a deploy since the run started: never retried.
             return driver.ToolFailed("unavailable", outcome.failures, started, detail=(
@@ -1136,33 +1016,6 @@ class BoundLoopWorkflow:
         """`workflow.patched(patch)`, answered by the bundle for a run started under it."""
         return ((self._bundled_04 and patch in BUNDLED_04_PATCHES)
                 or (self._bundled and patch in BUNDLED_PATCHES) or workflow.patched(patch))
-
-    def _on_holder(self) -> bool:
-        return self._holder is not None and self._follow
-
-    def _route(self, policy: RetryPolicy) -> dict[str, Any]:
-        """Where the next activity goes: the holder's own queue (one attempt, bounded wait
-        to start), or the shared queue with `policy` (docs/history.md, "Several workers")."""
-        if not self._on_holder():
-            return {"retry_policy": policy}
-        return {"task_queue": self._holder, "retry_policy": HOLDER_RETRY,
-                "schedule_to_start_timeout": HOLDER_START_TIMEOUT}
-
-    def _holder_lost(self, err: ActivityError, policy: RetryPolicy) -> bool:
-        """Whether the attempt failed on the holder's queue in a way the shared queue's
-        `policy` would have retried; then the run forgets the holder."""
-        if not self._on_holder():
-            return False
-        cause = err.cause
-        timeout = (cause.type.name if isinstance(cause, TimeoutError) and cause.type is not None
-                   else None)
-        kind = cause.type if isinstance(cause, ApplicationError) else None
-        if not routing.lost_on_holder(timeout, kind, policy.non_retryable_error_types or ()):
-            return False
-        workflow.logger.info("activity not run by the worker holding the conversation; "
-                             "the shared queue takes it", extra={"timeout": timeout})
-        self._holder = None
-        return True
 
     def _processing_seconds(self) -> float:
         elapsed = (workflow.now() - self._started).total_seconds()
@@ -1278,35 +1131,6 @@ class BoundLoopWorkflow:
                                      conversation=conversation)
 
 
-@dataclass(frozen=True)
-class _Attempts:
-    """What `BoundLoopWorkflow._attempts` needs to run one activity's counted attempts."""
-
-    activity: str
-    timeout_seconds: float  # of one attempt (the activity enforces it)
-    lost: RetryPolicy  # Temporal's: attempts lost to our own workers
-    backoff: retries.Backoff  # the counted failures
-    retryable: tuple[str, ...]  # failure types counted and retried
-    #: Whether the run's deadline ends the attempts as `DEADLINE` (the model request) or
-    #: is one more failure of the operation (a tool's attempts; the next step stops).
-    deadline_ends: bool
-    summary: str
-    on_failure: Callable[[], None] | None = None  # after each failed attempt
-    #: Set: the attempts run as local activities with this activity id.
-    local_id: str | None = None
-
-
-@dataclass(frozen=True)
-class _Failed:
-    """The attempts ended without a result: the last failure, how many were counted,
-    every failed attempt (lost ones too), and whether the deadline ended them."""
-
-    error: ActivityError
-    failures: int
-    attempts: list[ActivityError]
-    deadline: bool
-
-
 def _model_failure(err: ActivityError, timeout_seconds: float) -> mf.ModelFailure:
     """The failure the model activity named, or one named from Temporal's own error."""
     cause = err.cause
@@ -1320,35 +1144,6 @@ def _model_failure(err: ActivityError, timeout_seconds: float) -> mf.ModelFailur
         return mf.ModelFailure(kind=kind, detail=f"model activity failed: {cause.type}")
     return mf.ModelFailure(kind=mf.WORKER_ERROR,
                            detail=f"model activity failed: {type(cause).__name__}")
-
-
-def _as_activity_error(err: FailureError, activity: str, activity_id: str) -> ActivityError:
-    """A local activity's failure as the ActivityError a regular activity's failure is:
-    Temporal hands a local activity's own failure (the tool's ApplicationError, a
-    timeout, a cancel) to the workflow unwrapped. Its retry state is the one the server
-    gives a regular activity's: the counted failure types are non-retryable."""
-    if isinstance(err, ActivityError):
-        return err
-    wrapped = ActivityError(
-        f"local activity {activity} failed", scheduled_event_id=0, started_event_id=0,
-        identity="", activity_type=activity, activity_id=activity_id,
-        retry_state=RetryState.TIMEOUT if isinstance(err, TimeoutError)
-        else RetryState.NON_RETRYABLE_FAILURE)
-    wrapped.__cause__ = err  # what `ActivityError.cause` reads
-    return wrapped
-
-
-def _body_started(cause: BaseException | None) -> bool:
-    """Whether a failed tool attempt had started the tool's body, as the activity reported
-    it in the failure's details (or, for a timeout, its last heartbeat)."""
-    if isinstance(cause, ApplicationError):
-        details = cause.details
-    elif isinstance(cause, TimeoutError):
-        details = cause.last_heartbeat_details
-    else:
-        return False
-    first = details[0] if details else None
-    return isinstance(first, dict) and first.get("started") is True
 
 
 def _refuse(refusal: Refusal) -> NoReturn:
