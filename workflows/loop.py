@@ -13,13 +13,11 @@ import builtins
 import dataclasses
 import functools
 import json
-from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta
 from typing import Any, NoReturn, TypeVar
 
 from temporalio import workflow
 from temporalio.contrib.workflow_streams import WorkflowStream
-from temporalio.contrib.workflow_streams._types import PublisherState
 from temporalio.exceptions import (
     ActivityError,
     ApplicationError,
@@ -31,39 +29,50 @@ from temporalio.exceptions import (
 from boundloop.workflows import SANDBOXED, options
 from boundloop.workflows.attempts import Attempts, Failed, Routing, body_started
 from boundloop.workflows.attempts import attempts as counted_attempts
-from boundloop.workflows.budget import RUN_MESSAGES_BY_UPDATE, BudgetLedgerWorkflow
+from boundloop.workflows.patches import (
+    ADMIT_ATTRIBUTES,
+    ADMITTED_SCHEMAS,
+    CARRIED_BY_CONTINUE,
+    CARRIED_GENUINE,
+    CARRIED_RULES,
+    CHARGED_ATTEMPTS,
+    CONTEXT_WINDOW,
+    COUNTED_RETRIES,
+    DECISIONS_BOUND,
+    OPERATOR_POLICY,
+    ROUTE_WHEN_NEEDED,
+    RUN_SCOPED_KEYS,
+    SESSION_GRANTS,
+    SPARSE_UPSERTS,
+    STRICTER_APPROVALS,
+    TURN_FOLLOWS_OWNED,
+    UNKNOWN_TOOLS_NAMED,
+    WITHDRAWN_ON_STOP,
+    Patches,
+)
+from boundloop.workflows.publish import Publisher, cost_of, status_of
+from boundloop.workflows.spending import RunBudget
 
 with workflow.unsafe.imports_passed_through():
     from boundloop import errors
-    from boundloop import search_attributes as sa
     from boundloop.activities.admission import Admissions
-    from boundloop.activities.budget import budget_release, budget_reserve, budget_settle
     from boundloop.activities.model import ModelActivities
     from boundloop.activities.tools import ToolActivities
     from boundloop.contracts import (
         OUTPUT_REF,
-        STREAM_TOPIC,
         WORKFLOW_NAME,
         AdmitRequest,
-        BudgetRelease,
-        BudgetReserve,
-        BudgetSettle,
         CancelRequest,
         Carried,
         ConversationRef,
         Decision,
         ModelRequest,
-        ReleaseRequest,
         Reset,
         RunInput,
         RunResult,
         RunStatus,
-        SettleRequest,
-        StreamEvent,
         StreamResult,
-        TextDelta,
         ToolRequest,
-        budget_workflow_id,
     )
     from boundloop.core import approvals, driver, mcp_tools, retries, signatures
     from boundloop.core import budget as shared
@@ -71,7 +80,7 @@ with workflow.unsafe.imports_passed_through():
     from boundloop.core import loop as core
     from boundloop.core import model_failures as mf
     from boundloop.core import session as sessions
-    from boundloop.core.budget import Amount, Grant
+    from boundloop.core.budget import Amount
     from boundloop.core.canonical import preview
     from boundloop.core.conversation import (
         ConversationMeta,
@@ -86,105 +95,9 @@ with workflow.unsafe.imports_passed_through():
     from boundloop.core.turn import Turn
     from boundloop.tools import catalog
 
-#: The patch under which failures are counted by the workflow (runs that started before
-#: it had Temporal count them, and stopped at the first failure Temporal returned).
-COUNTED_RETRIES = "counted-retries"
-#: The patch under which a stopped run withdraws the approvals still pending (before it,
-#: a run cancelled while waiting kept reporting one pending).
-WITHDRAWN_ON_STOP = "withdrawn-on-stop"
-#: The patch under which a run is first admitted under its worker's operator policy
-#: (the `admit_run` local activity, recorded once; docs/security.md).
-OPERATOR_POLICY = "operator-policy"
-#: The patch under which continue-as-new hands the admitted tool rules to the next run
-#: (before it, the next run read them from its worker's toolset: a rename stranded it).
-CARRIED_RULES = "carried-rules"
-#: A run whose input carries state it was not handed by continue-as-new is refused.
-CARRIED_BY_CONTINUE = "carried-by-continue"
-#: A run whose input continues a conversation (`turn.follows`) is refused unless the
-#: session that owns that turn started it as its child.
-TURN_FOLLOWS_OWNED = "turn-follows-owned"
-#: The patch under which the search attributes are upserted only when the status, stop
-#: reason or pending approvals change (the counters ride along; current details show
-#: them live): before it, every step's new count was one more event in history.
-SPARSE_UPSERTS = "sparse-upserts"
-#: The patch under which a run naming tools its worker does not serve is refused in a
-#: sentence naming them and the tools served (`operator.unknown_tools_line`).
-UNKNOWN_TOOLS_NAMED = "unknown-tools-named"
-#: The patch under which a tool served with another argument schema than the run was
-#: admitted with is decided by the admitted rules, and its calls carry the admitted
-#: schema's digest (the tool activity refuses a call whose schema changed).
-ADMITTED_SCHEMAS = "admitted-schemas"
-#: The patch under which the admission is given the run's search attributes (an
-#: operator's `budget.key_from` derives the budget key from them).
-ADMIT_ATTRIBUTES = "admit-search-attributes"
-#: The patch under which a short read-only tool runs as a local activity
-#: (`boundloop.core.loop.runs_locally`; before it, every tool was a regular activity).
-LOCAL_TOOLS = driver.LOCAL_TOOLS
-#: The patch under which a session's turn takes the approvals remembered for the session
-#: by its earlier turns (within its own policy), accepts decisions remembered for the
-#: session, and hands them back in its RunResult.
-SESSION_GRANTS = "session-grants"
-#: The patch under which a run's activities go to the holder's own queue only when the
-#: shared queue does not put them where the conversation is (`routing.follows_holder`):
-#: before it, every activity after the first model turn went to the holder's queue.
-ROUTE_WHEN_NEEDED = "route-when-needed"
-#: Every patch above, asked as one. Each patch asked is a marker event and an upsert of
-#: `TemporalChangeVersion` (a visibility write on the server): 12 events of a new run's
-#: history went to the six it asked. A run started under this patch takes every patch
-#: of BUNDLED_PATCHES without asking it; a run that started before it (no marker in its
-#: history) asks them one by one as it did. A patch added later is asked on its own (or
-#: goes in a new bundle, asked first beside this one).
-BUNDLED = "bundled-patches-0.3"
-BUNDLED_PATCHES = frozenset({
-    COUNTED_RETRIES, WITHDRAWN_ON_STOP, OPERATOR_POLICY, CARRIED_RULES, CARRIED_BY_CONTINUE,
-    TURN_FOLLOWS_OWNED, SPARSE_UPSERTS, UNKNOWN_TOOLS_NAMED, ADMITTED_SCHEMAS,
-    ADMIT_ATTRIBUTES, LOCAL_TOOLS, SESSION_GRANTS, ROUTE_WHEN_NEEDED})
-#: The patch under which carried state is refused from a run a cron schedule or a
-#: workflow retry started: the server sets `continued_run_id` on those too, with the
-#: input of the first run (a starter's), not one handed over by continue-as-new.
-CARRIED_GENUINE = "carried-genuine"
-#: The patch under which a decision must name the run (first execution run id) and the
-#: arguments' fingerprint its approver was shown (`approvals.changed`).
-DECISIONS_BOUND = "decisions-bound"
-#: The patch under which tool idempotency keys are scoped by the run's first execution
-#: run id, not the workflow id alone: a new run under a reused workflow id never shares a
-#: key with an earlier run, while continue-as-new, a reset and a crash keep them.
-RUN_SCOPED_KEYS = "run-scoped-keys"
-#: The patch under which a tool asks for approval when either the rules the run was
-#: admitted with or the serving worker's rules say so (a deploy never loosens an open
-#: run's approvals; a tightening applies at once).
-STRICTER_APPROVALS = "stricter-approvals"
-#: The next bundle: every patch of BUNDLED_PATCHES and those above, asked as one marker
-#: by a run that starts under it (instead of BUNDLED).
-BUNDLED_04 = "bundled-patches-0.4"
-#: The patch under which the workflow alone retries a model request (Temporal never
-#: does: a lost worker's attempt is retried without counting, a start-to-close timeout
-#: counts as a timeout), the activity bounds the whole answer (model_answer_seconds,
-#: start-to-close follows it), every attempt that reached the provider is charged to
-#: the run and its shared budget (usage, else the worst case), each retry is a
-#: `model_retried:<kind>` event, and the stream gets what of the answer's text the
-#: activity did not send (docs/streaming.md). In BUNDLED_04 (a run that started before it
-#: asks it on its own).
-CHARGED_ATTEMPTS = "charged-model-attempts"
-BUNDLED_04_PATCHES = BUNDLED_PATCHES | {CARRIED_GENUINE, DECISIONS_BOUND, RUN_SCOPED_KEYS,
-                                        STRICTER_APPROVALS, CHARGED_ATTEMPTS}
-#: The patch under which a run stops `context_exhausted` before a request that would not
-#: fit its context window (`core.context.check`, `limits.max_input_tokens`), and when
-#: the provider refuses a request as over the window (before it: `model_error`). Asked
-#: on its own, and only when the run stops so.
-CONTEXT_WINDOW = driver.CONTEXT_WINDOW
-#: The patch under which a response that used every output token its request allowed
-#: ends the run `incomplete` whatever its status says (`core.cut_at_the_cap`): before
-#: it, such a response reported `completed` was the answer. Asked on its own, and only
-#: when a response reached the cap.
-CUT_AT_THE_CAP = driver.CUT_AT_THE_CAP
-
-
 #: Event names of a model attempt that failed and was sent again start with this; the
 #: failure's kind follows (`worker_lost` for an attempt lost with its request sent).
 MODEL_RETRIED = "model_retried:"
-#: Text of one `TextDelta` the workflow publishes (as the activity's pieces).
-STREAM_PIECE = 4096
 
 #: Failure kinds of model activity errors that carry no `ModelFailure` of their own.
 MODEL_FAILURES = {
@@ -243,13 +156,10 @@ class BoundLoopWorkflow:
                 self._base = follows.base
                 self._ex.sent = follows.base.meta if follows.base else ConversationMeta()
         self._waited = 0.0  # approval waits of this run (excluded from processing time)
-        self._published: tuple[object, ...] = ()
-        self._bundled = False  # BUNDLED (or BUNDLED_04), asked first when the run starts
-        self._bundled_04 = False  # BUNDLED_04
+        self._patches = Patches()  # the bundles, asked first when the run starts
         self._decisions_bound = False  # DECISIONS_BOUND, decided when the run starts
         # What tool idempotency keys are scoped by (RUN_SCOPED_KEYS), set when it starts.
         self._key_scope = workflow.info().workflow_id
-        self._sparse_upserts = False  # SPARSE_UPSERTS, decided when the run starts
         self._session_grants = False  # SESSION_GRANTS, decided when the run starts
         self._started = workflow.now()
         self._cancel_reason: str | None = None
@@ -258,22 +168,16 @@ class BoundLoopWorkflow:
         # Approver public keys: the worker's (like its toolset) and the run policy's.
         self._keys = signatures.run_keys(served.approver_keys,
                                          self._state.policy.approver_keys)
-        self._budget_token: str | None = None  # what the hold was reserved with
-        self._settling: asyncio.Task[None] | None = None  # the settle signal in flight
-        # The live stream (docs/streaming.md): a view of the event log, the model's text
-        # (published by the model activity) and the end. Publishing here adds nothing to
-        # history; it is carried through continue-as-new.
-        self._stream = WorkflowStream(prior_state=carried.stream if carried else None)
-        self._topic = self._stream.topic(STREAM_TOPIC)
-        self._streamed = len(self._state.events) if carried is not None else 0
+        self._budget = RunBudget(self._state)  # the run's side of its shared budget
+        self._show = Publisher(
+            self._state, WorkflowStream(prior_state=carried.stream if carried else None),
+            carried=carried is not None, search_attributes=bool(inp.search_attributes))
 
     # --- run -----------------------------------------------------------------------
 
     @workflow.run
     async def run(self, inp: RunInput) -> RunResult:
-        # The first command of a new run: every later patch check reads it.
-        self._bundled_04 = workflow.patched(BUNDLED_04)
-        self._bundled = self._bundled_04 or workflow.patched(BUNDLED)
+        self._patches.start()
         # Asked here, before any local activity: asked after one, a query that replays
         # the run could see the marker one workflow task early.
         self._charged = self._patched(CHARGED_ATTEMPTS)
@@ -302,7 +206,7 @@ class BoundLoopWorkflow:
                             operator="only a session continues a conversation, in the "
                                      "turns it starts: start the run without `turn`"))
         # Asked first, so its marker goes in the first workflow task with the others.
-        self._sparse_upserts = inp.search_attributes and self._patched(SPARSE_UPSERTS)
+        self._show.sparse = bool(inp.search_attributes) and self._patched(SPARSE_UPSERTS)
         # Asked first, with the run's first commands: a patch asked right after the
         # admission's local activity is asked in another workflow task on replay.
         own_schemas = self._patched(ADMITTED_SCHEMAS)
@@ -338,9 +242,9 @@ class BoundLoopWorkflow:
         reason = (core.cancelled(self._state, self._cancel_reason, step_unfinished=False)
                   if cancelled_first else await self._drive())
         if reason is None:  # continue-as-new was requested
-            await self._settled()
-            self._stream_events()
-            self._stream.detach_pollers()  # readers follow to the next run
+            await self._budget.settled()
+            self._show.stream_events()
+            self._show.stream.detach_pollers()  # readers follow to the next run
             await workflow.wait_condition(workflow.all_handlers_finished)
             carry = self._carry()
             reason = core.check_payload(self._state, "carried_state", payload_bytes(carry))
@@ -348,15 +252,15 @@ class BoundLoopWorkflow:
                 workflow.continue_as_new(carry)
         if approvals.pending_count(self._state) and self._patched(WITHDRAWN_ON_STOP):
             approvals.withdraw(self._state)
-        await self._release_budget()
-        self._publish()
+        await self._budget.release()
+        self._show.publish()
         workflow.logger.info("run stopped", extra={"reason": reason.value,
                                                    "step": self._state.steps})
-        self._stream_events()
-        self._stream.detach_pollers()  # waiting readers return; they read the end closed
+        self._show.stream_events()
+        self._show.stream.detach_pollers()  # waiting readers return; they read the end closed
         await workflow.wait_condition(workflow.all_handlers_finished)
         result = self._result()
-        self._topic.publish(StreamResult(result=result))
+        self._show.topic.publish(StreamResult(result=result))
         if reason != StopReason.COMPLETED:
             # Temporal's own status says the run did not succeed (the Web UI list shows
             # it Failed, not green Completed); the RunResult rides along as the detail.
@@ -482,18 +386,18 @@ class BoundLoopWorkflow:
             case driver.AskPatch(name):
                 return self._patched(name)
             case driver.Publish(attributes):
-                self._publish(attributes=attributes)
+                self._show.publish(attributes=attributes)
                 return None
             case driver.BuildModelRequest(plan):
                 workflow.logger.info("step started", extra={"step": plan.step})
                 self._request = self._model_request(plan)
                 return payload_bytes(self._request)
             case driver.ReserveBudget():
-                return await self._reserve_budget(command)
+                return await self._budget.reserve(command)
             case driver.RequestModel(plan):
                 return await self._send_model_request(plan)
             case driver.SettleBudget(step, amount):
-                self._settle_budget(step, amount)
+                self._budget.settle(step, amount)
                 return None
             case driver.BuildToolRequest(step, plan, timeout):
                 self._tool_request = self._build_tool_request(step, plan, timeout)
@@ -560,7 +464,7 @@ class BoundLoopWorkflow:
             retryable=options.MODEL_RETRYABLE, deadline_ends=True,
             summary=f"model step {plan.step} · {state.settings.model}",
             # Whatever a failed attempt streamed is void.
-            on_failure=(lambda: self._topic.publish(Reset(step=plan.step))) if req.stream
+            on_failure=(lambda: self._show.topic.publish(Reset(step=plan.step))) if req.stream
             else None)
         out = await self._attempts(attempts, req, Turn)
         if not isinstance(out, Failed):
@@ -606,7 +510,7 @@ class BoundLoopWorkflow:
                     summary=f"model step {plan.step} · {state.settings.model}")
             except ActivityError as err:
                 if req.stream:  # its text is void, and so is any that arrives later
-                    self._topic.publish(Reset(step=plan.step, attempt=f"{err.activity_id}.1"))
+                    self._show.topic.publish(Reset(step=plan.step, attempt=f"{err.activity_id}.1"))
                 cause = err.cause
                 charge = mf.Charge.from_details(
                     cause.details if isinstance(cause, ApplicationError)
@@ -678,7 +582,7 @@ class BoundLoopWorkflow:
                 self._settle_abandoned(plan.step)
                 return state.stop(self._failed(failure))
             if req.stream and turn.streamed is not None:
-                self._complete_text(plan.step, turn)
+                self._show.complete_text(plan.step, turn)
             usage = turn.usage
             state.model_attempts.append(core.ModelAttempt(
                 step=plan.step, outcome="answered",
@@ -726,33 +630,7 @@ class BoundLoopWorkflow:
     def _settle_abandoned(self, step: int) -> None:
         """The step ends without an answer: settle what its attempts were charged."""
         if self._abandoned.tokens or self._abandoned.usd:
-            self._settle_budget(step, self._take_abandoned())
-
-    def _complete_text(self, step: int, turn: Turn) -> None:
-        """Publish what of the answer's text the stream lacks (the activity sends its text
-        best effort, and stops waiting for it once the answer is in), then close the
-        attempt's publisher: a batch of it still on its way is dropped, not appended."""
-        assert turn.streamed is not None
-        attempt = turn.streamed.attempt
-        converter = workflow.payload_converter()
-        shown = ""
-        for item in self._stream._log:  # the stream's own record (private)
-            if item.topic != STREAM_TOPIC:
-                continue
-            value = converter.from_payload(item.data)
-            if isinstance(value, dict) and value.get("kind") == "text" \
-                    and value.get("step") == step and value.get("attempt") == attempt:
-                shown += str(value.get("text", ""))
-        self._stream._publishers[turn.streamed.publisher] = PublisherState(
-            sequence=2 ** 62, last_seen=workflow.now())
-        text = turn.text
-        if not text.startswith(shown):
-            self._topic.publish(Reset(step=step, attempt=attempt))
-            shown = ""
-        rest = text[len(shown):]
-        for start in range(0, len(rest), STREAM_PIECE):
-            self._topic.publish(TextDelta(step=step, attempt=attempt,
-                                          text=rest[start:start + STREAM_PIECE]))
+            self._budget.settle(step, self._take_abandoned())
 
     async def _attempts(self, a: Attempts, arg: object, result_type: type[_R]) -> _R | Failed:
         """`a`'s counted attempts (workflows/attempts.py) within the run's deadline."""
@@ -763,94 +641,6 @@ class BoundLoopWorkflow:
             counted=lambda: self._patched(COUNTED_RETRIES))
 
     # --- shared budget (workflows/budget.py) ----------------------------------------
-
-    async def _reserve_budget(self, command: driver.ReserveBudget) -> Grant:
-        """Reserve the request's worst case from the run's shared budget, once the last
-        step's usage is in; a ledger that fails refuses."""
-        key, step = command.key, command.step
-        await self._settled()
-        try:
-            grant = await workflow.execute_activity(
-                budget_reserve,
-                BudgetReserve(key=key, step=step, amount=command.amount, priced=command.priced),
-                start_to_close_timeout=options.RESERVE_TIMEOUT,
-                heartbeat_timeout=options.HEARTBEAT_TIMEOUT, retry_policy=options.LEDGER_RETRY,
-                summary=f"reserve step {step} · budget {key}")
-        except ActivityError as err:
-            if is_cancelled_exception(err):
-                raise asyncio.CancelledError from None
-            grant = Grant(granted=False, message=f"budget {key!r} could not reserve step "
-                          f"{step}: {getattr(err.cause, 'message', 'the ledger failed')}")
-        if grant.granted:
-            self._budget_token = grant.token
-        else:
-            workflow.logger.info("budget refused the step", extra={"step": step})
-        return grant
-
-    def _settle_budget(self, step: int, actual: Amount) -> None:
-        """Send the settlement without waiting for it: the step goes on (its tools run)
-        meanwhile; the next reservation, continue-as-new and the release wait for it."""
-        key = self._state.settings.budget
-        if key is None:
-            return
-        if workflow.patched(RUN_MESSAGES_BY_UPDATE):
-            self._settling = asyncio.create_task(self._ledger_activity(
-                budget_settle, BudgetSettle(key=key, step=step, amount=actual,
-                                                     token=self._budget_token),
-                f"settle step {step} · budget {key}"))
-            return
-        self._settling = asyncio.create_task(self._signal_ledger(
-            key, BudgetLedgerWorkflow.settle,
-            SettleRequest(run=workflow.info().workflow_id, step=step, amount=actual,
-                          token=self._budget_token)))
-
-    async def _settled(self) -> None:
-        task, self._settling = self._settling, None
-        if task is not None:
-            # A cancel of the run does not cancel this task; should it have been
-            # cancelled anyway, the run still ends (and releases) as it would.
-            await workflow.wait([task])
-
-    async def _release_budget(self) -> None:
-        """Every ending releases what the run still holds (idempotent at the ledger)."""
-        key = self._state.settings.budget
-        if key is not None:
-            await self._settled()
-            token, run = self._budget_token, workflow.info().workflow_id
-            if workflow.patched(RUN_MESSAGES_BY_UPDATE):
-                await self._ledger_activity(budget_release,
-                                            BudgetRelease(key=key, token=token),
-                                            f"release · budget {key}", give_up=options.RELEASE_WAIT)
-                return
-            await self._signal_ledger(key, BudgetLedgerWorkflow.release,
-                                      run if token is None else ReleaseRequest(run=run,
-                                                                               token=token))
-
-    async def _ledger_activity(self, activity: Callable[[Any], Awaitable[None]], arg: Any,
-                               summary: str, give_up: timedelta = options.SETTLE_WAIT) -> None:
-        """Settle or release by the activity that sends the ledger an update; a ledger
-        that does not answer within `give_up` is left to find the run closed itself."""
-        try:
-            await workflow.execute_activity(
-                activity, arg, schedule_to_close_timeout=give_up,
-                heartbeat_timeout=options.HEARTBEAT_TIMEOUT, retry_policy=options.LEDGER_RETRY,
-                summary=summary)
-        except ActivityError as exc:
-            if is_cancelled_exception(exc):
-                raise asyncio.CancelledError from None
-            workflow.logger.warning("budget ledger message failed", extra={
-                "activity": activity.__name__, "error": type(exc.cause).__name__})
-
-    async def _signal_ledger(self, key: str, signal: Callable[[Any, Any], None],
-                             arg: object) -> None:
-        try:
-            await workflow.get_external_workflow_handle(budget_workflow_id(key)).signal(
-                signal, arg)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:  # the ledger is gone (terminated): nothing to settle
-            workflow.logger.warning("budget ledger signal failed", extra={
-                "signal": signal.__name__, "error": type(exc).__name__})
 
     def _fixed_bytes(self) -> int:
         """UTF-8 bytes every request carries beside the conversation: the instructions
@@ -972,7 +762,7 @@ class BoundLoopWorkflow:
                 "call_id": preview(decision.call_id, 60), "problem": problem})
             return
         approvals.apply(self._state, decision, workflow.now(), self._rules)
-        self._publish()
+        self._show.publish()
 
     @workflow.signal
     def interrupt(self, request: CancelRequest) -> None:
@@ -989,7 +779,7 @@ class BoundLoopWorkflow:
     @workflow.update
     def decide(self, decision: Decision) -> str:
         approvals.apply(self._state, decision, workflow.now(), self._rules)
-        self._publish()
+        self._show.publish()
         return "approved" if decision.approve else "rejected"
 
     @decide.validator
@@ -1001,9 +791,9 @@ class BoundLoopWorkflow:
     @workflow.query
     def status(self) -> RunStatus:
         return RunStatus(
-            status=self._status(), reason=self._state.reason, steps=self._state.steps,
+            status=status_of(self._state), reason=self._state.reason, steps=self._state.steps,
             tool_executions=self._state.tool_executions,
-            total_tokens=self._state.usage.total_tokens, cost_usd=self._cost(),
+            total_tokens=self._state.usage.total_tokens, cost_usd=cost_of(self._state),
             pending=[a for a in self._state.approvals if a.status == "pending"],
             events=list(self._state.events), question=self._inp.question,
             model=self._state.settings.model, limits=self._state.limits,
@@ -1013,71 +803,11 @@ class BoundLoopWorkflow:
     # --- helpers -------------------------------------------------------------------
 
     def _patched(self, patch: str) -> bool:
-        """`workflow.patched(patch)`, answered by the bundle for a run started under it."""
-        return ((self._bundled_04 and patch in BUNDLED_04_PATCHES)
-                or (self._bundled and patch in BUNDLED_PATCHES) or workflow.patched(patch))
+        return self._patches.patched(patch)
 
     def _processing_seconds(self) -> float:
         elapsed = (workflow.now() - self._started).total_seconds()
         return self._processing_before + elapsed - self._waited
-
-    def _status(self) -> str:
-        s = self._state
-        if s.reason is None:
-            return "waiting_approval" if approvals.pending_count(s) else "running"
-        return "completed" if s.reason == StopReason.COMPLETED else "stopped"
-
-    def _cost(self) -> float | None:
-        known = self._state.settings.model in self._state.policy.prices
-        return round(self._state.cost_usd, 8) if known else None
-
-    def _publish(self, attributes: bool = True) -> None:
-        """Search attributes and current details for the Web UI.
-
-        Each upsert is an event in history: upsert only when the status, stop reason or
-        pending approvals changed; the step and tool-execution counts go with it (so they
-        are exact from the run's end), and current details, which cost no history, show
-        them live.
-        """
-        s = self._state
-        self._stream_events()
-        pending = approvals.pending_count(s)
-        status = self._status()
-        values: tuple[object, ...] = (status, s.reason, s.steps, s.tool_executions, pending)
-        if self._sparse_upserts:
-            values = values[:2] + values[4:]
-        if attributes and self._inp.search_attributes and values != self._published:
-            self._published = values
-            workflow.upsert_search_attributes([
-                sa.STATUS.value_set(status),
-                sa.STOP_REASON.value_set(s.reason.value if s.reason else ""),
-                sa.STEPS.value_set(s.steps),
-                sa.TOOL_EXECUTIONS.value_set(s.tool_executions),
-                sa.PENDING_APPROVALS.value_set(pending),
-            ])
-        cost = self._cost()
-        lines = [f"**{status}**" + (f" · {s.reason.value}" if s.reason else ""),
-                 f"steps {s.steps} of {s.limits.max_steps} · tool executions "
-                 f"{s.tool_executions} of {s.limits.max_tool_executions}",
-                 f"tokens {s.usage.total_tokens} of {s.limits.token_threshold}"
-                 + (f" · cost ${cost:.6f}" if cost is not None else "")]
-        if s.reason is not None and s.reason != StopReason.COMPLETED:
-            lines.append(f"check: {NEXT_CHECK[s.reason]}")
-        if s.answer_looks_like_tool_call:
-            lines.append("**the answer looks like a tool call**: it was not executed, and "
-                         "it is not an answer to the question")
-        for a in s.approvals:
-            if a.status == "pending":
-                lines.append(f"waiting for approval: {a.tool} `{a.call_id}` since "
-                             f"{a.requested_at}" + (f" (asked because: {a.asked_because})"
-                                                    if a.asked_because else ""))
-        workflow.set_current_details("\n\n".join(lines))
-
-    def _stream_events(self) -> None:
-        """Publish the event log's records not yet in the stream, in order."""
-        for event in self._state.events[self._streamed:]:
-            self._topic.publish(StreamEvent(event=event))
-        self._streamed = len(self._state.events)
 
     def _carry(self) -> RunInput:
         info = workflow.info()
@@ -1085,7 +815,7 @@ class BoundLoopWorkflow:
                                meta=self._ex.sent)
         carried = Carried(state=self._state, base=base, unsent=self._wire_items(),
                           processing_seconds=self._processing_seconds(),
-                          stream=self._stream.get_state(),
+                          stream=self._show.stream.get_state(),
                           tools=self._admitted if self._patched(CARRIED_RULES) else [])
         return self._inp.model_copy(update={"carried": carried})
 
@@ -1098,7 +828,7 @@ class BoundLoopWorkflow:
             reason=s.reason, text=s.text, steps=s.steps, tool_executions=s.tool_executions,
             input_tokens=s.usage.input_tokens, output_tokens=s.usage.output_tokens,
             total_tokens=s.usage.total_tokens, usage_unknown=s.usage.unknown_steps > 0,
-            usage_estimated=s.usage.estimated, cost_usd=self._cost(), cost_units=s.cost_units,
+            usage_estimated=s.usage.estimated, cost_usd=cost_of(s), cost_units=s.cost_units,
             events=list(s.events), workflow_id=info.workflow_id, run_id=info.run_id,
             answer_looks_like_tool_call=s.answer_looks_like_tool_call,
             cancel_reason=(self._cancel_reason or self._interrupted
