@@ -17,6 +17,7 @@ import pytest
 
 from boundloop.core import driver
 from boundloop.core import envelope as env
+from boundloop.core import model_failures as mf
 from boundloop.core.budget import Amount, Grant
 from boundloop.core.limits import Limits, Policy, RunSettings
 from boundloop.core.loop import LoopState, ToolOutcome
@@ -89,13 +90,17 @@ class Shell:
     grant: Grant = field(default_factory=lambda: Grant(granted=True, token="t"))
     #: A command type that is cancelled when given (the run's cancel arrives).
     cancel_at: type | None = None
+    #: Under the charged-model-attempts patch: model attempts answered from `attempts`
+    #: (an AttemptFailed, or None for the next turn).
+    charged: bool = False
+    attempts: list[driver.AttemptFailed | None] = field(default_factory=list)
     commands: list[driver.Command] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         settings = RunSettings(model="m", limits=self.limits, policy=self.policy,
                                budget=self.budget)
         self.state = LoopState(settings=settings, allowed_tools=list(RULES))
-        self.run = driver.Run(self.state, RULES, "wf/run", self.view)
+        self.run = driver.Run(self.state, RULES, "wf/run", self.view, charged=self.charged)
 
     def answer(self, c: driver.Command) -> object:
         match c:
@@ -109,6 +114,11 @@ class Shell:
                 return self.grant
             case driver.RequestModel():
                 return driver.Answered(self.turns.pop(0))
+            case driver.AttemptModel():
+                failed = self.attempts.pop(0) if self.attempts else None
+                return failed if failed is not None else self.turns.pop(0)
+            case driver.Sleep():
+                return None
             case driver.RunTool():
                 return self.tool(c)
             case driver.AwaitDecision(approval, _):
@@ -383,3 +393,83 @@ def test_a_terminal_success_forces_the_answer_and_completes() -> None:
     assert shell.go() == StopReason.COMPLETED
     plans = [c.plan for c in shell.commands if isinstance(c, driver.RequestModel)]
     assert plans[-1].tool_choice == "none"
+
+
+# --- model attempts under the charged-model-attempts patch --------------------------
+
+SENT = mf.Charge(sent=True, output_bytes=0)
+BUSY = driver.AttemptFailed("failed", SENT, mf.ModelFailure(kind="http_503", detail="503"),
+                            retryable=True, asked_delay=2.0)
+
+
+def charged(*attempts: driver.AttemptFailed | None, turns: list[Turn] | None = None,
+            **kw: Any) -> Shell:
+    return Shell(turns if turns is not None else [text("done")], charged=True,
+                 attempts=list(attempts), limits=Limits(max_output_tokens=100), **kw)
+
+
+def test_a_failed_attempt_is_charged_counted_and_retried_after_the_asked_delay() -> None:
+    shell = charged(BUSY, None, budget="team")
+    assert shell.go() == StopReason.COMPLETED
+    assert shell.kinds() == ["Publish", "BuildModelRequest", "ReserveBudget", "AttemptModel",
+                             "Sleep", "AttemptModel", "SettleBudget"]
+    sleep = next(c for c in shell.commands if isinstance(c, driver.Sleep))
+    assert sleep.seconds >= 2.0
+    assert [a.outcome for a in shell.state.model_attempts] == ["http_503", "answered"]
+    assert "model_retried:http_503" in shell.events()
+    # The step settles its answer's usage and the failed attempt's worst case.
+    settle = next(c for c in shell.commands if isinstance(c, driver.SettleBudget))
+    assert settle.amount.tokens == USAGE.total_tokens + shell.state.model_attempts[0].input_tokens \
+        + 100
+
+
+def test_an_attempt_lost_with_its_worker_is_sent_again_without_counting() -> None:
+    lost = driver.AttemptFailed("lost", SENT)
+    shell = charged(lost, lost, lost, lost, lost, None)
+    assert shell.go() == StopReason.COMPLETED
+    assert shell.kinds().count("AttemptModel") == 6 and "Sleep" not in shell.kinds()
+    assert shell.events().count("model_retried:worker_lost") == 5
+    # One never sent is neither charged nor told.
+    shell = charged(driver.AttemptFailed("lost", mf.Charge(sent=False)), None)
+    assert shell.go() == StopReason.COMPLETED
+    assert [a.outcome for a in shell.state.model_attempts] == ["answered"]
+
+
+def test_the_attempts_run_out_as_model_error() -> None:
+    shell = charged(*[BUSY] * 10)
+    assert shell.go() == StopReason.MODEL_ERROR
+    assert shell.kinds().count("AttemptModel") == driver.retries.MODEL_BACKOFF.max_attempts
+    assert shell.events()[-2] == "model_failed:http_503"
+
+
+def test_a_refusal_is_never_retried_and_an_over_window_one_is_context_exhausted() -> None:
+    refused = driver.AttemptFailed("failed", None, mf.ModelFailure(kind="http_400", detail="x"))
+    shell = charged(refused)
+    assert shell.go() == StopReason.MODEL_ERROR and "Sleep" not in shell.kinds()
+    assert shell.state.model_attempts == []  # refused before answering: not charged
+    over = driver.AttemptFailed("failed", None, mf.ModelFailure(
+        kind=mf.CONTEXT_LENGTH_EXCEEDED, detail="over"))
+    shell = charged(over)
+    assert shell.go() == StopReason.CONTEXT_EXHAUSTED
+    assert shell.commands[-1] == driver.AskPatch(driver.CONTEXT_WINDOW)
+
+
+def test_the_deadline_during_the_attempts_stops_and_settles_what_they_were_charged() -> None:
+    shell = charged(driver.AttemptFailed("deadline", SENT), budget="team")
+    assert shell.go() == StopReason.DEADLINE
+    assert shell.kinds()[-2:] == ["AttemptModel", "SettleBudget"]
+    assert [a.outcome for a in shell.state.model_attempts] == ["deadline"]
+
+
+def test_a_cancel_with_the_request_out_charges_it_and_leaves_the_step_unfinished() -> None:
+    shell = charged(driver.AttemptFailed("cancelled"), budget="team")
+    assert shell.go() == StopReason.CANCELLED
+    assert shell.kinds()[-2:] == ["AttemptModel", "SettleBudget"]
+    assert [a.outcome for a in shell.state.model_attempts] == ["cancelled"]
+    assert shell.state.steps == 0
+
+
+def test_a_cancel_between_attempts_settles_what_they_were_charged() -> None:
+    shell = charged(BUSY, budget="team", cancel_at=driver.Sleep)
+    assert shell.go() == StopReason.CANCELLED
+    assert shell.kinds()[-2:] == ["Sleep", "SettleBudget"]

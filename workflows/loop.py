@@ -75,12 +75,10 @@ with workflow.unsafe.imports_passed_through():
         ToolRequest,
     )
     from boundloop.core import approvals, driver, mcp_tools, retries, signatures
-    from boundloop.core import budget as shared
     from boundloop.core import context as ctx
     from boundloop.core import loop as core
     from boundloop.core import model_failures as mf
     from boundloop.core import session as sessions
-    from boundloop.core.budget import Amount
     from boundloop.core.canonical import preview
     from boundloop.core.conversation import (
         ConversationMeta,
@@ -95,9 +93,6 @@ with workflow.unsafe.imports_passed_through():
     from boundloop.core.turn import Turn
     from boundloop.tools import catalog
 
-#: Event names of a model attempt that failed and was sent again start with this; the
-#: failure's kind follows (`worker_lost` for an attempt lost with its request sent).
-MODEL_RETRIED = "model_retried:"
 
 #: Failure kinds of model activity errors that carry no `ModelFailure` of their own.
 MODEL_FAILURES = {
@@ -238,7 +233,7 @@ class BoundLoopWorkflow:
             self._state.conversation = self._state.conversation.extend(first)
             self._state.log("run_started")
         self._run = driver.Run(self._state, self._rules, self._key_scope, _View(self),
-                               self._ex)
+                               self._ex, charged=self._charged)
         reason = (core.cancelled(self._state, self._cancel_reason, step_unfinished=False)
                   if cancelled_first else await self._drive())
         if reason is None:  # continue-as-new was requested
@@ -396,6 +391,11 @@ class BoundLoopWorkflow:
                 return await self._budget.reserve(command)
             case driver.RequestModel(plan):
                 return await self._send_model_request(plan)
+            case driver.AttemptModel():
+                return await self._attempt_model(command)
+            case driver.Sleep(seconds):
+                await workflow.sleep(seconds)
+                return None
             case driver.SettleBudget(step, amount):
                 self._budget.settle(step, amount)
                 return None
@@ -443,19 +443,10 @@ class BoundLoopWorkflow:
                        if n in self._mcp or n in self._described])
 
     async def _send_model_request(self, plan: core.StepPlan) -> driver.Answered | StopReason:
-        turn = await self._model_attempts(plan, self._request)
-        if isinstance(turn, StopReason):
-            return turn
-        self._routes.after_turn(turn.worker_queue, turn.cached,
-                                lambda: self._patched(ROUTE_WHEN_NEEDED))
-        return driver.Answered(turn, self._take_abandoned())
-
-    async def _model_attempts(self, plan: core.StepPlan, req: ModelRequest) -> Turn | StopReason:
-        """The request's attempts: each provider failure counts (MODEL_BACKOFF, with the
-        provider's Retry-After), attempts lost to a dead worker do not."""
-        if self._charged:
-            return await self._charged_model_attempts(plan, req)
-        state = self._state
+        """The request's attempts as a run from before CHARGED_ATTEMPTS makes them: each
+        provider failure counts (MODEL_BACKOFF, with the provider's Retry-After), attempts
+        lost to a dead worker do not, Temporal retries them."""
+        state, req = self._state, self._request
         limit = state.limits.model_timeout_seconds
         req = req.model_copy(update={"timeout_seconds": limit})
         attempts = Attempts(
@@ -468,7 +459,9 @@ class BoundLoopWorkflow:
             else None)
         out = await self._attempts(attempts, req, Turn)
         if not isinstance(out, Failed):
-            return out
+            self._routes.after_turn(out.worker_queue, out.cached,
+                                    lambda: self._patched(ROUTE_WHEN_NEEDED))
+            return driver.Answered(out)
         if out.deadline:
             return state.stop(StopReason.DEADLINE)
         failure = _model_failure(out.error, limit)
@@ -477,160 +470,64 @@ class BoundLoopWorkflow:
         state.log(f"{mf.EVENT_PREFIX}{failure.kind}", detail=failure.detail)
         return state.stop(self._failed(failure))
 
-    #: Under CHARGED_ATTEMPTS: what the step's abandoned attempts were charged, not yet
-    #: settled with the shared budget (settled with the step, or when the run stops).
-    _abandoned: Amount = Amount()
     _charged = False  # CHARGED_ATTEMPTS, asked first thing in `run`
 
-    async def _charged_model_attempts(self, plan: core.StepPlan,
-                                      req: ModelRequest) -> Turn | StopReason:
-        """The request's attempts under CHARGED_ATTEMPTS. Each attempt is one activity that
-        Temporal does not retry. A provider failure, a timeout of the activity's own
-        (silence: model_timeout_seconds; the whole answer: model_answer_seconds) and a
-        start-to-close timeout (a wedged or overloaded worker) count against
-        MODEL_BACKOFF; an attempt whose worker was lost (heartbeat timeout) or that the
-        holder's queue did not run is retried without counting. Every attempt that
-        reached the provider and brought no answer is charged its worst case, and each
-        retry is an event naming why."""
-        state = self._state
-        silence = state.limits.model_timeout_seconds
-        failures = 0
-        while True:
-            remaining = state.limits.deadline_seconds - self._processing_seconds()
-            answer = max(min(state.limits.model_answer_seconds or remaining, remaining), 1.0)
-            sent = req.model_copy(update={"timeout_seconds": silence,
-                                          "answer_seconds": answer})
-            try:
-                turn: Turn = await workflow.execute_activity_method(
-                    ModelActivities.model_request, sent,
-                    start_to_close_timeout=timedelta(seconds=answer + options.WEDGED_MARGIN),
-                    schedule_to_close_timeout=timedelta(seconds=max(remaining, 1.0)),
-                    heartbeat_timeout=options.HEARTBEAT_TIMEOUT,
-                    **self._routes.route(options.MODEL_ONCE),
-                    summary=f"model step {plan.step} · {state.settings.model}")
-            except ActivityError as err:
-                if req.stream:  # its text is void, and so is any that arrives later
-                    self._show.topic.publish(Reset(step=plan.step, attempt=f"{err.activity_id}.1"))
-                cause = err.cause
-                charge = mf.Charge.from_details(
-                    cause.details if isinstance(cause, ApplicationError)
-                    else cause.last_heartbeat_details if isinstance(cause, TimeoutError)
-                    else ())
-                if is_cancelled_exception(err):
-                    # The run was cancelled with the request out: charged, as it may have
-                    # been answered.
-                    self._charge_abandoned(plan.step, "cancelled", None)
-                    self._settle_abandoned(plan.step)
-                    raise asyncio.CancelledError from None
-                timeout = cause.type if isinstance(cause, TimeoutError) else None
-                in_time = self._processing_seconds() < state.limits.deadline_seconds
-                if timeout == TimeoutType.SCHEDULE_TO_CLOSE or not in_time:
-                    self._charge_abandoned(plan.step, "deadline", charge)
-                    self._settle_abandoned(plan.step)
-                    return state.stop(StopReason.DEADLINE)
-                shut_down = isinstance(cause, ApplicationError) \
-                    and cause.type == errors.WORKER_SHUTDOWN
-                if timeout == TimeoutType.HEARTBEAT or shut_down or (
-                        timeout == TimeoutType.SCHEDULE_TO_START and self._routes.on_holder()):
-                    # Its worker was lost, or shut down while it ran (a deploy's stop,
-                    # which fails the attempt with WorkerShutdown), or the holder never
-                    # took it: not the
-                    # provider's failure, not counted; sent again only once it had gone
-                    # out, which the event says.
-                    if self._routes.on_holder():
-                        self._routes.holder = None
-                    if charge is not None and charge.sent:
-                        tokens = self._charge_abandoned(plan.step, "worker_lost", charge)
-                        state.log(f"{MODEL_RETRIED}worker_lost", detail=(
-                            f"the worker was lost with the request sent; charged {tokens} "
-                            "tokens (worst case)"))
-                    continue
-                failures += 1
-                failure = _model_failure(err, silence) if timeout != TimeoutType.START_TO_CLOSE \
-                    else mf.ModelFailure(kind=mf.TIMEOUT, detail=(
-                        f"the attempt outlived its start-to-close timeout "
-                        f"({answer + options.WEDGED_MARGIN:g} s): its worker was overloaded or "
-                        "wedged"))
-                tokens = self._charge_abandoned(plan.step, failure.kind, charge)
-                charged = f"; charged {tokens} tokens (worst case)" if tokens else ""
-                retryable = timeout == TimeoutType.START_TO_CLOSE or (
-                    isinstance(cause, ApplicationError) and cause.type in options.MODEL_RETRYABLE)
-                asked = cause.next_retry_delay if isinstance(cause, ApplicationError) else None
-                delay = retries.next_delay(
-                    retries.MODEL_BACKOFF, failures,
-                    asked.total_seconds() if asked is not None else None,
-                    state.limits.deadline_seconds - self._processing_seconds()) \
-                    if retryable else "exhausted"
-                if delay == "deadline":
-                    self._settle_abandoned(plan.step)
-                    return state.stop(StopReason.DEADLINE)
-                if not isinstance(delay, str):
-                    workflow.logger.warning("model request failed; retrying", extra={
-                        "step": plan.step, "failure": failure.kind, "failures": failures})
-                    state.log(f"{MODEL_RETRIED}{failure.kind}", detail=(
-                        f"attempt {failures} of {retries.MODEL_BACKOFF.max_attempts}: "
-                        f"{failure.detail}{charged}"))
-                    try:
-                        await workflow.sleep(delay)
-                    except asyncio.CancelledError:  # cancelled between attempts
-                        self._settle_abandoned(plan.step)
-                        raise
-                    continue
-                workflow.logger.warning("model request failed", extra={
-                    "step": plan.step, "failure": failure.kind, "detail": failure.detail})
-                state.log(f"{mf.EVENT_PREFIX}{failure.kind}", detail=failure.detail + charged)
-                self._settle_abandoned(plan.step)
-                return state.stop(self._failed(failure))
-            if req.stream and turn.streamed is not None:
-                self._show.complete_text(plan.step, turn)
-            usage = turn.usage
-            state.model_attempts.append(core.ModelAttempt(
-                step=plan.step, outcome="answered",
-                input_tokens=usage.input_tokens if usage is not None else 0,
-                output_tokens=usage.output_tokens if usage is not None else 0))
-            return turn
+    async def _attempt_model(self, c: driver.AttemptModel) -> Turn | driver.AttemptFailed:
+        """One attempt of the step's model request, one activity Temporal does not retry
+        (under CHARGED_ATTEMPTS); its failure as the driver counts it."""
+        req, step = self._request, c.plan.step
+        sent = req.model_copy(update={"timeout_seconds": c.silence_seconds,
+                                      "answer_seconds": c.answer_seconds})
+        wedged = c.answer_seconds + options.WEDGED_MARGIN
+        try:
+            turn: Turn = await workflow.execute_activity_method(
+                ModelActivities.model_request, sent,
+                start_to_close_timeout=timedelta(seconds=wedged),
+                schedule_to_close_timeout=timedelta(seconds=max(c.remaining, 1.0)),
+                heartbeat_timeout=options.HEARTBEAT_TIMEOUT,
+                **self._routes.route(options.MODEL_ONCE),
+                summary=f"model step {step} · {self._state.settings.model}")
+        except ActivityError as err:
+            if req.stream:  # its text is void, and so is any that arrives later
+                self._show.topic.publish(Reset(step=step, attempt=f"{err.activity_id}.1"))
+            return self._attempt_failed(err, c, wedged)
+        if req.stream and turn.streamed is not None:
+            self._show.complete_text(step, turn)
+        self._routes.after_turn(turn.worker_queue, turn.cached,
+                                lambda: self._patched(ROUTE_WHEN_NEEDED))
+        return turn
 
-    def _charge_abandoned(self, step: int, outcome: str, charge: mf.Charge | None) -> int:
-        """Charge an attempt that brought no answer to the run (its usage totals and cost)
-        and to what the step settles with the shared budget: its worst case, every input
-        token the request may hold plus the most output it may produce (without
-        max_output_tokens: its streamed bytes / 4), when it reached the provider. Returns
-        the tokens charged (0: it never went out)."""
-        state = self._state
-        if charge is not None and not charge.sent:
-            return 0
-        if charge is None and outcome not in ("cancelled", "deadline", mf.TIMEOUT):
-            return 0  # a failure the provider refused before answering (an HTTP status)
-        input_tokens = shared.input_tokens_bound(
-            conversation_bytes=state.conversation.bytes, fixed_bytes=self._fixed_bytes(),
-            last_tokens=state.last_tokens, last_bytes=state.last_bytes)
-        cap = state.limits.max_output_tokens
-        output_tokens = cap if cap is not None else max(
-            1, (charge.output_bytes if charge is not None else 0) // 4)
-        price = state.policy.prices.get(state.settings.model)
-        amount = shared.worst_case(price, input_tokens, output_tokens)
-        # In the run's own totals, as an answered request's usage is (the token threshold
-        # and the USD budget see it at the next response).
-        state.usage.input_tokens += input_tokens
-        state.usage.output_tokens += output_tokens
-        state.usage.total_tokens += amount.tokens
-        state.cost_usd += amount.usd
-        state.model_attempts.append(core.ModelAttempt(
-            step=step, outcome=outcome, input_tokens=input_tokens,
-            output_tokens=output_tokens, worst_case=True))
-        workflow.logger.info("model attempt charged", extra={
-            "step": step, "outcome": outcome, "tokens": amount.tokens})
-        self._abandoned = self._abandoned + amount
-        return amount.tokens
-
-    def _take_abandoned(self) -> Amount:
-        taken, self._abandoned = self._abandoned, Amount()
-        return taken
-
-    def _settle_abandoned(self, step: int) -> None:
-        """The step ends without an answer: settle what its attempts were charged."""
-        if self._abandoned.tokens or self._abandoned.usd:
-            self._budget.settle(step, self._take_abandoned())
+    def _attempt_failed(self, err: ActivityError, c: driver.AttemptModel,
+                        wedged: float) -> driver.AttemptFailed:
+        cause = err.cause
+        charge = mf.Charge.from_details(
+            cause.details if isinstance(cause, ApplicationError)
+            else cause.last_heartbeat_details if isinstance(cause, TimeoutError) else ())
+        if is_cancelled_exception(err):
+            return driver.AttemptFailed("cancelled")
+        timeout = cause.type if isinstance(cause, TimeoutError) else None
+        if timeout == TimeoutType.SCHEDULE_TO_CLOSE \
+                or self._processing_seconds() >= self._state.limits.deadline_seconds:
+            return driver.AttemptFailed("deadline", charge)
+        shut_down = isinstance(cause, ApplicationError) and cause.type == errors.WORKER_SHUTDOWN
+        if timeout == TimeoutType.HEARTBEAT or shut_down or (
+                timeout == TimeoutType.SCHEDULE_TO_START and self._routes.on_holder()):
+            # Its worker was lost, or shut down while it ran (a deploy's stop, which fails
+            # the attempt with WorkerShutdown), or the holder never took it.
+            if self._routes.on_holder():
+                self._routes.holder = None
+            return driver.AttemptFailed("lost", charge)
+        failure = _model_failure(err, c.silence_seconds) \
+            if timeout != TimeoutType.START_TO_CLOSE else mf.ModelFailure(
+                kind=mf.TIMEOUT, detail=f"the attempt outlived its start-to-close timeout "
+                f"({wedged:g} s): its worker was overloaded or wedged")
+        workflow.logger.warning("model request failed", extra={
+            "step": c.plan.step, "failure": failure.kind, "detail": failure.detail})
+        asked = cause.next_retry_delay if isinstance(cause, ApplicationError) else None
+        return driver.AttemptFailed(
+            "failed", charge, failure, retryable=timeout == TimeoutType.START_TO_CLOSE or (
+                isinstance(cause, ApplicationError) and cause.type in options.MODEL_RETRYABLE),
+            asked_delay=asked.total_seconds() if asked is not None else None)
 
     async def _attempts(self, a: Attempts, arg: object, result_type: type[_R]) -> _R | Failed:
         """`a`'s counted attempts (workflows/attempts.py) within the run's deadline."""

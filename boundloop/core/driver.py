@@ -23,12 +23,12 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Literal, Protocol, TypeVar
 
-from boundloop.core import approvals
+from boundloop.core import approvals, retries
 from boundloop.core import budget as shared
 from boundloop.core import context as ctx
 from boundloop.core import loop as core
+from boundloop.core import model_failures as mf
 from boundloop.core.budget import Amount, Grant
-from boundloop.core.canonical import preview
 from boundloop.core.conversation import ConversationMeta, Item
 from boundloop.core.envelope import Envelope, temporary_error_exhausted, tool_timed_out
 from boundloop.core.reasons import StopReason
@@ -42,6 +42,9 @@ CONTEXT_WINDOW = "context-window"
 CUT_AT_THE_CAP = "cut-at-the-output-cap"
 #: The patch under which a short read-only tool runs as a local activity.
 LOCAL_TOOLS = "local-tools"
+#: Event names of a model attempt that failed and was sent again start with this; the
+#: failure's kind follows (`worker_lost` for an attempt lost with its request sent).
+MODEL_RETRIED = "model_retried:"
 
 
 # --- commands ---------------------------------------------------------------------
@@ -90,9 +93,48 @@ class BuildModelRequest:
 
 @dataclass(frozen=True)
 class RequestModel:
-    """Send the built request, with its counted attempts: -> Answered | StopReason."""
+    """Send the built request with its counted attempts, as a run from before the
+    charged-model-attempts patch does: -> Answered | StopReason."""
 
     plan: core.StepPlan
+
+
+@dataclass(frozen=True)
+class AttemptModel:
+    """One attempt of the built request, one activity Temporal does not retry, silent at
+    most `silence_seconds`, answered within `answer_seconds`, within the `remaining`
+    seconds of the run: -> Turn | AttemptFailed. The shell routes it (the holder's
+    queue or the shared one) and follows the conversation a turn names."""
+
+    plan: core.StepPlan
+    silence_seconds: float
+    answer_seconds: float
+    remaining: float
+
+
+@dataclass(frozen=True)
+class AttemptFailed:
+    """A model attempt brought no answer.
+
+    kind: `cancelled` (the run was cancelled with the request out), `deadline` (the
+    run's time ran out), `lost` (its worker was lost or shut down, or the holder never
+    took it: not the provider's failure, not counted), `failed` (the provider's or our
+    code's failure, or a wedged worker: counted). charge: what the activity reported of
+    the request (whether it went out, what it streamed)."""
+
+    kind: Literal["cancelled", "deadline", "lost", "failed"]
+    charge: mf.Charge | None = None
+    failure: mf.ModelFailure | None = None
+    retryable: bool = False
+    #: The provider's Retry-After, in seconds.
+    asked_delay: float | None = None
+
+
+@dataclass(frozen=True)
+class Sleep:
+    """A durable timer (the backoff between attempts): -> None."""
+
+    seconds: float
 
 
 @dataclass(frozen=True)
@@ -149,7 +191,7 @@ class AwaitDecision:
 
 
 Command = (AskPatch | Publish | ReserveBudget | SettleBudget | BuildModelRequest
-           | RequestModel | BuildToolRequest | RunTool | AwaitDecision)
+           | RequestModel | AttemptModel | Sleep | BuildToolRequest | RunTool | AwaitDecision)
 
 _T = TypeVar("_T")
 #: A generator of commands returning `_T`.
@@ -211,6 +253,12 @@ class Run:
     key_scope: str
     view: View
     exchange: Exchange = field(default_factory=Exchange)
+    #: The charged-model-attempts patch: each model attempt is a command of its own, and
+    #: every attempt that reached the provider is charged (else RequestModel).
+    charged: bool = False
+    #: What the step's attempts that brought no answer were charged, not yet settled with
+    #: the shared budget (settled with the step, or when the step ends without one).
+    abandoned: Amount = field(default_factory=Amount)
 
     def steps(self) -> Steps[StopReason | None]:
         """The run's steps until it stops (the reason) or should continue as new
@@ -290,14 +338,133 @@ class Run:
         if refused is not None:
             ex.model_in_flight = False
             return refused
-        answered = yield RequestModel(plan)
-        assert isinstance(answered, Answered | StopReason)
+        answered: Answered | StopReason
+        if self.charged:
+            turn = yield from self._charged_attempts(plan)
+            answered = turn if isinstance(turn, StopReason) else Answered(turn, self.abandoned)
+            self.abandoned = Amount()
+        else:
+            sent = yield RequestModel(plan)
+            assert isinstance(sent, Answered | StopReason)
+            answered = sent
         ex.model_in_flight = False
         if isinstance(answered, StopReason):
             return answered
         ex.unsent, ex.refs = [], {}
         state.log("model_returned")
         return answered
+
+    def _charged_attempts(self, plan: core.StepPlan) -> Steps[Turn | StopReason]:
+        """The request's attempts under the charged-model-attempts patch. A provider
+        failure, a timeout of the activity's own (silence: model_timeout_seconds; the
+        whole answer: model_answer_seconds) and a wedged worker count against
+        MODEL_BACKOFF, with the provider's Retry-After; an attempt whose worker was lost
+        is sent again without counting. Every attempt that reached the provider and
+        brought no answer is charged its worst case, and each retry is an event naming
+        why."""
+        state, step = self.state, plan.step
+        silence = state.limits.model_timeout_seconds
+        failures = 0
+        while True:
+            remaining = state.limits.deadline_seconds - self.view.processing_seconds()
+            answer = max(min(state.limits.model_answer_seconds or remaining, remaining), 1.0)
+            out = yield AttemptModel(plan, silence, answer, remaining)
+            if isinstance(out, Turn):
+                usage = out.usage
+                state.model_attempts.append(core.ModelAttempt(
+                    step=step, outcome="answered",
+                    input_tokens=usage.input_tokens if usage is not None else 0,
+                    output_tokens=usage.output_tokens if usage is not None else 0))
+                return out
+            assert isinstance(out, AttemptFailed)
+            if out.kind == "cancelled":
+                # The run was cancelled with the request out: charged, as it may have
+                # been answered.
+                self._charge(step, "cancelled", None)
+                yield from self._settle_abandoned(step)
+                raise Cancelled
+            if out.kind == "deadline":
+                self._charge(step, "deadline", out.charge)
+                yield from self._settle_abandoned(step)
+                return state.stop(StopReason.DEADLINE)
+            if out.kind == "lost":
+                # Sent again; the event says it when the request had gone out.
+                if out.charge is not None and out.charge.sent:
+                    tokens = self._charge(step, "worker_lost", out.charge)
+                    state.log(f"{MODEL_RETRIED}worker_lost", detail=(
+                        f"the worker was lost with the request sent; charged {tokens} "
+                        "tokens (worst case)"))
+                continue
+            failures += 1
+            failure = out.failure
+            assert failure is not None
+            tokens = self._charge(step, failure.kind, out.charge)
+            charged = f"; charged {tokens} tokens (worst case)" if tokens else ""
+            delay = retries.next_delay(
+                retries.MODEL_BACKOFF, failures, out.asked_delay,
+                state.limits.deadline_seconds - self.view.processing_seconds()) \
+                if out.retryable else "exhausted"
+            if delay == "deadline":
+                yield from self._settle_abandoned(step)
+                return state.stop(StopReason.DEADLINE)
+            if not isinstance(delay, str):
+                state.log(f"{MODEL_RETRIED}{failure.kind}", detail=(
+                    f"attempt {failures} of {retries.MODEL_BACKOFF.max_attempts}: "
+                    f"{failure.detail}{charged}"))
+                try:
+                    yield Sleep(delay)
+                except Cancelled:  # cancelled between attempts
+                    yield from self._settle_abandoned(step)
+                    raise
+                continue
+            state.log(f"{mf.EVENT_PREFIX}{failure.kind}", detail=failure.detail + charged)
+            yield from self._settle_abandoned(step)
+            return state.stop((yield from self.failed(failure)))
+
+    def failed(self, failure: mf.ModelFailure) -> Steps[StopReason]:
+        """A failed model request's stop: `context_exhausted` when the provider refused
+        it as over the model's context window, `model_error` otherwise."""
+        if failure.kind == mf.CONTEXT_LENGTH_EXCEEDED and (yield from _ask(CONTEXT_WINDOW)):
+            return StopReason.CONTEXT_EXHAUSTED
+        return StopReason.MODEL_ERROR
+
+    def _charge(self, step: int, outcome: str, charge: mf.Charge | None) -> int:
+        """Charge an attempt that brought no answer to the run (its usage totals and cost)
+        and to what the step settles with the shared budget: its worst case, every input
+        token the request may hold plus the most output it may produce (without
+        max_output_tokens: its streamed bytes / 4), when it reached the provider. Returns
+        the tokens charged (0: it never went out)."""
+        state = self.state
+        if charge is not None and not charge.sent:
+            return 0
+        if charge is None and outcome not in ("cancelled", "deadline", mf.TIMEOUT):
+            return 0  # a failure the provider refused before answering (an HTTP status)
+        input_tokens = shared.input_tokens_bound(
+            conversation_bytes=state.conversation.bytes, fixed_bytes=self.view.fixed_bytes(),
+            last_tokens=state.last_tokens, last_bytes=state.last_bytes)
+        cap = state.limits.max_output_tokens
+        output_tokens = cap if cap is not None else max(
+            1, (charge.output_bytes if charge is not None else 0) // 4)
+        price = state.policy.prices.get(state.settings.model)
+        amount = shared.worst_case(price, input_tokens, output_tokens)
+        # In the run's own totals, as an answered request's usage is (the token threshold
+        # and the USD budget see it at the next response).
+        state.usage.input_tokens += input_tokens
+        state.usage.output_tokens += output_tokens
+        state.usage.total_tokens += amount.tokens
+        state.cost_usd += amount.usd
+        state.model_attempts.append(core.ModelAttempt(
+            step=step, outcome=outcome, input_tokens=input_tokens,
+            output_tokens=output_tokens, worst_case=True))
+        self.abandoned = self.abandoned + amount
+        return amount.tokens
+
+    def _settle_abandoned(self, step: int) -> Steps[None]:
+        """The step ends without an answer: settle what its attempts were charged."""
+        if self.abandoned.tokens or self.abandoned.usd:
+            taken, self.abandoned = self.abandoned, Amount()
+            if self.state.settings.budget is not None:
+                yield SettleBudget(step, taken)
 
     def _reserve_budget(self, step: int) -> Steps[StopReason | None]:
         """Reserve this request's worst case from the run's shared budget, if it names
@@ -420,9 +587,3 @@ def _ask(patch: str) -> Steps[bool]:
 
 def _no_ref(out: Envelope | StopReason) -> tuple[Envelope, str | None] | StopReason:
     return out if isinstance(out, StopReason) else (out, None)
-
-
-def unavailable_detail(tool: str, message: str | None) -> str:
-    """What a `tool_unavailable` event says: the changed argument schema's message, or
-    that the tool is not served."""
-    return preview(message, 300) if message is not None else f"{tool} is not served here"
