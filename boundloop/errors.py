@@ -5,11 +5,11 @@ workflow matches on (defined once here, so a rename cannot miss one place).
 from __future__ import annotations
 
 from boundloop.core.envelope import Envelope, ToolStatus
-from boundloop.core.limits import PAYLOAD_LIMIT_BYTES as PAYLOAD_LIMIT_BYTES  # the core's
 
 # --- error type names (ApplicationError.type) -----------------------------------------
 
-#: The SDK's own type for a completion over the payload limit (plural, as the SDK spells it).
+#: The SDK's own type for a completion over the payload limit (plural, as the SDK spells
+#: it); the limit is boundloop.core.limits.PAYLOAD_LIMIT_BYTES.
 PAYLOADS_TOO_LARGE = "PayloadsTooLarge"
 #: A model response too large to return from the model activity (ours).
 MODEL_RESPONSE_TOO_LARGE = "ModelResponseTooLarge"

@@ -21,6 +21,7 @@ from boundloop.core.limits import (
     MAX_RESULT_BYTES,
     MAX_SETTINGS_BYTES,
     MAX_TURN_BYTES,
+    PAYLOAD_LIMIT_BYTES,
     PAYLOAD_MARGIN_BYTES,
     Limits,
     RunSettings,
@@ -38,7 +39,6 @@ from boundloop.core.loop import (
 )
 from boundloop.core.reasons import StopReason
 from boundloop.core.turn import FunctionCall
-from boundloop.errors import PAYLOAD_LIMIT_BYTES
 from tests.support.tools import tools as test_tools
 
 

@@ -30,9 +30,8 @@ from boundloop.activities.model import ModelActivities
 from boundloop.client import result_of
 from boundloop.contracts import TOOL_ACTIVITY, WORKFLOW_NAME, RunInput, RunResult, ToolRequest
 from boundloop.core.envelope import success
-from boundloop.core.limits import MAX_RESULT_BYTES, Limits, RunSettings
+from boundloop.core.limits import MAX_RESULT_BYTES, PAYLOAD_LIMIT_BYTES, Limits, RunSettings
 from boundloop.core.loop import ToolOutcome
-from boundloop.errors import PAYLOAD_LIMIT_BYTES
 from boundloop.scripted.server import ScriptedModelServer
 from boundloop.settings import Settings
 from boundloop.tools import catalog
