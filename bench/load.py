@@ -41,7 +41,8 @@ from temporalio.client import Client
 import boundloop
 from bench.harness import REPO, WorkerProcess
 from boundloop.budgets import set_budget, show_budget
-from boundloop.client import connect, result_of
+from boundloop.client import result_of
+from boundloop.connection import connect
 from boundloop.contracts import BudgetView, RunResult, StreamResult, TextDelta
 from boundloop.core.budget import BudgetLimits
 from boundloop.core.limits import Limits

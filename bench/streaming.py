@@ -23,7 +23,8 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowHandle
 
 from boundloop import Worker
-from boundloop.client import connect, result_of, stream_items
+from boundloop.client import result_of, stream_items
+from boundloop.connection import connect
 from boundloop.contracts import WORKFLOW_NAME, RunResult, TextDelta, run_input
 from boundloop.core.limits import Limits, RunSettings
 from boundloop.devserver import DevServer

@@ -36,9 +36,10 @@ if (not os.path.isdir(os.path.join(os.path.dirname(__file__), "workflows"))
     __path__.append(_checkout)
 
 if TYPE_CHECKING:
-    from boundloop.agent import DEFAULT_TASK_QUEUE, Agent
+    from boundloop.agent import DEFAULT_TASK_QUEUE, Agent, start, start_session
     from boundloop.budgets import set_budget, show_budget
-    from boundloop.client import Run, Session, connect, get_run, get_session, start, start_session
+    from boundloop.client import Run, Session, get_run, get_session
+    from boundloop.connection import connect
     from boundloop.contracts import (
         BudgetView,
         Reset,
@@ -86,75 +87,28 @@ if TYPE_CHECKING:
     from boundloop.worker.plugin import Plugin, Worker
 
 
+_where: dict[str, tuple[str, str]] = {}
+
+
 def __getattr__(name: str) -> Any:
     # Each public name loads on first use (PEP 562), so a process that imports one
     # boundloop module (the CLI, a worker, a test) pays for what it uses, not for the
-    # Temporal client, the worker, MCP and cryptography all at once.
-    where = {
-        "Agent": "boundloop.agent",
-        "Approval": "boundloop.core.loop",
-        "BoundloopError": "boundloop.errors",
-        "BudgetLimits": "boundloop.core.budget",
-        "BudgetRefused": "boundloop.errors",
-        "BudgetView": "boundloop.contracts",
-        "configure_logging": "boundloop.logs",
-        "connect": "boundloop.client",
-        "DecisionRefused": "boundloop.errors",
-        "DEFAULT_TASK_QUEUE": "boundloop.agent",
-        "Event": "boundloop.core.loop",
-        "get_run": "boundloop.client",
-        "get_session": "boundloop.client",
-        "InvalidDecision": "boundloop.errors",
-        "Limits": "boundloop.core.limits",
-        "list_mcp_tools": "boundloop.mcp.pool",
-        "load_mcp_config": "boundloop.mcp.config",
-        "MCPServerConfig": "boundloop.core.mcp_tools",
-        "MCPToolDeclaration": "boundloop.core.mcp_tools",
-        "NoToolset": "boundloop.errors",
-        "NoWorker": "boundloop.errors",
-        "OperatorPolicy": "boundloop.core.operator",
-        "Plugin": "boundloop.worker.plugin",
-        "Policy": "boundloop.core.limits",
-        "PolicyRefused": "boundloop.errors",
-        "Price": "boundloop.core.limits",
-        "Refusal": "boundloop.core.operator",
-        "Reset": "boundloop.contracts",
-        "Run": "boundloop.client",
-        "run_client": "boundloop.process",
-        "RunEnded": "boundloop.errors",
-        "RunIdTaken": "boundloop.errors",
-        "RunNotFound": "boundloop.errors",
-        "RunResult": "boundloop.contracts",
-        "RunStatus": "boundloop.contracts",
-        "RunStuck": "boundloop.errors",
-        "Session": "boundloop.client",
-        "SessionLimits": "boundloop.core.session",
-        "SessionRefused": "boundloop.errors",
-        "SessionStatus": "boundloop.contracts",
-        "set_budget": "boundloop.budgets",
-        "show_budget": "boundloop.budgets",
-        "Signer": "boundloop.signing",
-        "start": "boundloop.client",
-        "start_session": "boundloop.client",
-        "StopReason": "boundloop.core.reasons",
-        "StreamEvent": "boundloop.contracts",
-        "StreamItem": "boundloop.contracts",
-        "StreamResult": "boundloop.contracts",
-        "TemporalUnreachable": "boundloop.errors",
-        "TextDelta": "boundloop.contracts",
-        "ToolContext": "boundloop.tools.registry",
-        "ToolDefinitionError": "boundloop.errors",
-        "ToolFailure": "boundloop.errors",
-        "Toolset": "boundloop.tools.registry",
-        "ToolSpec": "boundloop.tools.registry",
-        "ToolStatus": "boundloop.core.envelope",
-        "TransientToolError": "boundloop.errors",
-        "UnknownTools": "boundloop.errors",
-        "Worker": "boundloop.worker.plugin",
-    }.get(name)
-    if where is None:
+    # Temporal client, the worker, MCP and cryptography all at once. Where each comes
+    # from is read from the imports above (for type checkers): written once.
+    if name not in __all__:
         raise AttributeError(f"module 'boundloop' has no attribute {name!r}")
-    value = getattr(import_module(where), "configure" if name == "configure_logging" else name)
+    if not _where:
+        import ast
+
+        with open(__file__, encoding="utf-8") as source:
+            module = ast.parse(source.read())
+        [block] = [node for node in module.body if isinstance(node, ast.If)
+                   and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING"]
+        _where.update({alias.asname or alias.name: (statement.module, alias.name)
+                       for statement in block.body if isinstance(statement, ast.ImportFrom)
+                       and statement.module for alias in statement.names})
+    where, original = _where[name]
+    value = getattr(import_module(where), original)
     globals()[name] = value  # found by plain lookup from now on
     return value
 

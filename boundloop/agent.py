@@ -6,7 +6,8 @@
         run = await agent.start(client, "question")
         session = await agent.session(client)
 
-Everything is checked when the agent is made (pydantic: limits, policy, model and budget
+`start` and `start_session` start one run or session without keeping an agent. Everything
+is checked when the agent is made (pydantic: limits, policy, model and budget
 together; the tools that limits and policy name), so a run or session it starts is never
 refused for its settings. The agent is immutable: `agent.replace(model=...)` is another.
 """
@@ -17,26 +18,32 @@ import dataclasses
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import KW_ONLY, dataclass, field
-from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
+from typing import Any, Generic, Literal, TypeVar
 
-from temporalio.client import Client
-from temporalio.common import WorkflowIDReusePolicy
+from temporalio.api.operatorservice.v1 import ListSearchAttributesRequest
+from temporalio.client import Client, WorkflowHandle
+from temporalio.common import SearchAttributePair, TypedSearchAttributes, WorkflowIDReusePolicy
 from temporalio.exceptions import WorkflowAlreadyStartedError
+from temporalio.service import RPCError
 
+from boundloop import errors
+from boundloop import search_attributes as sa
+from boundloop.client import Run, Session
 from boundloop.contracts import (
     SESSION_WORKFLOW,
+    WORKFLOW_NAME,
     RunInput,
+    RunResult,
     SessionInput,
     SessionStatus,
     run_input,
 )
+from boundloop.core import session as session_core
+from boundloop.core.canonical import compact_json, preview
 from boundloop.core.limits import Limits, Policy, RunSettings
 from boundloop.core.mcp_tools import MCPToolDeclaration
 from boundloop.core.session import SessionLimits
 from boundloop.tools.registry import Toolset, tool_names
-
-if TYPE_CHECKING:
-    from boundloop.client import Run, Session
 
 Deps = TypeVar("Deps")
 
@@ -132,13 +139,11 @@ class Agent(Generic[Deps]):
         session's turn (`SESSION/turn-N`). `tenant`: the run's `BoundloopTenant` search
         attribute (`boundloop run --tenant`), from which an operator's policy may derive
         the budget key it spends from."""
-        from boundloop.client import Run, search_attributes_registered, start_run
-
         # Built once: the run upserts its search attributes only where they are registered.
         inp = self.run_input(question,
-                             search_attributes=await search_attributes_registered(client))
-        handle = await start_run(client, inp, workflow_id=id, task_queue=self.task_queue,
-                                 tenant=tenant)
+                             search_attributes=await _search_attributes_registered(client))
+        handle = await _start_run(client, inp, workflow_id=id, task_queue=self.task_queue,
+                                  tenant=tenant)
         return Run(handle)
 
     async def session(self, client: Client, *, limits: SessionLimits | None = None,
@@ -149,19 +154,12 @@ class Agent(Generic[Deps]):
         start --id`); a session's id is never reused (`RunIdTaken`). `tenant`: the
         session's `BoundloopTenant` search attribute, which each of its turns carries
         (`boundloop session start --tenant`; as `start`'s)."""
-        from boundloop.client import (
-            Session,
-            id_taken,
-            search_attributes_registered,
-            tenant_attribute,
-        )
-
         allowed = set(self.tool_names)
         inp = SessionInput(instructions=self.instructions, settings=self.settings,
                            tools=list(self.tool_names),
                            mcp_tools=[d for d in self.mcp_tools if d.name in allowed],
                            limits=limits or SessionLimits(),
-                           search_attributes=await search_attributes_registered(client))
+                           search_attributes=await _search_attributes_registered(client))
         wf_id = id or f"boundloop-session-{uuid.uuid4().hex[:12]}"
         try:
             handle = await client.start_workflow(
@@ -170,7 +168,90 @@ class Agent(Generic[Deps]):
                 static_summary=f"session · model {self.model} · tools "
                                f"{', '.join(inp.tools)}",
                 id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
-                search_attributes=tenant_attribute(tenant))
+                search_attributes=_tenant_attribute(tenant))
         except WorkflowAlreadyStartedError:
-            raise id_taken(wf_id, "session") from None
+            raise _id_taken(wf_id, "session") from None
         return Session(client, handle)
+
+
+async def start(client: Client, question: str, *,
+                tools: Toolset[Any] | Sequence[str | Callable[..., Any]],
+                model: str = "gpt-5-mini", api: Literal["responses", "chat"] = "responses",
+                limits: Limits | None = None, policy: Policy | None = None,
+                instructions: str | None = None, id: str | None = None,
+                task_queue: str = DEFAULT_TASK_QUEUE, budget: str | None = None,
+                mcp_tools: Sequence[MCPToolDeclaration] = (),
+                tenant: str | None = None) -> Run:
+    """Start one run without keeping an agent: `Agent(tools, model=..., ...).start(client,
+    question, id=..., tenant=...)` (see `boundloop.Agent` for each argument)."""
+    agent: Agent[Any] = Agent(tools, model=model, api=api, limits=limits or Limits(),
+                              policy=policy or Policy(), instructions=instructions,
+                              task_queue=task_queue, budget=budget, mcp_tools=mcp_tools)
+    return await agent.start(client, question, id=id, tenant=tenant)
+
+
+async def start_session(client: Client, *,
+                        tools: Toolset[Any] | Sequence[str | Callable[..., Any]],
+                        model: str = "gpt-5-mini",
+                        api: Literal["responses", "chat"] = "responses",
+                        limits: Limits | None = None, policy: Policy | None = None,
+                        session_limits: SessionLimits | None = None,
+                        instructions: str | None = None, id: str | None = None,
+                        task_queue: str = DEFAULT_TASK_QUEUE,
+                        tenant: str | None = None) -> Session:
+    """Start a session without keeping an agent: `Agent(tools, ...).session(client,
+    limits=session_limits, id=..., tenant=...)`."""
+    agent: Agent[Any] = Agent(tools, model=model, api=api, limits=limits or Limits(),
+                              policy=policy or Policy(), instructions=instructions,
+                              task_queue=task_queue)
+    return await agent.session(client, limits=session_limits, id=id, tenant=tenant)
+
+
+# --- starting a run or a session (the agent's) -------------------------------------
+
+
+async def _search_attributes_registered(client: Client) -> bool:
+    """True when the server knows boundloop's search attributes (else runs skip them)."""
+    try:
+        resp = await client.operator_service.list_search_attributes(
+            ListSearchAttributesRequest(namespace=client.namespace))
+    except RPCError:
+        return False
+    return all(key.name in resp.custom_attributes for key in sa.ALL)
+
+
+async def _start_run(client: Client, inp: RunInput, *, workflow_id: str | None = None,
+                     task_queue: str, tenant: str | None = None
+                     ) -> WorkflowHandle[Any, RunResult]:
+    """Start the run of `inp`, as `contracts.run_input` built it (`Agent.start`): sent as
+    it is."""
+    wf_id = workflow_id or f"boundloop-{uuid.uuid4().hex[:12]}"
+    if session_core.is_turn_id(wf_id):
+        # Taken now, the session's next `say` would find its turn's id used.
+        raise errors.RunIdTaken(f"workflow id {wf_id!r} is a session's turn id "
+                                "(SESSION/turn-N): the session starts its turns under "
+                                "those; choose another id")
+    limits = compact_json(inp.settings.limits.model_dump(mode="json"))
+    details = (f"model `{inp.settings.model}` ({inp.settings.api})\n\n"
+               f"tools: {', '.join(inp.tools)}\n\nlimits: `{limits}`")
+    # Idempotency keys are scoped by workflow id: a finished run's id is never
+    # reused, or its side effects would be "already done" for the new run.
+    try:
+        return await client.start_workflow(
+            WORKFLOW_NAME, inp, id=wf_id, task_queue=task_queue,
+            result_type=RunResult, static_summary=preview(inp.question, 120),
+            static_details=details, id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
+            search_attributes=_tenant_attribute(tenant))
+    except WorkflowAlreadyStartedError:
+        raise _id_taken(wf_id, "run") from None
+
+
+def _tenant_attribute(tenant: str | None) -> TypedSearchAttributes | None:
+    """The `BoundloopTenant` search attribute a run or session is started with."""
+    return None if tenant is None else TypedSearchAttributes(
+        [SearchAttributePair(sa.TENANT, tenant)])
+
+
+def _id_taken(workflow_id: str, what: str) -> errors.RunIdTaken:
+    return errors.RunIdTaken(f"workflow id {workflow_id!r} is already used; each {what} "
+                             "needs its own (ids scope the idempotency keys of side effects)")

@@ -1,25 +1,23 @@
-"""The client side: connect, start a run, follow it, decide its approvals, read its result.
+"""The client: one run (`Run`) or session (`Session`), found by id (`get_run`,
+`get_session`): follow it, decide its approvals, cancel it, read its result.
 
-`connect`, `start`, `get_run` and `Run` are public (exported from `boundloop`); the
-functions below them are what the CLI builds its commands from.
+These four are public (exported from `boundloop`); an agent starts runs and sessions
+(boundloop/agent.py) and `boundloop.connect` makes the client (boundloop/connection.py).
+The functions at the bottom are what a run is built on, on a workflow handle; the CLI
+and the console reach them through boundloop/_ops.py.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import time
-import urllib.parse
-import uuid
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import TypeAdapter, ValidationError
-from temporalio.api.operatorservice.v1 import ListSearchAttributesRequest
 from temporalio.client import (
     Client,
-    Interceptor,
     WorkflowExecutionDescription,
     WorkflowExecutionStatus,
     WorkflowFailureError,
@@ -31,27 +29,18 @@ from temporalio.client import (
     WorkflowUpdateHandle,
     WorkflowUpdateStage,
 )
-from temporalio.common import (
-    SearchAttributePair,
-    TypedSearchAttributes,
-    WorkflowIDReusePolicy,
-)
 from temporalio.contrib.workflow_streams._types import PollInput, PollResult, _decode_payload
-from temporalio.converter import PayloadCodec
-from temporalio.exceptions import ApplicationError, WorkflowAlreadyStartedError
+from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
 from boundloop import errors
 from boundloop import search_attributes as sa
-from boundloop.agent import DEFAULT_TASK_QUEUE, Agent
 from boundloop.codec import CodecKeyError
 from boundloop.contracts import (
     SESSION_WORKFLOW,
     STREAM_TOPIC,
-    WORKFLOW_NAME,
     CancelRequest,
     Decision,
-    RunInput,
     RunResult,
     RunStatus,
     SayRequest,
@@ -61,15 +50,11 @@ from boundloop.contracts import (
 )
 from boundloop.core import approvals
 from boundloop.core import session as session_core
-from boundloop.core.canonical import compact_json, preview
+from boundloop.core.canonical import preview
 from boundloop.core.fingerprint import fingerprint
-from boundloop.core.limits import Limits, Policy
 from boundloop.core.loop import Approval, Event
-from boundloop.core.mcp_tools import MCPToolDeclaration
-from boundloop.core.session import SessionLimits
-from boundloop.settings import Settings, one_line
+from boundloop.settings import one_line
 from boundloop.stuck import stuck_line
-from boundloop.tools.registry import Toolset
 
 if TYPE_CHECKING:
     from boundloop.signing import Signer
@@ -80,85 +65,11 @@ if TYPE_CHECKING:
 # neither them nor the `cryptography` module their signature checks need.
 
 
-
 #: How long `Run.status` (and the calls built on it) waits for a worker to answer.
 QUERY_SECONDS = 10.0
 
 
 # --- public API -----------------------------------------------------------------------
-
-
-async def connect(target_host: str | None = None, *, namespace: str | None = None,
-                  interceptors: Sequence[Interceptor] = (),
-                  codec: PayloadCodec | None = None, **options: Any) -> Client:
-    """A Temporal client with the pydantic data converter boundloop's payloads need.
-
-    Each argument not given is read from the environment, with the names `boundloop
-    worker` and the CLI read (docs/guide.md, "Configuration"): `target_host` from
-    TEMPORAL_ADDRESS (else 127.0.0.1:7233), `namespace` from TEMPORAL_NAMESPACE (else
-    `default`), `tls` from TEMPORAL_TLS and the TEMPORAL_TLS_* files and server name,
-    `api_key` from TEMPORAL_API_KEY, `codec` from BOUNDLOOP_CODEC_KEYS /
-    BOUNDLOOP_CODEC_KEY (unset: payloads in clear; reading an encrypted one then fails
-    with a message naming the setting).
-
-    - codec: encrypts every payload (`boundloop.codec.EncryptionCodec`).
-    - `options` go to `temporalio.client.Client.connect`: `tls=True` or
-      `tls=TLSConfig(server_root_ca_cert=..., client_cert=..., client_private_key=...,
-      domain=...)`, `api_key=` (Temporal Cloud), plugins, ...
-
-    Raises `TemporalUnreachable` when the server cannot be reached or refuses the TLS
-    connection, and `ConnectionSettingsError` for settings that cannot be used (a TLS
-    file that cannot be read, half a key pair, a bad codec key), each with a one-line
-    message (`boundloop.run_client` prints it without a traceback).
-    """
-    from boundloop import connection
-
-    settings = connection.environment_settings()
-    address = target_host if target_host is not None else settings.temporal_address
-    if "tls" not in options:
-        options["tls"] = connection.tls_config(settings)
-    if "api_key" not in options and settings.temporal_api_key is not None:
-        options["api_key"] = settings.temporal_api_key.get_secret_value()
-    try:
-        return await client_connect(
-            address, namespace=namespace if namespace is not None
-            else settings.temporal_namespace, interceptors=interceptors,
-            codec=codec if codec is not None else connection.codec(settings), **options)
-    except RuntimeError as exc:
-        tls_on = bool(options.get("tls")) or options.get("api_key") is not None
-        raise errors.TemporalUnreachable(connection.unreachable_line(address, exc, tls_on)
-                                         ) from None
-
-
-async def client_connect(target_host: str, *, namespace: str,
-                         interceptors: Sequence[Interceptor] = (),
-                         codec: PayloadCodec | None = None, **options: Any) -> Client:
-    """`Client.connect` with boundloop's data converter, every argument given, nothing
-    read from the environment and its errors as the SDK raises them (the CLI and the
-    worker say them in their own words)."""
-    # Imported here: `cryptography` is a native module that a workflow sandbox
-    # importing `boundloop` (a worker without boundloop's Plugin) cannot load twice.
-    from boundloop.codec import data_converter as codec_converter
-
-    return await Client.connect(target_host, namespace=namespace,
-                                data_converter=codec_converter(codec),
-                                interceptors=interceptors, **options)
-
-
-async def start(client: Client, question: str, *,
-                tools: Toolset[Any] | Sequence[str | Callable[..., Any]],
-                model: str = "gpt-5-mini", api: Literal["responses", "chat"] = "responses",
-                limits: Limits | None = None, policy: Policy | None = None,
-                instructions: str | None = None, id: str | None = None,
-                task_queue: str = DEFAULT_TASK_QUEUE, budget: str | None = None,
-                mcp_tools: Sequence[MCPToolDeclaration] = (),
-                tenant: str | None = None) -> Run:
-    """Start one run without keeping an agent: `Agent(tools, model=..., ...).start(client,
-    question, id=..., tenant=...)` (see `boundloop.Agent` for each argument)."""
-    agent: Agent[Any] = Agent(tools, model=model, api=api, limits=limits or Limits(),
-                              policy=policy or Policy(), instructions=instructions,
-                              task_queue=task_queue, budget=budget, mcp_tools=mcp_tools)
-    return await agent.start(client, question, id=id, tenant=tenant)
 
 
 async def get_run(client: Client, id: str) -> Run:
@@ -508,23 +419,6 @@ async def _gone(handle: WorkflowHandle[Any, Any], exc: RPCError, takes: str) -> 
                            "its result stays readable)")
 
 
-async def start_session(client: Client, *,
-                        tools: Toolset[Any] | Sequence[str | Callable[..., Any]],
-                        model: str = "gpt-5-mini",
-                        api: Literal["responses", "chat"] = "responses",
-                        limits: Limits | None = None, policy: Policy | None = None,
-                        session_limits: SessionLimits | None = None,
-                        instructions: str | None = None, id: str | None = None,
-                        task_queue: str = DEFAULT_TASK_QUEUE,
-                        tenant: str | None = None) -> Session:
-    """Start a session without keeping an agent: `Agent(tools, ...).session(client,
-    limits=session_limits, id=..., tenant=...)`."""
-    agent: Agent[Any] = Agent(tools, model=model, api=api, limits=limits or Limits(),
-                              policy=policy or Policy(), instructions=instructions,
-                              task_queue=task_queue)
-    return await agent.session(client, limits=session_limits, id=id, tenant=tenant)
-
-
 async def get_session(client: Client, id: str) -> Session:
     """The session with workflow id `id`, awaited like `start_session`: the server is
     asked whether it exists. Raises RunNotFound (also for a run that is not a
@@ -683,62 +577,7 @@ class Session:
         return errors.SessionRefused(cause.message)
 
 
-# --- what the CLI builds on -----------------------------------------------------------
-
-
-async def search_attributes_registered(client: Client) -> bool:
-    """True when the server knows boundloop's search attributes (else runs skip them)."""
-    try:
-        resp = await client.operator_service.list_search_attributes(
-            ListSearchAttributesRequest(namespace=client.namespace))
-    except RPCError:
-        return False
-    return all(key.name in resp.custom_attributes for key in sa.ALL)
-
-
-def ui_link(settings: Settings, workflow_id: str, run_id: str | None = None) -> str:
-    # Encoded: a session turn's id holds a slash (`{session}/turn-2`), as the UI's own
-    # links encode it.
-    wf = urllib.parse.quote(workflow_id, safe="")
-    base = f"{settings.ui_url}/namespaces/{settings.temporal_namespace}/workflows/{wf}"
-    return f"{base}/{run_id}/history" if run_id else base
-
-
-async def start_run(client: Client, inp: RunInput, *, workflow_id: str | None = None,
-                    task_queue: str = DEFAULT_TASK_QUEUE, tenant: str | None = None
-                    ) -> WorkflowHandle[Any, RunResult]:
-    """Start the run of `inp`, as `contracts.run_input` built it (`Agent.start`): sent as
-    it is."""
-    wf_id = workflow_id or f"boundloop-{uuid.uuid4().hex[:12]}"
-    if session_core.is_turn_id(wf_id):
-        # Taken now, the session's next `say` would find its turn's id used.
-        raise errors.RunIdTaken(f"workflow id {wf_id!r} is a session's turn id "
-                                "(SESSION/turn-N): the session starts its turns under "
-                                "those; choose another id")
-    limits = compact_json(inp.settings.limits.model_dump(mode="json"))
-    details = (f"model `{inp.settings.model}` ({inp.settings.api})\n\n"
-               f"tools: {', '.join(inp.tools)}\n\nlimits: `{limits}`")
-    # Idempotency keys are scoped by workflow id: a finished run's id is never
-    # reused, or its side effects would be "already done" for the new run.
-    try:
-        return await client.start_workflow(
-            WORKFLOW_NAME, inp, id=wf_id, task_queue=task_queue,
-            result_type=RunResult, static_summary=preview(inp.question, 120),
-            static_details=details, id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
-            search_attributes=tenant_attribute(tenant))
-    except WorkflowAlreadyStartedError:
-        raise id_taken(wf_id, "run") from None
-
-
-def tenant_attribute(tenant: str | None) -> TypedSearchAttributes | None:
-    """The `BoundloopTenant` search attribute a run or session is started with."""
-    return None if tenant is None else TypedSearchAttributes(
-        [SearchAttributePair(sa.TENANT, tenant)])
-
-
-def id_taken(workflow_id: str, what: str) -> errors.RunIdTaken:
-    return errors.RunIdTaken(f"workflow id {workflow_id!r} is already used; each {what} "
-                             "needs its own (ids scope the idempotency keys of side effects)")
+# --- what a run is built on, on a workflow handle --------------------------------------
 
 
 async def result_of(handle: WorkflowHandle[Any, Any]) -> RunResult:
@@ -1013,84 +852,3 @@ async def cancel(handle: WorkflowHandle[Any, Any], reason: str | None) -> None:
     if reason is not None:
         await handle.signal(BoundLoopWorkflow.cancel_reason, CancelRequest(reason=reason))
     await handle.cancel()
-
-
-async def pending_runs(client: Client, unanswered: list[str] | None = None,
-                       queues: dict[str, str] | None = None) -> list[tuple[str, RunStatus]]:
-    """Runs waiting for approval, found by search attribute, with their pending calls.
-    Runs whose status query no worker answered are added to `unanswered`, and their
-    task queues to `queues` (workflow id: task queue)."""
-    out: list[tuple[str, RunStatus]] = []
-    query = f"{sa.STATUS.name} = 'waiting_approval' AND ExecutionStatus = 'Running'"
-    async for wf in client.list_workflows(query):
-        try:
-            status = await asyncio.wait_for(
-                query_status(client.get_workflow_handle(wf.id)), timeout=QUERY_SECONDS)
-        except (RPCError, TimeoutError):
-            if unanswered is not None:
-                unanswered.append(wf.id)
-            if queues is not None:
-                queues[wf.id] = wf.task_queue
-            continue
-        if status.pending:
-            out.append((wf.id, status))
-    return out
-
-
-async def list_runs(client: Client, status: str | None, reason: str | None,
-                    limit: int) -> list[dict[str, Any]]:
-    """Runs newest first, filtered by the BoundloopStatus / BoundloopStopReason attributes."""
-    clauses = [f"WorkflowType = '{WORKFLOW_NAME}'"]
-    if status:
-        clauses.append(f"{sa.STATUS.name} = '{status}'")
-        if status in ("running", "waiting_approval"):  # not terminated/failed ones
-            clauses.append("ExecutionStatus = 'Running'")
-    if reason:
-        clauses.append(f"{sa.STOP_REASON.name} = '{reason}'")
-    rows: list[dict[str, Any]] = []
-    async for wf in client.list_workflows(" AND ".join(clauses), limit=limit):
-        attrs = wf.typed_search_attributes
-        closed = wf.status is not None and wf.status != WorkflowExecutionStatus.RUNNING
-        ended_by_us = attrs.get(sa.STATUS) in ("completed", "stopped")
-        # A terminated, failed or timed-out run keeps its last attribute values: show the
-        # execution status then, not a stale "running".
-        shown = (wf.status.name.lower() if closed and not ended_by_us and wf.status
-                 else attrs.get(sa.STATUS) or "")
-        rows.append({
-            "workflow_id": wf.id, "run_id": wf.run_id,
-            "status": shown,
-            "reason": attrs.get(sa.STOP_REASON) or None,
-            "steps": attrs.get(sa.STEPS) or 0,
-            "tool_executions": attrs.get(sa.TOOL_EXECUTIONS) or 0,
-            "pending_approvals": attrs.get(sa.PENDING_APPROVALS) or 0,
-            "start_time": wf.start_time.isoformat(timespec="seconds"),
-            "stuck": await stuck_of(client, wf) if not closed else None,
-        })
-    rows.sort(key=lambda r: r["start_time"], reverse=True)  # newest first
-    return rows
-
-
-#: Set by the server on a run whose workflow task failed or timed out this many times in
-#: a row (system.numConsecutiveWorkflowTaskProblemsToTriggerSearchAttribute), cleared by
-#: its next successful task; the Web UI's "Task Failures" view lists these runs.
-REPORTED_PROBLEMS = "TemporalReportedProblems"
-
-
-async def stuck_of(client: Client, wf: Any) -> str | None:
-    """The stuck line of an open listed run, else None. The server's
-    TemporalReportedProblems attribute decides where it is set; a server that does not set
-    it (the dynamic config is 0) costs one describe per open run; only a stuck run's
-    history is read (for its cause)."""
-    handle = client.get_workflow_handle(wf.id, run_id=wf.run_id)
-    problems = (wf.search_attributes or {}).get(REPORTED_PROBLEMS)
-    desc = await handle.describe()
-    line = await stuck_line(handle, desc)
-    if line is None and problems:  # reported, but the pending task is not a retry yet
-        return "the server reports workflow task problems: " + ", ".join(map(str, problems))
-    return line
-
-
-def argument_text(approval: Approval) -> str:
-    """The validated arguments in full, pretty-printed, for the person approving them
-    (never cut: approving what you cannot read is no approval; never for logs)."""
-    return json.dumps(approval.arguments, ensure_ascii=False, indent=2)

@@ -1,5 +1,6 @@
-"""How every boundloop process reaches Temporal: address, namespace, TLS, API key and the
-payload codec, from Settings (the worker, the CLI and the codec server alike).
+"""How every boundloop process reaches Temporal: `connect` (`boundloop.connect`), the one
+way a client is made, with the address, namespace, TLS, API key and payload codec of the
+environment or of Settings (a user's script, the worker, the CLI, the console, the demo).
 
 The `TEMPORAL_TLS*` and `TEMPORAL_API_KEY` names are the ones the `temporal` CLI reads,
 so one environment serves both.
@@ -8,12 +9,14 @@ so one environment serves both.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
-from temporalio.client import Client
+from temporalio.client import Client, Interceptor
+from temporalio.converter import PayloadCodec
 from temporalio.runtime import (
     LogForwardingConfig,
     LoggingConfig,
@@ -23,9 +26,9 @@ from temporalio.runtime import (
 )
 from temporalio.service import TLSConfig
 
-from boundloop.client import client_connect as boundloop_connect
 from boundloop.codec import CodecKeyError, EncryptionCodec, load_keys
-from boundloop.errors import BoundloopError
+from boundloop.codec import data_converter as codec_converter
+from boundloop.errors import BoundloopError, TemporalUnreachable
 from boundloop.secret_files import shared_problem
 from boundloop.settings import Settings, TemporalSettings, one_line
 from boundloop.tracing import client_interceptors
@@ -37,16 +40,12 @@ class ConnectionSettingsError(BoundloopError):
 
 @dataclass(frozen=True)
 class ConnectOptions:
-    """What `boundloop.connect` needs besides the address: `tls`, `api_key`, `codec`."""
+    """What `connect` reads from settings besides the address: `tls`, `api_key`, `codec`."""
 
     namespace: str
     tls: bool | TLSConfig | None
     api_key: str | None
     codec: EncryptionCodec | None
-
-    def kwargs(self) -> dict[str, Any]:
-        return {"namespace": self.namespace, "tls": self.tls, "api_key": self.api_key,
-                "codec": self.codec}
 
 
 def _read(path: Path, variable: str, *, secret: bool = False) -> bytes:
@@ -100,6 +99,9 @@ def codec(settings: TemporalSettings) -> EncryptionCodec | None:
     source = ("BOUNDLOOP_CODEC_KEY" if settings.codec_keys_file is None
               else f"the BOUNDLOOP_CODEC_KEYS file {settings.codec_keys_file}")
     return EncryptionCodec(keys, source=source)
+
+
+codec_of = codec  # by this name where an argument named `codec` hides it
 
 
 def connect_options(settings: TemporalSettings) -> ConnectOptions:
@@ -195,15 +197,62 @@ def forward_core_logs() -> None:
     Runtime.set_default(runtime, error_if_already_set=False)
 
 
-async def connect(settings: Settings) -> Client:
-    """The client the CLI, the worker and the codec server use: settings' address,
-    namespace, TLS, API key and payload codec (above), tracing per
-    BOUNDLOOP_OTEL. Raises ConnectionSettingsError for unusable TLS or codec settings."""
-    forward_core_logs()
-    options = connect_options(settings)
-    return await boundloop_connect(settings.temporal_address,
-                                   interceptors=client_interceptors(settings.otel),
-                                   **options.kwargs())
+async def connect(target_host: str | None = None, *, namespace: str | None = None,
+                  interceptors: Sequence[Interceptor] = (),
+                  codec: PayloadCodec | None = None, settings: TemporalSettings | None = None,
+                  **options: Any) -> Client:
+    """A Temporal client with the pydantic data converter boundloop's payloads need.
+
+    Each argument not given is read from `settings` (default: the environment now),
+    with the names `boundloop worker` and the CLI read (docs/guide.md, "Configuration"):
+    `target_host` from TEMPORAL_ADDRESS (else 127.0.0.1:7233), `namespace` from
+    TEMPORAL_NAMESPACE (else `default`), `tls` from TEMPORAL_TLS and the TEMPORAL_TLS_*
+    files and server name, `api_key` from TEMPORAL_API_KEY, `codec` from
+    BOUNDLOOP_CODEC_KEYS / BOUNDLOOP_CODEC_KEY (unset: payloads in clear; reading an
+    encrypted one then fails with a message naming the setting).
+
+    - codec: encrypts every payload (`boundloop.codec.EncryptionCodec`).
+    - settings: a boundloop process's `Settings` (the CLI's, the worker's) also sends the
+      SDK core's log lines through Python logging and traces per BOUNDLOOP_OTEL.
+    - `options` go to `temporalio.client.Client.connect`: `tls=True` or
+      `tls=TLSConfig(server_root_ca_cert=..., client_cert=..., client_private_key=...,
+      domain=...)`, `api_key=` (Temporal Cloud), plugins, ...
+
+    Raises `TemporalUnreachable` when the server cannot be reached or refuses the TLS
+    connection, and `ConnectionSettingsError` for settings that cannot be used (a TLS
+    file that cannot be read, half a key pair, a bad codec key), each with a one-line
+    message (`boundloop.run_client` prints it without a traceback).
+    """
+    settings = settings if settings is not None else environment_settings()
+    address = target_host if target_host is not None else settings.temporal_address
+    try:
+        return await open_client(settings, target_host=address, namespace=namespace,
+                                 interceptors=interceptors, codec=codec, **options)
+    except RuntimeError as exc:
+        tls_on = (bool(options["tls"]) if "tls" in options else bool(tls_config(settings))
+                  ) or options.get("api_key", settings.temporal_api_key) is not None
+        raise TemporalUnreachable(unreachable_line(address, exc, tls_on)) from None
+
+
+async def open_client(settings: TemporalSettings, *, target_host: str | None = None,
+                      namespace: str | None = None, interceptors: Sequence[Interceptor] = (),
+                      codec: PayloadCodec | None = None, **options: Any) -> Client:
+    """`connect`'s work, with the SDK's own error when the server is not reached (a
+    RuntimeError: the worker retries it until the server is up, `connect` says it in one
+    line). Settings that cannot be used are read, and refused, before connecting."""
+    if "tls" not in options:
+        options["tls"] = tls_config(settings)
+    if "api_key" not in options and settings.temporal_api_key is not None:
+        options["api_key"] = settings.temporal_api_key.get_secret_value()
+    if codec is None:
+        codec = codec_of(settings)
+    if isinstance(settings, Settings):  # a boundloop process
+        forward_core_logs()
+        interceptors = [*client_interceptors(settings.otel), *interceptors]
+    return await Client.connect(
+        target_host if target_host is not None else settings.temporal_address,
+        namespace=namespace if namespace is not None else settings.temporal_namespace,
+        data_converter=codec_converter(codec), interceptors=interceptors, **options)
 
 
 def unreachable_reason(exc: BaseException) -> str:

@@ -18,7 +18,7 @@ from importlib import resources
 
 from rich.markup import escape
 
-from boundloop import client as ops
+from boundloop import _ops as ops
 from boundloop.agent import Agent
 from boundloop.client import Run
 from boundloop.contracts import RunResult
@@ -111,7 +111,7 @@ async def run_demo(settings: Settings, *, interactive: bool) -> int:
     settings = settings.model_copy(update={"task_queue": f"demo-{uuid.uuid4().hex[:8]}"})
     agent = Agent(demo_tools, model=model, api=settings.api, instructions=INSTRUCTIONS,
                   task_queue=settings.task_queue)
-    client = await connect(settings)
+    client = await connect(settings=settings)
     code = 0
     try:
         async with build_worker(client, settings):

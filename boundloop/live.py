@@ -13,7 +13,7 @@ from rich.table import Table
 from rich.text import Text
 from temporalio.client import WorkflowFailureError
 
-from boundloop import client as ops
+from boundloop import _ops as ops
 from boundloop.contracts import Reset, RunResult, RunStatus, StreamItem, TextDelta
 from boundloop.core.reasons import StopReason
 from boundloop.terminal import invisible_note, no_worker, safe

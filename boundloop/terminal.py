@@ -131,7 +131,7 @@ def print_result(result: RunResult, settings: Settings) -> None:
     if result.answer_looks_like_tool_call:
         console.print("[bold yellow]the answer looks like a tool call:[/] it was not "
                       "executed, and it is not an answer to the question")
-    from boundloop.client import ui_link
+    from boundloop._ops import ui_link
 
     console.print(f"Web UI: {ui_link(settings, result.workflow_id, result.run_id)}")
 

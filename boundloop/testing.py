@@ -40,7 +40,8 @@ from temporalio.testing import WorkflowEnvironment
 
 from boundloop import search_attributes as sa
 from boundloop.agent import Agent
-from boundloop.client import Run, connect
+from boundloop.client import Run
+from boundloop.connection import connect
 from boundloop.contracts import RunResult
 from boundloop.core.loop import Approval
 from boundloop.devserver import FAST_FLAGS, temporal_binary

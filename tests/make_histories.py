@@ -21,7 +21,7 @@ from typing import Any
 
 from temporalio.client import WorkflowFailureError, WorkflowHandle
 
-from boundloop import client as ops
+from boundloop import _ops as ops
 from boundloop import errors as boundloop_errors
 from boundloop.budgets import reset_budget, set_budget
 from boundloop.contracts import (

@@ -158,6 +158,10 @@ def import_circles() -> list[list[str]]:
     return circles
 
 
+def test_no_import_circle_between_boundloops_modules() -> None:
+    assert import_circles() == []
+
+
 def test_the_rules_fail_on_a_core_import_of_errors_and_on_a_circle(tmp_path: Path) -> None:
     """The checks above read what they mean: a core module importing errors.py breaks
     the core's rule (as core/limits.py once did), and a core module importing one that
@@ -165,8 +169,8 @@ def test_the_rules_fail_on_a_core_import_of_errors_and_on_a_circle(tmp_path: Pat
     saved = MODULES["boundloop.core.canonical"]
     upward = tmp_path / "upward.py"
     upward.write_text("def limit() -> int:\n"
-                      "    from boundloop.errors import PAYLOAD_LIMIT_BYTES\n"
-                      "    return PAYLOAD_LIMIT_BYTES\n", encoding="utf-8")
+                      "    from boundloop.errors import PAYLOADS_TOO_LARGE\n"
+                      "    return len(PAYLOADS_TOO_LARGE)\n", encoding="utf-8")
     around = tmp_path / "around.py"  # core/envelope.py imports core/canonical.py
     around.write_text("from boundloop.core import envelope\n", encoding="utf-8")
     try:

@@ -16,7 +16,8 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowHandle
 
 from boundloop import search_attributes as sa
-from boundloop.client import list_runs, query_status
+from boundloop._ops import list_runs
+from boundloop.client import query_status
 from boundloop.contracts import RunResult
 from boundloop.scripted.server import ScriptedModelServer
 from tests.conftest import RunScript

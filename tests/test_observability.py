@@ -10,7 +10,7 @@ import pytest
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowHandle
 
-from boundloop import client as ops
+from boundloop import _ops as ops
 from boundloop import search_attributes as sa
 from boundloop.contracts import Decision
 from boundloop.logs import JsonFormatter, TextFormatter

@@ -220,3 +220,23 @@ async def test_cancel_ends_a_waiting_run_as_cancelled(temporal: Client) -> None:
         model.stop()
     assert result.reason == boundloop.StopReason.CANCELLED
     assert ledger.seen == []
+
+
+def test_the_public_names_are_written_once_and_each_loads() -> None:
+    """`boundloop.__all__` is the one list of public names; where each comes from is
+    written once, in the imports type checkers read, and the lazy loading reads them."""
+    import ast
+    from pathlib import Path
+
+    from boundloop import connection
+
+    tree = ast.parse(Path(boundloop.__file__).read_text(encoding="utf-8"))
+    [block] = [node for node in tree.body if isinstance(node, ast.If)
+               and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING"]
+    imported = [alias.asname or alias.name for statement in block.body
+                if isinstance(statement, ast.ImportFrom) for alias in statement.names]
+    assert sorted(imported) == sorted(set(boundloop.__all__)) == sorted(boundloop.__all__)
+    assert all(getattr(boundloop, name) is not None for name in boundloop.__all__)
+    assert boundloop.connect is connection.connect  # one way to connect, for every process
+    with pytest.raises(AttributeError, match="no attribute 'client_connect'"):
+        boundloop.client_connect  # noqa: B018

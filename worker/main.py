@@ -23,12 +23,12 @@ from boundloop.connection import (
     TLS_DROPPED,
     ConnectionSettingsError,
     codec,
-    connect,
     connect_options,
     tls_dropped,
     tls_problem,
     unreachable_reason,
 )
+from boundloop.connection import open_client as connect
 from boundloop.core.operator import OperatorPolicy, budget_admin_keys, unserved_tools_line
 from boundloop.errors import BoundloopError, PolicyNamesUnservedTools
 from boundloop.exit_codes import ExitCode

@@ -56,7 +56,7 @@ def _decide(run_id: str, verb: str, make: Callable[[], Decision], signer: Any = 
     async def go() -> None:
         from temporalio.client import WorkflowUpdateRPCTimeoutOrCancelledError
 
-        from boundloop import client as ops
+        from boundloop import _ops as ops
 
         run = await ops.get_run(await connect(settings), run_id)
         deciding = run.decide(decision, signer)
@@ -109,7 +109,7 @@ def approve(run_id: str, call_id: str,
                 "session's later turns too)")] = "run", fp: FingerprintOption = None) -> None:
     """Approve a pending call (optionally with edited arguments, or remembered for the
     rest of the run or session)."""
-    from boundloop import client as ops
+    from boundloop import _ops as ops
 
     if scope not in ("run", "session"):
         raise typer.BadParameter("must be 'run' or 'session'", param_hint="--for")
@@ -127,7 +127,7 @@ def reject(run_id: str, call_id: str,
            approver: Annotated[str, typer.Option("--as", help="Approver name")] = "operator",
            key: KeyOption = None, fp: FingerprintOption = None) -> None:
     """Reject a pending call; the model is told not to retry it."""
-    from boundloop import client as ops
+    from boundloop import _ops as ops
 
     signer = load_signer(approver, key)
     _decide(run_id, "rejected", lambda: ops.rejection(
@@ -172,7 +172,7 @@ def pending(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
     settings = load_settings()
 
     async def go() -> None:
-        from boundloop import client as ops
+        from boundloop import _ops as ops
 
         unanswered: list[str] = []
         queues: dict[str, str] = {}

@@ -94,17 +94,17 @@ def load_settings() -> Settings:
 
 
 async def connect(settings: Settings) -> Client:
-    from boundloop.connection import ConnectionSettingsError, tls_dropped, unreachable_line
-    from boundloop.connection import connect as settings_connect
+    """`boundloop.connect` with the command's settings, its errors said with their exit
+    code."""
+    from boundloop import connection
+    from boundloop.errors import TemporalUnreachable
 
     try:
-        return await settings_connect(settings)
-    except ConnectionSettingsError as exc:
+        return await connection.connect(settings=settings)
+    except connection.ConnectionSettingsError as exc:
         raise fail(str(exc)) from None
-    except RuntimeError as exc:
-        raise fail(unreachable_line(settings.temporal_address, exc,
-                                    tls_dropped(exc, settings)),
-                   ExitCode.UNREACHABLE) from None
+    except TemporalUnreachable as exc:
+        raise fail(str(exc), ExitCode.UNREACHABLE) from None
 
 
 async def run_result(handle: Any, refused: ExitCode = ExitCode.INVALID) -> RunResult:
@@ -112,7 +112,7 @@ async def run_result(handle: Any, refused: ExitCode = ExitCode.INVALID) -> RunRe
     (terminated, timed out). A run the operator's policy refused at admission prints
     its refusals and exits `refused`: 2 for the command that started it (its input was
     refused), 3 for one that reads a run that ended without completing (`status`)."""
-    from boundloop import client as ops
+    from boundloop import _ops as ops
 
     try:
         return await ops.Run(handle).result()
@@ -128,7 +128,7 @@ async def started(handle: Any, settings: Settings, as_json: bool) -> int:
     workflow task (tools it does not serve, the operator's policy), said here as `--wait`
     says it (exit 2); admitted, or no worker took it yet (a note naming the task queue),
     `started …`, exit 0."""
-    from boundloop import client as ops
+    from boundloop import _ops as ops
     from boundloop.errors import worker_hint
 
     admitted = await admission(handle)
@@ -222,7 +222,7 @@ def load_model_script(path: Path) -> Any:
 
 
 async def describe(handle: Any) -> Any:
-    from boundloop import client as ops
+    from boundloop import _ops as ops
 
     return await ops.describe(handle)  # RunNotFound: `_run` prints it
 
@@ -271,7 +271,7 @@ def print_session(st: SessionStatus) -> None:
 def print_pending_table(rows: list[tuple[str, RunStatus]]) -> None:
     from rich.table import Table
 
-    from boundloop import client as ops
+    from boundloop import _ops as ops
 
     table = Table()
     for header in ("run", "call id", "tool", "waiting since", "asked because",

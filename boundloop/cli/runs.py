@@ -111,7 +111,7 @@ async def _run_async(settings: Settings, agent: Agent[Any], question: str, wait:
                      as_json: bool,
                      script: Any, model_script: Path | None, workflow_id: str | None,
                      tenant: str | None = None) -> int:
-    from boundloop import client as ops
+    from boundloop import _ops as ops
 
     client = await connect(settings)
     if script is None:
@@ -160,7 +160,7 @@ async def _run_async(settings: Settings, agent: Agent[Any], question: str, wait:
 async def _follow(handle: Any, settings: Settings, as_json: bool,
                   embedded: bool = False) -> int:
     # embedded: its worker is ours (busy, never missing)
-    from boundloop import client as ops
+    from boundloop import _ops as ops
     from boundloop.codec import CodecKeyError
 
     # Without the workers' codec keys only the end is readable (a refusal's message).
@@ -193,7 +193,7 @@ def status(run_id: Annotated[str, typer.Argument(help="Workflow id")],
         from temporalio.client import WorkflowExecutionStatus
         from temporalio.service import RPCError
 
-        from boundloop import client as ops
+        from boundloop import _ops as ops
         from boundloop import search_attributes as sa
         from boundloop.contracts import SESSION_WORKFLOW, RunResult
 
@@ -262,7 +262,7 @@ def watch(run_id: Annotated[str, typer.Argument(help="Workflow id")]) -> None:
     settings = load_settings()
 
     async def go() -> int:
-        from boundloop import client as ops
+        from boundloop import _ops as ops
         from boundloop.contracts import SESSION_WORKFLOW, RunResult
         from boundloop.live import watch as live_watch
 
@@ -301,7 +301,7 @@ def list_runs(
     async def go() -> None:
         from rich.table import Table
 
-        from boundloop import client as ops
+        from boundloop import _ops as ops
 
         rows = await ops.list_runs(await connect(settings), status_filter, reason, limit)
         if as_json:
@@ -343,7 +343,7 @@ def cancel(run_id: Annotated[str, typer.Argument(help="Workflow id")],
     settings = load_settings()
 
     async def go() -> None:
-        from boundloop import client as ops
+        from boundloop import _ops as ops
 
         client = await connect(settings)
         await (await ops.get_run(client, run_id)).cancel(request.reason)

@@ -32,7 +32,7 @@ from boundloop.terminal import console, exit_code, print_event, print_result, sa
 if TYPE_CHECKING:  # loaded by the commands that use them (see cli/common.py)
     from temporalio.client import Client
 
-    from boundloop import client as ops
+    from boundloop import _ops as ops
     from boundloop.contracts import RunResult, SessionStatus
     from boundloop.settings import Settings
 
@@ -93,7 +93,7 @@ def start(
         raise fail("invalid session limits:\n" + validation_lines(exc)) from None
 
     async def go() -> None:
-        from boundloop import client as ops
+        from boundloop import _ops as ops
 
         client = await connect(settings)
         session = await agent.session(client, limits=session_limits, id=session_id,
@@ -120,7 +120,7 @@ def say(session_id: Annotated[str, typer.Argument(help="Session id")],
     settings = load_settings()
 
     async def go() -> int:
-        from boundloop import client as ops
+        from boundloop import _ops as ops
 
         client = await connect(settings)
         session = await ops.get_session(client, session_id)
@@ -192,7 +192,7 @@ def _print_status(session_id: str, as_json: bool,
     settings = load_settings()
 
     async def go() -> None:
-        from boundloop import client as ops
+        from boundloop import _ops as ops
 
         client = await connect(settings)
         st = await status(await ops.get_session(client, session_id))

@@ -34,7 +34,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowUpdateFailedError
 from temporalio.service import RPCError
 
-from boundloop import client as ops
+from boundloop import _ops as ops
 from boundloop.console import auth
 from boundloop.console import html as h
 from boundloop.contracts import SESSION_WORKFLOW, RunResult, RunStatus, SessionStatus
