@@ -15,6 +15,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import openai
+from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
 
 from boundloop import Worker
@@ -252,3 +253,41 @@ async def test_replay_check_catches_a_timer_of_another_duration_that_temporal_re
         server.stop()
         await handle.terminate("replay-check test finished")
     assert list_tickets(data) == []
+
+
+async def test_every_committed_history_issues_the_timers_and_activities_it_recorded() -> None:
+    """Where nothing changed replay-check has nothing to say: every committed history of
+    every release, replayed on this code, issues its timers with the durations and its
+    activities with the types and task queues (the holders' own queues included) its
+    history recorded."""
+    from temporalio.contrib.pydantic import pydantic_data_converter
+    from temporalio.worker import Replayer
+
+    from boundloop import Plugin
+    from boundloop.replay_check import _Recording, first_difference
+    from tests.support.crash_tools import tools
+    from tests.test_replay import ALL_FILES, load
+
+    recording = _Recording()
+    replayer = Replayer(workflows=[], data_converter=pydantic_data_converter,
+                        plugins=[Plugin(tools, deps=None), recording])
+    differ, compared = {}, 0
+    for name in ALL_FILES:
+        history = load(name)
+        result = await replayer.replay_workflow(history, raise_on_replay_failure=False)
+        assert result.replay_failure is None, name
+        issued = recording.issued.pop(history.run_id)
+        timers = {e.timer_started_event_attributes.timer_id for e in history.events
+                  if e.event_type == EventType.EVENT_TYPE_TIMER_STARTED}
+        activities = {e.activity_task_scheduled_event_attributes.activity_id
+                      for e in history.events
+                      if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED}
+        compared += sum(1 for c in issued if c.HasField("start_timer")
+                        and str(c.start_timer.seq) in timers)
+        compared += sum(1 for c in issued if c.HasField("schedule_activity")
+                        and c.schedule_activity.activity_id in activities)
+        found = first_difference(history, issued, recording.queues.pop(history.run_id))
+        if found is not None:
+            differ[name] = found
+    assert differ == {}
+    assert compared >= len(ALL_FILES)  # the comparison saw the histories' commands
