@@ -10,11 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import builtins
-import dataclasses
 import functools
-import json
 from datetime import datetime, timedelta
-from typing import Any, NoReturn, TypeVar
+from typing import NoReturn, TypeVar
 
 from temporalio import workflow
 from temporalio.contrib.workflow_streams import WorkflowStream
@@ -27,6 +25,7 @@ from temporalio.exceptions import (
 )
 
 from boundloop.workflows import SANDBOXED, options
+from boundloop.workflows.admission import RunTools
 from boundloop.workflows.attempts import Attempts, Failed, Routing, body_started
 from boundloop.workflows.attempts import attempts as counted_attempts
 from boundloop.workflows.patches import (
@@ -87,7 +86,6 @@ with workflow.unsafe.imports_passed_through():
         user_message,
     )
     from boundloop.core.limits import MAX_PAYLOAD_VALUE_BYTES, payload_bytes
-    from boundloop.core.mcp_tools import MCPToolDeclaration
     from boundloop.core.operator import Refusal, unknown_tools_line
     from boundloop.core.reasons import NEXT_CHECK, StopReason
     from boundloop.core.turn import Turn
@@ -111,27 +109,10 @@ class BoundLoopWorkflow:
     @workflow.init
     def __init__(self, inp: RunInput) -> None:
         self._inp = inp
-        # The toolset and approver keys of this worker's task queue (registered by the
-        # boundloop plugin; the catalog is passed through the sandbox, so it is the
-        # worker's own table).
+        # The run's tools: this worker's, its MCP tools and those it was admitted with.
         served = catalog.served_on(workflow.info().task_queue)
-        self._toolset = served.toolset
-        # MCP tools come with their declarations in the input (never from a server now).
-        self._mcp = {d.name: d for d in inp.mcp_tools if d.name in inp.tools}
-        self._unknown = self._toolset.unknown([t for t in inp.tools if t not in self._mcp])
-        self._rules = {
-            **self._toolset.rules([t for t in inp.tools
-                                   if t not in self._unknown and t not in self._mcp]),
-            **{name: mcp_tools.tool_rule(d) for name, d in self._mcp.items()}}
+        self._tools = RunTools(served.toolset, inp)
         carried = inp.carried
-        # The rules the run was admitted with, handed on by continue-as-new.
-        self._admitted = list(carried.tools) if carried is not None else []
-        self._digests: dict[str, str] = {}  # tool -> its admitted schema's digest
-        # Function tools this worker does not serve as the run was admitted with them
-        # (renamed, removed or reshaped by a deploy): model requests describe them by
-        # the admitted declaration, never by this worker's toolset.
-        self._described: dict[str, MCPToolDeclaration] = {}
-        self._keep_admitted()
         # The conversation's bookkeeping between steps (the driver keeps it up to date).
         self._ex = driver.Exchange()
         if carried is not None:
@@ -161,7 +142,7 @@ class BoundLoopWorkflow:
         self._interrupted: str | None = None  # the `interrupt` signal's reason
         self._routes = Routing()  # which task queue the next activity goes to
         # Approver public keys: the worker's (like its toolset) and the run policy's.
-        self._keys = signatures.run_keys(served.approver_keys,
+        self._tools.keys = signatures.run_keys(served.approver_keys,
                                          self._state.policy.approver_keys)
         self._budget = RunBudget(self._state)  # the run's side of its shared budget
         self._show = Publisher(
@@ -219,12 +200,12 @@ class BoundLoopWorkflow:
                 if isinstance(err, ActivityError) and not is_cancelled_exception(err):
                     raise
                 cancelled_first = True  # a cancel before the run began: it ends cancelled
-        elif self._unknown:
-            self._refuse_unknown(self._unknown)
+        elif self._tools.unknown:
+            self._tools.refuse_unknown(self._tools.unknown)
         if own_schemas:
-            self._own_schemas()
+            self._tools.own_schemas()
         if stricter:
-            self._ask_as_admitted()
+            self._tools.ask_as_admitted()
         if inp.carried is None and self._session_grants:
             self._inherit_grants(inp)
         if inp.carried is None:
@@ -232,7 +213,7 @@ class BoundLoopWorkflow:
             self._ex.unsent = [*self._ex.unsent, *first]
             self._state.conversation = self._state.conversation.extend(first)
             self._state.log("run_started")
-        self._run = driver.Run(self._state, self._rules, self._key_scope, _View(self),
+        self._run = driver.Run(self._state, self._tools.rules, self._key_scope, _View(self),
                                self._ex, charged=self._charged)
         reason = (core.cancelled(self._state, self._cancel_reason, step_unfinished=False)
                   if cancelled_first else await self._drive())
@@ -264,11 +245,6 @@ class BoundLoopWorkflow:
                                    result, type=errors.RUN_STOPPED, non_retryable=True)
         return result
 
-    def _refuse_unknown(self, unknown: list[str]) -> NoReturn:
-        raise ApplicationError(f"the worker's toolset has no tools {unknown}; it has "
-                               f"{self._toolset.names()}", type=errors.UNKNOWN_TOOLS,
-                               non_retryable=True)
-
     async def _admit(self, inp: RunInput) -> None:
         """The run's effective settings under the worker's operator policy, resolved once
         by a local activity whose result is in history (replay and continue-as-new, which
@@ -280,7 +256,7 @@ class BoundLoopWorkflow:
                       if self._patched(ADMIT_ATTRIBUTES) else {})
         admission = await workflow.execute_local_activity_method(
             Admissions.admit_run, AdmitRequest(settings=inp.settings, tools=list(inp.tools),
-                                         mcp_tools=list(self._mcp.values()),
+                                         mcp_tools=list(self._tools.mcp.values()),
                                          search_attributes=attributes),
             start_to_close_timeout=options.ADMIT_TIMEOUT)
         if admission.unknown:
@@ -289,7 +265,7 @@ class BoundLoopWorkflow:
                     unknown_tools_line(admission.unknown, admission.served,
                                        workflow.info().task_queue),
                     type=errors.UNKNOWN_TOOLS, non_retryable=True)
-            self._refuse_unknown(admission.unknown)
+            self._tools.refuse_unknown(admission.unknown)
         if admission.settings is None:
             raise ApplicationError(
                 "the operator's policy refuses this run: "
@@ -297,11 +273,9 @@ class BoundLoopWorkflow:
                 *[r.model_dump() for r in admission.refusals],
                 type=errors.POLICY_REFUSED, non_retryable=True)
         self._state.settings = admission.settings
-        self._admitted = list(admission.tools)
-        self._keep_admitted()
-        self._unknown = []
+        self._tools.admit(admission)
         served = catalog.served_on(workflow.info().task_queue)
-        self._keys = signatures.run_keys(served.approver_keys,
+        self._tools.keys = signatures.run_keys(served.approver_keys,
                                          self._state.policy.approver_keys)
 
     def _inherit_grants(self, inp: RunInput) -> None:
@@ -314,49 +288,12 @@ class BoundLoopWorkflow:
             return
         kept = sessions.session_grants(inp.turn.grants, tools=self._state.allowed_tools,
                                        approvers=self._state.policy.approvers,
-                                       keys=self._keys)
+                                       keys=self._tools.keys)
         for grant in kept:
             self._state.grants.append(grant)
             self._state.log("approval_inherited", tool=grant.tool, call_id=grant.call_id,
                             detail=f"remembered for the session by "
                                    f"{preview(grant.approver, 100)}: {grant.text}")
-
-    def _keep_admitted(self) -> None:
-        """A tool this worker no longer serves keeps the rules it was admitted with (its
-        tool activity then stops the run with `tool_unavailable`)."""
-        for declared in self._admitted:
-            if declared.name in self._unknown:
-                self._rules[declared.name] = mcp_tools.tool_rule(declared)
-                self._described[declared.name] = declared
-        self._unknown = [t for t in self._unknown if t not in self._rules]
-
-    def _ask_as_admitted(self) -> None:
-        """A tool the run was admitted with as asking for approval still asks, whatever
-        the worker serving it now declares: a deploy never loosens an open run's
-        approvals (a worker's stricter rule applies at once: its rules are the base)."""
-        for declared in self._admitted:
-            rule = self._rules.get(declared.name)
-            if rule is None or not declared.needs_approval or rule.needs_approval is True:
-                continue
-            served = rule.needs_approval
-            # Admitted as always asking, or with another predicate than the one served
-            # now (which may ask less): the call always asks.
-            if served is False or declared.approval_predicate is None \
-                    or mcp_tools.predicate_digest(served) != declared.approval_predicate:
-                self._rules[declared.name] = dataclasses.replace(rule, needs_approval=True)
-
-    def _own_schemas(self) -> None:
-        """Every admitted tool's calls carry its admitted schema's digest; a tool this
-        worker serves with another schema is decided by the admitted rules (replay then
-        validates calls as the run did; the tool activity refuses them)."""
-        served = set(self._toolset.names())
-        for declared in self._admitted:
-            digest = mcp_tools.parameters_digest(declared.parameters)
-            self._digests[declared.name] = digest
-            if declared.name in served and digest != self._toolset.get(
-                    declared.name).schema_digest:
-                self._rules[declared.name] = mcp_tools.tool_rule(declared)
-                self._described[declared.name] = declared
 
     async def _drive(self) -> StopReason | None:
         """Carry out the driver's commands (boundloop/core/driver.py) until the run stops
@@ -439,8 +376,7 @@ class BoundLoopWorkflow:
             # The tools the run describes itself: its MCP tools, and any a deploy took
             # from this worker's toolset since the run was admitted (a call of one then
             # stops the run with `tool_unavailable`; a run that never calls it goes on).
-            mcp_tools=[self._mcp.get(n) or self._described[n] for n in state.allowed_tools
-                       if n in self._mcp or n in self._described])
+            mcp_tools=self._tools.described_tools(state.allowed_tools))
 
     async def _send_model_request(self, plan: core.StepPlan) -> driver.Answered | StopReason:
         """The request's attempts as a run from before CHARGED_ATTEMPTS makes them: each
@@ -540,44 +476,24 @@ class BoundLoopWorkflow:
     # --- shared budget (workflows/budget.py) ----------------------------------------
 
     def _fixed_bytes(self) -> int:
-        """UTF-8 bytes every request carries beside the conversation: the instructions
-        and the tool declarations."""
-        api = self._state.settings.api
-        admitted = {d.name: d for d in self._admitted}
-        served = set(self._toolset.names())
-        tools: list[dict[str, Any]] = []
-        for name in self._state.allowed_tools:
-            # A tool from an MCP server, or one a deploy renamed, removed or changed, is
-            # described by the run's own declaration, not by this worker's toolset.
-            declared = self._mcp.get(name)
-            if declared is None and name in admitted and (
-                    name not in served or mcp_tools.parameters_digest(
-                        admitted[name].parameters) != self._toolset.get(name).schema_digest):
-                declared = admitted[name]
-            if declared is not None:
-                tools.append(declared.openai_tool(api))
-            elif name in served:
-                tools += self._toolset.openai_tools([name], api)
-        instructions = self._inp.instructions or ""
-        return len(instructions.encode("utf-8", "surrogatepass")) + len(
-            json.dumps(tools, ensure_ascii=False).encode("utf-8", "surrogatepass"))
+        return self._tools.fixed_bytes(self._state, self._inp.instructions)
 
     # --- tools ---------------------------------------------------------------------
 
     def _build_tool_request(self, step: int, p: core.Execute, timeout: float) -> ToolRequest:
         state = self._state
-        mcp = self._mcp.get(p.call.name)  # an MCP tool: the activity calls its server
+        mcp = self._tools.mcp.get(p.call.name)  # an MCP tool: the activity calls its server
         return ToolRequest(tool=p.call.name,
                            call_id=p.call.call_id, step=step, arguments=p.arguments,
                            idempotency_key=p.idempotency_key,
                            max_result_bytes=state.limits.max_result_bytes,
                            timeout_seconds=timeout,
                            mcp=mcp_tools.call_target(mcp) if mcp is not None else None,
-                           parameters_digest=self._digests.get(p.call.name))
+                           parameters_digest=self._tools.digests.get(p.call.name))
 
     async def _run_tool(self, command: driver.RunTool) -> core.ToolOutcome | driver.ToolFailed:
         p, local, req = command.plan, command.local, self._tool_request
-        rule = self._rules[p.call.name]
+        rule = self._tools.rules[p.call.name]
         workflow.logger.info("tool execution", extra={
             "step": command.step, "tool": p.call.name, "fingerprint": p.fingerprint,
             "local": local})
@@ -643,11 +559,11 @@ class BoundLoopWorkflow:
         self._signal_decision(decision.model_copy(update={"approve": False}))
 
     def _signed(self) -> signatures.Context:
-        return signatures.Context(keys=self._keys, workflow_id=workflow.info().workflow_id,
+        return signatures.Context(keys=self._tools.keys, workflow_id=workflow.info().workflow_id,
                                   now=workflow.now())
 
     def _decision_problem(self, decision: Decision) -> str | None:
-        return approvals.check(self._state, decision, self._rules, self._signed(),
+        return approvals.check(self._state, decision, self._tools.rules, self._signed(),
                                in_session=self._session_grants,
                                run=workflow.info().first_execution_run_id,
                                bound=self._decisions_bound)
@@ -658,7 +574,7 @@ class BoundLoopWorkflow:
             workflow.logger.warning("approval signal ignored", extra={
                 "call_id": preview(decision.call_id, 60), "problem": problem})
             return
-        approvals.apply(self._state, decision, workflow.now(), self._rules)
+        approvals.apply(self._state, decision, workflow.now(), self._tools.rules)
         self._show.publish()
 
     @workflow.signal
@@ -675,7 +591,7 @@ class BoundLoopWorkflow:
 
     @workflow.update
     def decide(self, decision: Decision) -> str:
-        approvals.apply(self._state, decision, workflow.now(), self._rules)
+        approvals.apply(self._state, decision, workflow.now(), self._tools.rules)
         self._show.publish()
         return "approved" if decision.approve else "rejected"
 
@@ -713,7 +629,7 @@ class BoundLoopWorkflow:
         carried = Carried(state=self._state, base=base, unsent=self._wire_items(),
                           processing_seconds=self._processing_seconds(),
                           stream=self._show.stream.get_state(),
-                          tools=self._admitted if self._patched(CARRIED_RULES) else [])
+                          tools=self._tools.admitted if self._patched(CARRIED_RULES) else [])
         return self._inp.model_copy(update={"carried": carried})
 
     def _result(self) -> RunResult:
