@@ -184,7 +184,7 @@ def test_the_rules_fail_on_a_core_import_of_errors_and_on_a_circle(tmp_path: Pat
 
 def test_every_file_has_one_path() -> None:
     """No link in the repo: workflows/, activities/ and worker/ become boundloop's by
-    pyproject.toml's package-dir, which lists every package of the tree."""
+    pyproject.toml's package-dir, which lists every folder of the tree."""
     tracked = subprocess.run(["git", "ls-files", "-s"], cwd=ROOT, check=True,
                              capture_output=True, text=True).stdout.splitlines()
     assert [line for line in tracked if line.startswith("120000")] == []
@@ -192,8 +192,11 @@ def test_every_file_has_one_path() -> None:
         "tool"]["setuptools"]
     assert {name: ROOT / path for name, path in setuptools["package-dir"].items()} == {
         name: path for name, path in PACKAGE_DIRS.items() if name != "boundloop"}
-    packages = {name for name, path in MODULES.items() if path.name == "__init__.py"}
-    assert sorted(setuptools["packages"]) == sorted(packages)
+    folders = {".".join((package, *path.relative_to(base).parts))
+               for package, base in PACKAGE_DIRS.items()
+               for path in [base, *base.rglob("*")]
+               if path.is_dir() and path.name != "__pycache__"}
+    assert sorted(setuptools["packages"]) == sorted(folders)
 
 
 def test_the_demo_does_not_import_the_cli() -> None:
