@@ -19,15 +19,13 @@ from temporalio.contrib.workflow_streams import WorkflowStream
 from temporalio.exceptions import (
     ActivityError,
     ApplicationError,
-    TimeoutError,
-    TimeoutType,
     is_cancelled_exception,
 )
 
 from boundloop.workflows import SANDBOXED, options
 from boundloop.workflows.admission import RunTools
-from boundloop.workflows.attempts import Attempts, Failed, Routing, body_started
-from boundloop.workflows.attempts import attempts as counted_attempts
+from boundloop.workflows.attempts import Routing
+from boundloop.workflows.calls import Calls
 from boundloop.workflows.patches import (
     ADMIT_ATTRIBUTES,
     ADMITTED_SCHEMAS,
@@ -35,11 +33,8 @@ from boundloop.workflows.patches import (
     CARRIED_GENUINE,
     CARRIED_RULES,
     CHARGED_ATTEMPTS,
-    CONTEXT_WINDOW,
-    COUNTED_RETRIES,
     DECISIONS_BOUND,
     OPERATOR_POLICY,
-    ROUTE_WHEN_NEEDED,
     RUN_SCOPED_KEYS,
     SESSION_GRANTS,
     SPARSE_UPSERTS,
@@ -55,8 +50,6 @@ from boundloop.workflows.spending import RunBudget
 with workflow.unsafe.imports_passed_through():
     from boundloop import errors
     from boundloop.activities.admission import Admissions
-    from boundloop.activities.model import ModelActivities
-    from boundloop.activities.tools import ToolActivities
     from boundloop.contracts import (
         OUTPUT_REF,
         WORKFLOW_NAME,
@@ -65,40 +58,25 @@ with workflow.unsafe.imports_passed_through():
         Carried,
         ConversationRef,
         Decision,
-        ModelRequest,
-        Reset,
         RunInput,
         RunResult,
         RunStatus,
         StreamResult,
-        ToolRequest,
     )
-    from boundloop.core import approvals, driver, mcp_tools, retries, signatures
+    from boundloop.core import approvals, driver, signatures
     from boundloop.core import context as ctx
     from boundloop.core import loop as core
-    from boundloop.core import model_failures as mf
     from boundloop.core import session as sessions
     from boundloop.core.canonical import preview
     from boundloop.core.conversation import (
         ConversationMeta,
-        Item,
         function_call_output,
         user_message,
     )
     from boundloop.core.limits import MAX_PAYLOAD_VALUE_BYTES, payload_bytes
     from boundloop.core.operator import Refusal, unknown_tools_line
     from boundloop.core.reasons import NEXT_CHECK, StopReason
-    from boundloop.core.turn import Turn
     from boundloop.tools import catalog
-
-
-#: Failure kinds of model activity errors that carry no `ModelFailure` of their own.
-MODEL_FAILURES = {
-    errors.MODEL_RESPONSE_TOO_LARGE: mf.PAYLOAD_TOO_LARGE,  # over Temporal's payload limit
-    errors.PAYLOADS_TOO_LARGE: mf.PAYLOAD_TOO_LARGE,
-    errors.CONVERSATION_MISMATCH: mf.CONVERSATION_MISMATCH,
-    errors.MODEL_ACTIVITY_FAILED: mf.WORKER_ERROR,  # our own code failed (worker log)
-}
 
 
 _R = TypeVar("_R")
@@ -148,6 +126,10 @@ class BoundLoopWorkflow:
         self._show = Publisher(
             self._state, WorkflowStream(prior_state=carried.stream if carried else None),
             carried=carried is not None, search_attributes=bool(inp.search_attributes))
+        # The model and tool activities (the driver's requests and attempts).
+        self._calls = Calls(self._state, self._ex, self._tools, self._routes, self._show,
+                            inp.instructions, self._base, self._patched,
+                            self._processing_seconds)
 
     # --- run -----------------------------------------------------------------------
 
@@ -322,14 +304,13 @@ class BoundLoopWorkflow:
                 return None
             case driver.BuildModelRequest(plan):
                 workflow.logger.info("step started", extra={"step": plan.step})
-                self._request = self._model_request(plan)
-                return payload_bytes(self._request)
+                return self._calls.build_model_request(plan)
             case driver.ReserveBudget():
                 return await self._budget.reserve(command)
             case driver.RequestModel(plan):
-                return await self._send_model_request(plan)
+                return await self._calls.send_model_request(plan)
             case driver.AttemptModel():
-                return await self._attempt_model(command)
+                return await self._calls.attempt_model(command)
             case driver.Sleep(seconds):
                 await workflow.sleep(seconds)
                 return None
@@ -337,200 +318,19 @@ class BoundLoopWorkflow:
                 self._budget.settle(step, amount)
                 return None
             case driver.BuildToolRequest(step, plan, timeout):
-                self._tool_request = self._build_tool_request(step, plan, timeout)
-                return payload_bytes(self._tool_request)
+                return self._calls.build_tool_request(step, plan, timeout)
             case driver.RunTool():
-                return await self._run_tool(command)
+                return await self._calls.run_tool(command)
             case driver.AwaitDecision(approval, timeout):
                 return await self._await_decision(approval, timeout)
         raise AssertionError(f"unknown command {command!r}")
 
     # --- model ---------------------------------------------------------------------
 
-    def _failed(self, failure: mf.ModelFailure) -> StopReason:
-        """A failed model request's stop: `context_exhausted` when the provider refused
-        it as over the model's context window, `model_error` otherwise."""
-        if failure.kind == mf.CONTEXT_LENGTH_EXCEEDED and self._patched(CONTEXT_WINDOW):
-            return StopReason.CONTEXT_EXHAUSTED
-        return StopReason.MODEL_ERROR
-
-    def _wire_items(self) -> list[Item]:
-        """The unsent items as payloads carry them: a tool activity's output by reference
-        (its idempotency key), since history already holds it (docs/history.md)."""
-        return [
-            {"type": "function_call_output", "call_id": item["call_id"],
-             OUTPUT_REF: self._ex.refs[item["call_id"]]}
-            if item.get("type") == "function_call_output" and item["call_id"] in self._ex.refs
-            else item
-            for item in self._ex.unsent]
-
-    def _model_request(self, plan: core.StepPlan) -> ModelRequest:
-        state = self._state
-        return ModelRequest(
-            step=plan.step,
-            model=state.settings.model, api=state.settings.api, tools=list(state.allowed_tools),
-            tool_choice=plan.tool_choice, instructions=self._inp.instructions,
-            prior=self._ex.sent, new_items=self._wire_items(), expected=state.conversation,
-            base=self._base, max_output_tokens=state.limits.max_output_tokens,
-            stream=state.settings.stream,
-            # The tools the run describes itself: its MCP tools, and any a deploy took
-            # from this worker's toolset since the run was admitted (a call of one then
-            # stops the run with `tool_unavailable`; a run that never calls it goes on).
-            mcp_tools=self._tools.described_tools(state.allowed_tools))
-
-    async def _send_model_request(self, plan: core.StepPlan) -> driver.Answered | StopReason:
-        """The request's attempts as a run from before CHARGED_ATTEMPTS makes them: each
-        provider failure counts (MODEL_BACKOFF, with the provider's Retry-After), attempts
-        lost to a dead worker do not, Temporal retries them."""
-        state, req = self._state, self._request
-        limit = state.limits.model_timeout_seconds
-        req = req.model_copy(update={"timeout_seconds": limit})
-        attempts = Attempts(
-            activity=ModelActivities.model_request, timeout_seconds=limit,
-            lost=options.MODEL_RETRY, backoff=retries.MODEL_BACKOFF,
-            retryable=options.MODEL_RETRYABLE, deadline_ends=True,
-            summary=f"model step {plan.step} · {state.settings.model}",
-            # Whatever a failed attempt streamed is void.
-            on_failure=(lambda: self._show.topic.publish(Reset(step=plan.step))) if req.stream
-            else None)
-        out = await self._attempts(attempts, req, Turn)
-        if not isinstance(out, Failed):
-            self._routes.after_turn(out.worker_queue, out.cached,
-                                    lambda: self._patched(ROUTE_WHEN_NEEDED))
-            return driver.Answered(out)
-        if out.deadline:
-            return state.stop(StopReason.DEADLINE)
-        failure = _model_failure(out.error, limit)
-        workflow.logger.warning("model request failed", extra={
-            "step": plan.step, "failure": failure.kind, "detail": failure.detail})
-        state.log(f"{mf.EVENT_PREFIX}{failure.kind}", detail=failure.detail)
-        return state.stop(self._failed(failure))
-
     _charged = False  # CHARGED_ATTEMPTS, asked first thing in `run`
-
-    async def _attempt_model(self, c: driver.AttemptModel) -> Turn | driver.AttemptFailed:
-        """One attempt of the step's model request, one activity Temporal does not retry
-        (under CHARGED_ATTEMPTS); its failure as the driver counts it."""
-        req, step = self._request, c.plan.step
-        sent = req.model_copy(update={"timeout_seconds": c.silence_seconds,
-                                      "answer_seconds": c.answer_seconds})
-        wedged = c.answer_seconds + options.WEDGED_MARGIN
-        try:
-            turn: Turn = await workflow.execute_activity_method(
-                ModelActivities.model_request, sent,
-                start_to_close_timeout=timedelta(seconds=wedged),
-                schedule_to_close_timeout=timedelta(seconds=max(c.remaining, 1.0)),
-                heartbeat_timeout=options.HEARTBEAT_TIMEOUT,
-                **self._routes.route(options.MODEL_ONCE),
-                summary=f"model step {step} · {self._state.settings.model}")
-        except ActivityError as err:
-            if req.stream:  # its text is void, and so is any that arrives later
-                self._show.topic.publish(Reset(step=step, attempt=f"{err.activity_id}.1"))
-            return self._attempt_failed(err, c, wedged)
-        if req.stream and turn.streamed is not None:
-            self._show.complete_text(step, turn)
-        self._routes.after_turn(turn.worker_queue, turn.cached,
-                                lambda: self._patched(ROUTE_WHEN_NEEDED))
-        return turn
-
-    def _attempt_failed(self, err: ActivityError, c: driver.AttemptModel,
-                        wedged: float) -> driver.AttemptFailed:
-        cause = err.cause
-        charge = mf.Charge.from_details(
-            cause.details if isinstance(cause, ApplicationError)
-            else cause.last_heartbeat_details if isinstance(cause, TimeoutError) else ())
-        if is_cancelled_exception(err):
-            return driver.AttemptFailed("cancelled")
-        timeout = cause.type if isinstance(cause, TimeoutError) else None
-        if timeout == TimeoutType.SCHEDULE_TO_CLOSE \
-                or self._processing_seconds() >= self._state.limits.deadline_seconds:
-            return driver.AttemptFailed("deadline", charge)
-        shut_down = isinstance(cause, ApplicationError) and cause.type == errors.WORKER_SHUTDOWN
-        if timeout == TimeoutType.HEARTBEAT or shut_down or (
-                timeout == TimeoutType.SCHEDULE_TO_START and self._routes.on_holder()):
-            # Its worker was lost, or shut down while it ran (a deploy's stop, which fails
-            # the attempt with WorkerShutdown), or the holder never took it.
-            if self._routes.on_holder():
-                self._routes.holder = None
-            return driver.AttemptFailed("lost", charge)
-        failure = _model_failure(err, c.silence_seconds) \
-            if timeout != TimeoutType.START_TO_CLOSE else mf.ModelFailure(
-                kind=mf.TIMEOUT, detail=f"the attempt outlived its start-to-close timeout "
-                f"({wedged:g} s): its worker was overloaded or wedged")
-        workflow.logger.warning("model request failed", extra={
-            "step": c.plan.step, "failure": failure.kind, "detail": failure.detail})
-        asked = cause.next_retry_delay if isinstance(cause, ApplicationError) else None
-        return driver.AttemptFailed(
-            "failed", charge, failure, retryable=timeout == TimeoutType.START_TO_CLOSE or (
-                isinstance(cause, ApplicationError) and cause.type in options.MODEL_RETRYABLE),
-            asked_delay=asked.total_seconds() if asked is not None else None)
-
-    async def _attempts(self, a: Attempts, arg: object, result_type: type[_R]) -> _R | Failed:
-        """`a`'s counted attempts (workflows/attempts.py) within the run's deadline."""
-        return await counted_attempts(
-            a, arg, result_type, routes=self._routes,
-            seconds_left=lambda: self._state.limits.deadline_seconds
-            - self._processing_seconds(),
-            counted=lambda: self._patched(COUNTED_RETRIES))
-
-    # --- shared budget (workflows/budget.py) ----------------------------------------
 
     def _fixed_bytes(self) -> int:
         return self._tools.fixed_bytes(self._state, self._inp.instructions)
-
-    # --- tools ---------------------------------------------------------------------
-
-    def _build_tool_request(self, step: int, p: core.Execute, timeout: float) -> ToolRequest:
-        state = self._state
-        mcp = self._tools.mcp.get(p.call.name)  # an MCP tool: the activity calls its server
-        return ToolRequest(tool=p.call.name,
-                           call_id=p.call.call_id, step=step, arguments=p.arguments,
-                           idempotency_key=p.idempotency_key,
-                           max_result_bytes=state.limits.max_result_bytes,
-                           timeout_seconds=timeout,
-                           mcp=mcp_tools.call_target(mcp) if mcp is not None else None,
-                           parameters_digest=self._tools.digests.get(p.call.name))
-
-    async def _run_tool(self, command: driver.RunTool) -> core.ToolOutcome | driver.ToolFailed:
-        p, local, req = command.plan, command.local, self._tool_request
-        rule = self._tools.rules[p.call.name]
-        workflow.logger.info("tool execution", extra={
-            "step": command.step, "tool": p.call.name, "fingerprint": p.fingerprint,
-            "local": local})
-        attempts = Attempts(
-            activity=ToolActivities.tool_execute, timeout_seconds=command.timeout_seconds,
-            lost=options.TOOL_RETRY, backoff=rule.backoff, retryable=options.TOOL_RETRYABLE,
-            deadline_ends=False,
-            summary=f"tool {p.call.name} · call {self._state.tool_executions + 1}",
-            local_id=p.idempotency_key if local else None)
-        if local and self._routes.active:
-            req = req.model_copy(update={"holder": self._routes.holder})
-        outcome = await self._attempts(attempts, req, core.ToolOutcome)
-        if not isinstance(outcome, Failed):
-            if outcome.worker_queue is not None and self._routes.active:
-                # A local tool ran in the worker that runs this run's tasks, not the
-                # holder: its output is in that worker's cache, so the next request goes
-                # there.
-                self._routes.holder = outcome.worker_queue
-            return outcome
-        cause = outcome.error.cause
-        kind = cause.type if isinstance(cause, ApplicationError) else None
-        started = any(body_started(err.cause) for err in outcome.attempts)
-        if kind in (errors.TOOL_UNAVAILABLE, errors.TOOL_ARGUMENTS_CHANGED):
-            # Renamed or removed by a deploy since the run started: never retried.
-            return driver.ToolFailed("unavailable", outcome.failures, started, detail=(
-                preview(cause.message, 300) if isinstance(cause, ApplicationError)
-                and kind == errors.TOOL_ARGUMENTS_CHANGED else None))
-        if kind == errors.PAYLOADS_TOO_LARGE:
-            # The body ran; its result could not be returned (never retried).
-            workflow.logger.warning("tool result over the payload limit", extra={
-                "step": command.step, "tool": p.call.name, "fingerprint": p.fingerprint})
-            return driver.ToolFailed("result_too_large", outcome.failures, started)
-        if kind == errors.TOOL_TIMED_OUT:
-            return driver.ToolFailed("timed_out", outcome.failures, started)
-        transient = isinstance(cause, TimeoutError) or kind == errors.TRANSIENT_TOOL_ERROR
-        return driver.ToolFailed("transient" if transient else "fatal", outcome.failures,
-                                 started)
 
     async def _await_decision(self, approval: core.Approval, timeout: timedelta) -> bool:
         """Whether the approval was decided within `timeout`; the wait is not counted as
@@ -626,7 +426,7 @@ class BoundLoopWorkflow:
         info = workflow.info()
         base = ConversationRef(workflow_id=info.workflow_id, run_id=info.run_id,
                                meta=self._ex.sent)
-        carried = Carried(state=self._state, base=base, unsent=self._wire_items(),
+        carried = Carried(state=self._state, base=base, unsent=self._calls.wire_items(),
                           processing_seconds=self._processing_seconds(),
                           stream=self._show.stream.get_state(),
                           tools=self._tools.admitted if self._patched(CARRIED_RULES) else [])
@@ -670,23 +470,8 @@ class BoundLoopWorkflow:
         conversation = s.conversation.extend(
             [function_call_output(call_id, envelope.to_output())
              for call_id, envelope, _ in closing])
-        return sessions.Continuation(base=base, unsent=[*self._wire_items(), *wire],
+        return sessions.Continuation(base=base, unsent=[*self._calls.wire_items(), *wire],
                                      conversation=conversation)
-
-
-def _model_failure(err: ActivityError, timeout_seconds: float) -> mf.ModelFailure:
-    """The failure the model activity named, or one named from Temporal's own error."""
-    cause = err.cause
-    if isinstance(cause, TimeoutError):  # start-to-close: the attempt outlived its timeout
-        return mf.timeout_failure(timeout_seconds)
-    if isinstance(cause, ApplicationError):
-        named = mf.ModelFailure.from_details(cause.details)
-        if named is not None:
-            return named
-        kind = MODEL_FAILURES.get(cause.type or "", mf.WORKER_ERROR)
-        return mf.ModelFailure(kind=kind, detail=f"model activity failed: {cause.type}")
-    return mf.ModelFailure(kind=mf.WORKER_ERROR,
-                           detail=f"model activity failed: {type(cause).__name__}")
 
 
 def _refuse(refusal: Refusal) -> NoReturn:
