@@ -918,13 +918,16 @@ async def follow(handle: WorkflowHandle[Any, Any], interval: float = 0.2,
                 warned = True
                 on_silence(desc.task_queue)
         if status is not None:
-            end = len(status.events)
+            # Event numbers count from the run's first event: a long run's status holds
+            # only its newest events, after `events_dropped` older ones.
+            dropped = status.events_dropped
+            end = dropped + len(status.events)
             if (desc.status == WorkflowExecutionStatus.RUNNING and end > seen
                     and status.events[-1].event == "model_requested"):
                 # Not yet: the step may still be reserving its budget (see above).
                 end -= 1
-            new = status.events[seen:end]
-            seen = end
+            new = status.events[max(seen - dropped, 0):max(end - dropped, 0)]
+            seen = max(end, seen)
             yield status, new
         if desc.status != WorkflowExecutionStatus.RUNNING:
             return

@@ -47,6 +47,7 @@ with workflow.unsafe.imports_passed_through():
         BUDGET_RELEASE_ACTIVITY,
         BUDGET_RESERVE_ACTIVITY,
         BUDGET_SETTLE_ACTIVITY,
+        EARLIER_CALLS_ACTIVITY,
         MODEL_ACTIVITY,
         OUTPUT_REF,
         STREAM_TOPIC,
@@ -73,7 +74,7 @@ with workflow.unsafe.imports_passed_through():
         ToolRequest,
         budget_workflow_id,
     )
-    from boundloop.core import approvals, mcp_tools, retries, routing, signatures
+    from boundloop.core import approvals, carry, mcp_tools, retries, routing, signatures
     from boundloop.core import budget as shared
     from boundloop.core import context as ctx
     from boundloop.core import loop as core
@@ -193,6 +194,12 @@ CONTEXT_WINDOW = "context-window"
 #: it, such a response reported `completed` was the answer. Asked on its own, and only
 #: when a response reached the cap.
 CUT_AT_THE_CAP = "cut-at-the-output-cap"
+#: The patch under which continue-as-new hands over a state of constant size
+#: (`boundloop.core.carry`): the whole-run tables as a segment the next runs look up by
+#: reference, the newest events and model attempts only, the stream's newest items; and
+#: a run continues as new once its tables reach `carry.SEGMENT_MAX` keys. Asked on its
+#: own, and only when the run first continues as new (or its tables are full).
+CONSTANT_CARRY = "constant-carry"
 
 
 def _worker_lost(counted: list[str]) -> RetryPolicy:
@@ -529,7 +536,7 @@ class BoundLoopWorkflow:
                 # A safe point: every call of the last response has its result (none
                 # runs now), and the next request is not sent.
                 return core.cancelled(state, self._interrupted, step_unfinished=False)
-            if state.steps and workflow.info().is_continue_as_new_suggested():
+            if state.steps and self._continue_now():
                 return None
             plan = core.begin_step(state, self._processing_seconds())
             if isinstance(plan, StopReason):
@@ -562,6 +569,7 @@ class BoundLoopWorkflow:
             cut = (core.cut_at_the_cap(turn, state.limits.max_output_tokens)
                    and turn.status == "completed" and turn.fault is None
                    and self._patched(CUT_AT_THE_CAP))
+            await self._find_earlier(turn)
             plans = core.plan_calls(state, turn, plan, self._rules, self._key_scope,
                                     cut=cut)
             if isinstance(plans, StopReason):
@@ -574,6 +582,58 @@ class BoundLoopWorkflow:
             self._refs = {call.call_id: key for call, _, key in outputs if key is not None}
             state.conversation = state.conversation.extend(items)
             self._open_calls = []
+
+    # --- a run as long as the work (boundloop.core.carry) ----------------------------
+
+    def _continue_now(self) -> bool:
+        """Continue as new: Temporal suggests it (history size or events), or this run's
+        share of the whole-run tables is full (under CONSTANT_CARRY)."""
+        if workflow.info().is_continue_as_new_suggested():
+            return True
+        return carry.segment_full(self._state) and self._patched(CONSTANT_CARRY)
+
+    async def _find_earlier(self, turn: Turn) -> None:
+        """Before the response's calls are decided: what the earlier Temporal runs hold
+        of those the filter may have seen (identical-call counts, rejections, call ids),
+        read from their continue-as-new inputs by a local activity (in history: a replay
+        does not read again). Only a run handed over under CONSTANT_CARRY has any."""
+        keys = carry.to_look_up(self._state, turn, self._rules)
+        if not keys:
+            return
+        run_id = workflow.info().continued_run_id
+        assert run_id is not None  # state.earlier comes only with continue-as-new
+        try:
+            found = await workflow.execute_local_activity(
+                EARLIER_CALLS_ACTIVITY, carry.EarlierRequest(run_id=run_id, keys=keys),
+                result_type=carry.EarlierCalls, start_to_close_timeout=timedelta(seconds=60),
+                summary=f"earlier calls · {len(keys)} keys")
+        except ActivityError as err:
+            if is_cancelled_exception(err):
+                raise asyncio.CancelledError from None
+            raise
+        carry.take_earlier(self._state, keys, found)
+
+    def _hand_over(self) -> carry.Segment:
+        """Make the state constant in size for continue-as-new (CONSTANT_CARRY): the
+        tables go into the segment this run hands over, the logs keep their newest
+        records, the stream its newest items."""
+        state = self._state
+        previous = workflow.info().continued_run_id if state.earlier is not None else None
+        segment = carry.hand_over(state, previous)
+        self._streamed = len(state.events)  # every event kept was published
+        log = self._stream._log  # the stream's own record (private)
+        cut = carry.stream_cut([item.data.ByteSize() for item in log])
+        if cut:
+            self._stream.truncate(self._stream._base_offset + cut)
+        self._stream._publishers = carry.newest(self._stream._publishers,
+                                                carry.PUBLISHERS_KEPT, lambda p: p.last_seen)
+        return segment
+
+    def _events_shown(self, excess: int = 0) -> list[core.Event]:
+        """The event log as a RunResult shows it: the newest events, after one
+        `events_dropped:N` standing for the N older ones (no longer carried, or left out
+        so the result fits a payload)."""
+        return carry.shown_events(self._state.events, self._state.events_dropped, excess)
 
     # --- model ---------------------------------------------------------------------
 
@@ -1229,7 +1289,8 @@ class BoundLoopWorkflow:
             events=list(self._state.events), question=self._inp.question,
             model=self._state.settings.model, limits=self._state.limits,
             grants=list(self._state.grants), run=workflow.info().first_execution_run_id,
-            context_tokens=ctx.estimate(self._state, self._fixed_bytes))
+            context_tokens=ctx.estimate(self._state, self._fixed_bytes),
+            events_dropped=self._state.events_dropped)
 
     # --- helpers -------------------------------------------------------------------
 
@@ -1331,10 +1392,12 @@ class BoundLoopWorkflow:
         info = workflow.info()
         base = ConversationRef(workflow_id=info.workflow_id, run_id=info.run_id,
                                meta=self._sent)
+        segment = self._hand_over() if self._patched(CONSTANT_CARRY) else None
         carried = Carried(state=self._state, base=base, unsent=self._wire_items(),
                           processing_seconds=self._processing_seconds(),
                           stream=self._stream.get_state(),
-                          tools=self._admitted if self._patched(CARRIED_RULES) else [])
+                          tools=self._admitted if self._patched(CARRIED_RULES) else [],
+                          segment=segment)
         return self._inp.model_copy(update={"carried": carried})
 
     def _result(self) -> RunResult:
@@ -1347,7 +1410,7 @@ class BoundLoopWorkflow:
             input_tokens=s.usage.input_tokens, output_tokens=s.usage.output_tokens,
             total_tokens=s.usage.total_tokens, usage_unknown=s.usage.unknown_steps > 0,
             usage_estimated=s.usage.estimated, cost_usd=self._cost(), cost_units=s.cost_units,
-            events=list(s.events), workflow_id=info.workflow_id, run_id=info.run_id,
+            events=self._events_shown(), workflow_id=info.workflow_id, run_id=info.run_id,
             answer_looks_like_tool_call=s.answer_looks_like_tool_call,
             cancel_reason=(self._cancel_reason or self._interrupted
                            if s.reason == StopReason.CANCELLED else None),
@@ -1357,7 +1420,7 @@ class BoundLoopWorkflow:
         excess = payload_bytes(result) - MAX_PAYLOAD_VALUE_BYTES
         if excess <= 0:
             return result
-        return result.model_copy(update={"events": core.events_within(result.events, excess)})
+        return result.model_copy(update={"events": self._events_shown(excess)})
 
 
     def _continuation(self) -> sessions.Continuation:
