@@ -20,6 +20,7 @@ from boundloop.core.budget import (
     Reservation,
 )
 from boundloop.core.carry import Segment
+from boundloop.core.context import Trim
 from boundloop.core.conversation import ConversationMeta, Item
 from boundloop.core.conversation import ConversationRef as ConversationRef  # re-exported
 from boundloop.core.limits import Limits, PromptText, RunSettings
@@ -146,6 +147,9 @@ class ModelRequest(BaseModel):
     #: run's input or admission): its MCP tools, and function tools a deploy renamed,
     #: removed or reshaped since the run was admitted.
     mcp_tools: list[MCPToolDeclaration] = Field(default_factory=list, exclude_if=_empty)
+    #: Under the `trim` context strategy: how to fit the request to the context window
+    #: (the activity sends old tool outputs as stubs; boundloop.core.context).
+    trim: Trim | None = Field(default=None, exclude_if=_none)
 
 
 class ToolRequest(BaseModel):

@@ -278,6 +278,7 @@ class BoundLoopWorkflow:
         self._keep_admitted()
         if carried is not None:
             self._state = carried.state
+            self._offer_recall()
             self._unsent: list[Item] = list(carried.unsent)
             self._base: ConversationRef | None = carried.base
             self._sent = carried.base.meta
@@ -470,6 +471,7 @@ class BoundLoopWorkflow:
         self._state.settings = admission.settings
         self._admitted = list(admission.tools)
         self._keep_admitted()
+        self._offer_recall()
         self._unknown = []
         served = catalog.served_on(workflow.info().task_queue)
         self._keys = signatures.run_keys(served.approver_keys,
@@ -542,7 +544,8 @@ class BoundLoopWorkflow:
             if isinstance(plan, StopReason):
                 return plan
             over = ctx.check(state, self._fixed_bytes)  # the `stop` context strategy
-            if over is not None and self._patched(CONTEXT_WINDOW):
+            # Under `trim` the model activity fits the request (it has the items).
+            if over is not None and not self._trims() and self._patched(CONTEXT_WINDOW):
                 return ctx.exhausted(state, over)
             workflow.logger.info("step started", extra={"step": plan.step})
             self._publish()
@@ -551,6 +554,7 @@ class BoundLoopWorkflow:
                 return turn
             state.conversation = state.conversation.extend(turn.items)
             self._sent = state.conversation
+            ctx.note_trimmed(state, turn.trimmed)
             before = (state.usage.total_tokens, state.cost_usd)
             self._open_calls, self._answered, self._turn_returned = list(turn.calls), {}, True
             stop = core.account_usage(state, turn, state.conversation.bytes)
@@ -584,6 +588,23 @@ class BoundLoopWorkflow:
             self._open_calls = []
 
     # --- a run as long as the work (boundloop.core.carry) ----------------------------
+
+    def _trims(self) -> bool:
+        """The run fits its requests to its context window by trimming old tool outputs
+        (`trim` context strategy): only runs that chose it, so no patch."""
+        return ctx.trim_request(self._state, 0) is not None
+
+    def _offer_recall(self) -> None:
+        """A trimming run's model gets the built-in `recall_output` tool (decided like any
+        other tool: counted, identical-call rules), described by the run itself."""
+        state = self._state
+        if not ctx.uses_recall(state) or ctx.RECALL_TOOL in self._rules:
+            return
+        declared = ctx.recall_declaration()
+        self._rules[ctx.RECALL_TOOL] = mcp_tools.tool_rule(declared)
+        self._described[ctx.RECALL_TOOL] = declared
+        if ctx.RECALL_TOOL not in state.allowed_tools:
+            state.allowed_tools = [*state.allowed_tools, ctx.RECALL_TOOL]
 
     def _continue_now(self) -> bool:
         """Continue as new: Temporal suggests it (history size or events), or this run's
@@ -668,7 +689,8 @@ class BoundLoopWorkflow:
             # from this worker's toolset since the run was admitted (a call of one then
             # stops the run with `tool_unavailable`; a run that never calls it goes on).
             mcp_tools=[self._mcp.get(n) or self._described[n] for n in state.allowed_tools
-                       if n in self._mcp or n in self._described])
+                       if n in self._mcp or n in self._described],
+            trim=ctx.trim_request(state, self._fixed_bytes()) if self._trims() else None)
         too_large = core.check_payload(state, "model_request", payload_bytes(req))
         if too_large is not None:
             return too_large
@@ -679,6 +701,7 @@ class BoundLoopWorkflow:
         if refused is not None:
             self._model_in_flight = False
             return refused
+        self._step_mark = self._stream._base_offset + len(self._stream._log)
         turn = await self._model_attempts(plan, req)
         self._model_in_flight = False
         if isinstance(turn, StopReason):
@@ -721,6 +744,8 @@ class BoundLoopWorkflow:
         state.log(f"{mf.EVENT_PREFIX}{failure.kind}", detail=failure.detail)
         return state.stop(self._failed(failure))
 
+    #: The stream's offset when the step's model request began (`_complete_text`).
+    _step_mark = 0
     #: Under CHARGED_ATTEMPTS: what the step's abandoned attempts were charged, not yet
     #: settled with the shared budget (settled with the step, or when the run stops).
     _abandoned: Amount = Amount()
@@ -882,7 +907,10 @@ class BoundLoopWorkflow:
         attempt = turn.streamed.attempt
         converter = workflow.payload_converter()
         shown = ""
-        for item in self._stream._log:  # the stream's own record (private)
+        # The step's text was published after its request began: only the items since
+        # are read (reading the whole log made each step slower than the one before).
+        since = max(0, self._step_mark - self._stream._base_offset)
+        for item in self._stream._log[since:]:  # the stream's own record (private)
             if item.topic != STREAM_TOPIC:
                 continue
             value = converter.from_payload(item.data)
@@ -1081,7 +1109,8 @@ class BoundLoopWorkflow:
         for name in self._state.allowed_tools:
             # A tool from an MCP server, or one a deploy renamed, removed or changed, is
             # described by the run's own declaration, not by this worker's toolset.
-            declared = self._mcp.get(name)
+            declared = self._mcp.get(name) or (self._described.get(name)
+                                               if name == ctx.RECALL_TOOL else None)
             if declared is None and name in admitted and (
                     name not in served or mcp_tools.parameters_digest(
                         admitted[name].parameters) != self._toolset.get(name).schema_digest):

@@ -184,6 +184,9 @@ class LoopState(BaseModel):
     #: Set once the run continued as new with a constant-size state (boundloop.core.
     #: carry): the earlier Temporal runs hold the calls its tables no longer do.
     earlier: Earlier | None = Field(default=None, exclude_if=lambda v: v is None)
+    #: Under the `trim` context strategy: the oldest tool outputs the last request sent
+    #: as stubs (boundloop.core.context.trim_items; the next sends at least as many).
+    trimmed_outputs: int = Field(default=0, exclude_if=lambda v: not v)
     #: Events of the log no longer carried (the oldest; in the earlier runs' histories).
     events_dropped: int = Field(default=0, exclude_if=lambda v: not v)
 
