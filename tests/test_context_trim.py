@@ -12,11 +12,13 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
+from io import StringIO
 from pathlib import Path
 from typing import Any
 
 import openai
 import pytest
+from rich.console import Console
 from temporalio.client import Client
 
 from boundloop import OperatorPolicy, PolicyRefused, Worker
@@ -24,6 +26,7 @@ from boundloop.client import query_status, result_of
 from boundloop.contracts import WORKFLOW_NAME, RunInput, RunResult
 from boundloop.core.context import RECALL_TOOL, TRIMMED_EVENT
 from boundloop.core.limits import Limits, Policy, RunSettings
+from boundloop.live import render
 from boundloop.scripted.server import ScriptedModelServer
 from boundloop.tools.demo import DemoDeps
 from tests.conftest import RUN_TIMEOUT, workflow_task_failures
@@ -60,7 +63,8 @@ def outputs(body: dict[str, Any], api: str) -> dict[str, str]:
 
 
 async def run(temporal: Client, tmp_path: Path, api: str, policy: Policy,
-              operator: OperatorPolicy) -> tuple[RunResult, ScriptedModelServer, Any]:
+              operator: OperatorPolicy, cache: int = 512,
+              ) -> tuple[RunResult, ScriptedModelServer, Any]:
     server = ScriptedModelServer(script(api))
     queue = f"trim-{uuid.uuid4().hex[:8]}"
     client = openai.AsyncOpenAI(base_url=server.start(), api_key="sk-test-not-real")
@@ -71,7 +75,8 @@ async def run(temporal: Client, tmp_path: Path, api: str, policy: Policy,
     inp = RunInput(question="大きな結果を集めて", tools=["huge"], settings=settings)
     try:
         async with Worker(temporal, test_tools, deps=DemoDeps(data_dir=tmp_path),
-                          model=client, task_queue=queue, policy=operator):
+                          model=client, task_queue=queue, policy=operator,
+                          conversation_cache=cache):
             handle = await temporal.start_workflow(
                 WORKFLOW_NAME, inp, id=f"trim-{queue}", task_queue=queue,
                 result_type=RunResult)
@@ -87,10 +92,12 @@ TRIMS = Policy(missing_usage="estimate", context="trim", context_keep=KEEP)
 ALLOWS = OperatorPolicy(context="trim", context_keep=KEEP)
 
 
-@pytest.mark.parametrize("api", ["responses", "chat"])
+@pytest.mark.parametrize(("api", "cache"), [("responses", 512), ("chat", 512),
+                                            ("responses", 0)])
 async def test_trim_keeps_the_newest_outputs_and_recall_reads_an_old_one(
-        temporal: Client, tmp_path: Path, api: str) -> None:
-    result, server, status = await run(temporal, tmp_path, api, TRIMS, ALLOWS)
+        temporal: Client, tmp_path: Path, api: str, cache: int) -> None:
+    """With a cold cache (0), every request and the recall read the run's history."""
+    result, server, status = await run(temporal, tmp_path, api, TRIMS, ALLOWS, cache)
     # Every call kept an output, in both APIs' rules (the server checks each request).
     assert server.violations == []
     assert (result.reason, result.steps, result.tool_executions) == (
@@ -119,8 +126,11 @@ async def test_trim_keeps_the_newest_outputs_and_recall_reads_an_old_one(
     assert recalled["status"] == "success"
     assert recalled["data"] == {"call_id": "c1", "output": json.loads(original)}
     assert [e.tool for e in result.events if e.event == "tool_success"][-1] == RECALL_TOOL
-    # No request the model got was over the window by the estimate's own measure.
+    # `status` and `watch` show the next request's estimate against the window.
     assert status.context_tokens is not None
+    frame = StringIO()
+    Console(file=frame, width=100).print(render("run", status))
+    assert f"~{status.context_tokens} / {WINDOW} tokens" in frame.getvalue()
 
 
 async def test_a_run_may_not_trim_where_the_operator_does_not_allow_it(
