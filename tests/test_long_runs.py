@@ -8,8 +8,9 @@ measured against the bound.
 
 from __future__ import annotations
 
+import asyncio
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,13 +18,19 @@ from typing import Any
 import pytest
 import pytest_asyncio
 from temporalio.api.enums.v1 import EventType
-from temporalio.client import Client
+from temporalio.client import Client, WorkflowHandle
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer
 
 from boundloop import Plugin
-from boundloop.client import result_of
-from boundloop.contracts import EARLIER_CALLS_ACTIVITY, WORKFLOW_NAME, RunInput, RunResult
+from boundloop.client import decide, query_status, result_of
+from boundloop.contracts import (
+    EARLIER_CALLS_ACTIVITY,
+    WORKFLOW_NAME,
+    Decision,
+    RunInput,
+    RunResult,
+)
 from boundloop.core import carry
 from boundloop.core.limits import Limits, Policy, RunSettings
 from boundloop.scripted.server import ScriptedModelServer
@@ -70,18 +77,22 @@ class Chain:
 
 
 async def run_chain(client: Client, tmp_path: Path, turns: list[dict[str, Any]],
-                    limits: Limits, api: str = "responses",
-                    policy: Policy | None = None) -> Chain:
+                    limits: Limits, api: str = "responses", policy: Policy | None = None,
+                    tools: list[str] | None = None,
+                    during: Callable[[WorkflowHandle[Any, Any]], Awaitable[None]] | None = None,
+                    ) -> Chain:
     server = ScriptedModelServer(turns)
     queue = f"long-{uuid.uuid4().hex[:8]}"
-    inp = RunInput(question="look up each part", tools=["lookup_stock"],
+    inp = RunInput(question="look up each part", tools=tools or ["lookup_stock"],
                    settings=RunSettings(model="m", api=api,  # type: ignore[arg-type]
                                         limits=limits, policy=policy or Policy()))
     try:
         async with make_worker(client, queue, server.start(), tmp_path):
             handle = await client.start_workflow(WORKFLOW_NAME, inp, id=f"long-{queue}",
                                                  task_queue=queue, result_type=RunResult)
-            result = await result_of(handle)
+            if during is not None:
+                await during(handle)
+            result = await asyncio.wait_for(result_of(handle), 300)
     finally:
         server.stop()
     assert await workflow_task_failures(handle, client) == 0
@@ -201,4 +212,36 @@ async def test_a_call_id_reused_several_runs_later_is_still_a_protocol_error(
     assert result.reason == "protocol_error"
     assert [e.call_id for e in result.events if e.event == "duplicate_call_id"] == ["c1"]
     assert "reused call id 'c1'" in result.text
+    assert earlier_lookups(chain) >= 1
+
+
+async def test_a_call_a_human_rejected_several_runs_before_is_refused_without_asking(
+        frequent: Client, tmp_path: Path) -> None:
+    """A ticket rejected at step 1; BETWEEN lookups later (many Temporal runs on) the
+    model asks for the same ticket: refused as rejected, never asked again."""
+    ticket = {"title": "B-002 補充依頼", "description": "在庫0", "priority": "high"}
+    turns = [resp(call("create_ticket", ticket, "t1"), rid="rt1"), *lookups(BETWEEN),
+             resp(call("create_ticket", ticket, "t2"), rid="rt2"), answer("gave up")]
+
+    async def reject(handle: WorkflowHandle[Any, Any]) -> None:
+        for _ in range(600):
+            status = await query_status(handle)
+            if status.pending:
+                await decide(handle, Decision(call_id="t1", approve=False, approver="alice",
+                                              run=status.run,
+                                              fingerprint=status.pending[0].fingerprint))
+                return
+            await asyncio.sleep(0.1)
+        raise AssertionError("no approval was asked")
+
+    limits = Limits(max_steps=BETWEEN + 5, max_tool_executions=BETWEEN + 5,
+                    token_threshold=10**9, max_history_bytes=10**8, deadline_seconds=3600.0)
+    chain = await run_chain(frequent, tmp_path, turns, limits,
+                            tools=["lookup_stock", "create_ticket"], during=reject)
+    assert len(chain.runs) > 5
+    result = chain.result
+    assert result.reason == "max_identical_calls"
+    assert [e.call_id for e in result.events if e.event == "refused_rejected_again"] == ["t2"]
+    assert not [e for e in result.events if e.event == "approval_requested"
+                and e.call_id == "t2"]
     assert earlier_lookups(chain) >= 1
