@@ -40,17 +40,17 @@ WINDOW = 1500
 KEEP = 2
 
 
-def script(api: str) -> list[dict[str, Any]]:
+def script(api: str, recalls: int = 1) -> list[dict[str, Any]]:
     def turn(name: str, args: dict[str, Any], call_id: str) -> dict[str, Any]:
         if api == "chat":
             return chat(calls=[chat_call(name, args, call_id)], usage=None)
         return resp(call(name, args, call_id), usage=None, rid=f"r-{call_id}")
 
     calls = [turn("huge", {"chars": 300 + i}, f"c{i}") for i in range(1, CALLS + 1)]
-    recall = turn(RECALL_TOOL, {"call_id": "c1"}, "back")
+    recall = [turn(RECALL_TOOL, {"call_id": "c1"}, f"back{n or ''}") for n in range(recalls)]
     done = chat("読み直しました。", usage=None) if api == "chat" else answer(
         "読み直しました。", usage=None)
-    return [*calls, recall, done]
+    return [*calls, *recall, done]
 
 
 def outputs(body: dict[str, Any], api: str) -> dict[str, str]:
@@ -63,13 +63,13 @@ def outputs(body: dict[str, Any], api: str) -> dict[str, str]:
 
 
 async def run(temporal: Client, tmp_path: Path, api: str, policy: Policy,
-              operator: OperatorPolicy, cache: int = 512,
+              operator: OperatorPolicy, cache: int = 512, recalls: int = 1,
               ) -> tuple[RunResult, ScriptedModelServer, Any]:
-    server = ScriptedModelServer(script(api))
+    server = ScriptedModelServer(script(api, recalls))
     queue = f"trim-{uuid.uuid4().hex[:8]}"
     client = openai.AsyncOpenAI(base_url=server.start(), api_key="sk-test-not-real")
     settings = RunSettings(model="scripted-model", api=api,  # type: ignore[arg-type]
-                           limits=Limits(max_steps=CALLS + 3, max_tool_executions=CALLS + 2,
+                           limits=Limits(max_steps=CALLS + 5, max_tool_executions=CALLS + 4,
                                          max_input_tokens=WINDOW, token_threshold=10**6),
                            policy=policy)
     inp = RunInput(question="大きな結果を集めて", tools=["huge"], settings=settings)
@@ -140,3 +140,16 @@ async def test_a_run_may_not_trim_where_the_operator_does_not_allow_it(
     assert refused.value.lines() == [
         "policy.context: the run asked trim; the operator's policy: stop (runs may not "
         "trim their conversation)"]
+
+
+async def test_recall_is_a_tool_call_under_the_identical_call_limit(
+        temporal: Client, tmp_path: Path) -> None:
+    """The same recall three times with max_identical_calls 2 (the default): the third is
+    blocked like any identical call, and the run ends naming that limit."""
+    result, server, _ = await run(temporal, tmp_path, "responses", TRIMS, ALLOWS, recalls=3)
+    assert server.violations == []
+    assert result.reason == "max_identical_calls"
+    recalled = [e for e in result.events if e.tool == RECALL_TOOL]
+    assert [(e.event, e.call_id) for e in recalled] == [
+        ("tool_success", "back"), ("tool_success", "back1"), ("blocked_identical", "back2")]
+    assert result.tool_executions == CALLS + 2

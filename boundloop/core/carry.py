@@ -77,7 +77,7 @@ class Segment(BaseModel):
     call_ids: list[str] = Field(default_factory=list)
     rejected_fingerprints: list[str] = Field(default_factory=list)
 
-    def keys(self) -> list[str]:
+    def all_keys(self) -> list[str]:
         return [*self.identical_calls, *self.rejected_fingerprints,
                 *(CALL_ID + c for c in self.call_ids)]
 
@@ -139,7 +139,7 @@ def hand_over(state: core.LoopState, previous: str | None) -> Segment:
     earlier = state.earlier
     state.earlier = Earlier(
         seen=add_keys(earlier.seen if earlier is not None else empty_filter(),
-                      segment.keys()),
+                      segment.all_keys()),
         previous=previous,
         lookups=earlier.lookups if earlier is not None else 0,
         found=earlier.found if earlier is not None else 0)
