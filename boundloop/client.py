@@ -802,9 +802,10 @@ async def stream_items(handle: WorkflowHandle[Any, Any],
     Read by query, never by update: a query is not written to the run's history, so a
     reader costs the run nothing however many read it and however long the answer is
     (docs/streaming.md, "What it costs"). The workflow id's latest run is read, which
-    holds the whole stream across continue-as-new. A read that fails for a moment (the
-    server or the worker busy, a run closing or continuing as it is read, a timeout) is
-    tried again from the last item seen; only a run that does not exist ends it."""
+    holds the stream's newest items across continue-as-new. A read that fails for a
+    moment (the server or the worker busy, a run closing or continuing as it is read, a
+    timeout) is tried again from the last item seen; only a run that does not exist ends
+    it."""
     client: Client = handle._client  # the handle's own client: its converter and codec
     latest = client.get_workflow_handle(handle.id)
     converter = client.data_converter.payload_converter
