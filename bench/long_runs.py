@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import itertools
 import json
 import tempfile
@@ -31,6 +32,7 @@ from typing import Any
 
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowFailureError
+from temporalio.service import RPCError
 
 from bench.harness import REPO, Model, WorkerProcess, connect
 from bench.phases import sku
@@ -38,6 +40,7 @@ from boundloop.client import result_of
 from boundloop.contracts import MODEL_ACTIVITY, WORKFLOW_NAME, RunResult, run_input
 from boundloop.core.limits import Limits, RunSettings
 from boundloop.devserver import DevServer
+from boundloop.scripted.server import ScriptedModelServer
 from boundloop.testing import free_port
 
 SIZES = [100, 1000, 10000]
@@ -126,8 +129,37 @@ def _figures(steps: int, runs: list[dict[str, Any]], seconds: float,
     }
 
 
+class LongModel(Model):
+    """The bench's scripted model for runs of thousands of steps: it does not check each
+    request's conversation (the tests do; here it would be most of a step's time) and
+    forgets the bodies of the requests it answered and the conversations it served
+    (10,000 requests of megabytes each would not fit in memory)."""
+
+    def fresh(self) -> ScriptedModelServer:
+        self.stop()
+        self.server = ScriptedModelServer([], port=self.port, strict=False)
+        self.server.start()
+        return self.server
+
+
+async def forget_bodies(server: ScriptedModelServer) -> None:
+    """Drop the bodies of the requests recorded so far, every second."""
+    done = 0
+    while True:
+        await asyncio.sleep(1.0)
+        with server._lock:  # the server's own lock (private): it appends under it
+            for i in range(done, len(server.requests)):
+                server.requests[i] = dataclasses.replace(server.requests[i], body=None,
+                                                         raw_body=b"")
+            done = len(server.requests)
+            # Each response's whole conversation, kept for `previous_response_id` (which
+            # boundloop never sends): quadratic in the steps.
+            server._conversations.clear()
+
+
 async def one(client: Client, model: Model, queue: str, steps: int) -> dict[str, Any]:
-    model.fresh()
+    server = model.fresh()
+    forgetting = asyncio.create_task(forget_bodies(server))
     model.feed([model.call("lookup_stock", {"sku": sku(i)}) for i in range(steps)])
     model.feed([model.answer()])
     # A step to spare: the answer comes while the model may still call tools.
@@ -141,10 +173,15 @@ async def one(client: Client, model: Model, queue: str, steps: int) -> dict[str,
     t0 = time.monotonic()
     handle = await client.start_workflow(WORKFLOW_NAME, inp, id=workflow_id,
                                          task_queue=queue, result_type=RunResult)
-    try:
-        result = await result_of(handle)
-    except WorkflowFailureError as err:  # not a RunStopped: report, do not raise
-        raise RuntimeError(f"{steps}-step run failed: {err.cause}") from err
+    while True:
+        try:
+            result = await result_of(handle)
+            break
+        except WorkflowFailureError as err:  # not a RunStopped: report, do not raise
+            raise RuntimeError(f"{steps}-step run failed: {err.cause}") from err
+        except RPCError:  # a busy server's long poll timed out: the run goes on
+            await asyncio.sleep(1.0)
+    forgetting.cancel()
     seconds = time.monotonic() - t0
     return _figures(steps, await _runs(client, workflow_id), seconds, result)
 
@@ -168,7 +205,7 @@ async def main(sizes: list[int], out: Path) -> None:
     with tempfile.TemporaryDirectory(prefix="boundloop-long-") as tmp_name:
         tmp = Path(tmp_name)
         server = DevServer(tmp / "temporal", port=free_port(), ui_port=None).start()
-        model = Model(free_port())
+        model = LongModel(free_port())
         model.fresh()
         worker: WorkerProcess | None = None
         try:
