@@ -58,6 +58,7 @@ bench: $(STAMP)
 	$(BIN)/python -m bench.budget
 	$(BIN)/python -m bench.streaming
 	$(BIN)/python -m bench.load
+	$(BIN)/python -m bench.long_runs
 
 # The peers of `make bench-peers` get a venv of their own: the product's stays as it is.
 PEERS_VENV := .venv-peers

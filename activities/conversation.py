@@ -100,6 +100,11 @@ class ConversationCache:
     def put(self, workflow_id: str, meta: ConversationMeta, items: list[Item]) -> None:
         self._conversations.put(workflow_id, _Entry(meta, items))
 
+    def conversation(self, workflow_id: str) -> list[Item] | None:
+        """The workflow's conversation after its last model turn, if this worker has it."""
+        entry = self._conversations.get(workflow_id)
+        return None if entry is None else list(entry.items)
+
     def put_output(self, key: str, output: str) -> None:
         self._outputs.put(key, output)
 

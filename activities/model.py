@@ -30,11 +30,12 @@ from boundloop.activities.model_errors import to_application_error
 from boundloop.contracts import MODEL_ACTIVITY, STREAM_TOPIC, ModelRequest, Reset, TextDelta
 from boundloop.core import model_failures as mf
 from boundloop.core.canonical import json_bytes
+from boundloop.core.context import trim_items
 from boundloop.core.conversation import to_chat_messages
 from boundloop.core.limits import MAX_TURN_BYTES
 from boundloop.core.model_failures import ModelFailure
 from boundloop.core.sse import ChatStream, ResponsesStream, SSEParser
-from boundloop.core.turn import Streamed, Turn, parse_chat, parse_responses
+from boundloop.core.turn import Streamed, Trimmed, Turn, parse_chat, parse_responses
 from boundloop.tools.registry import Toolset
 
 #: Streamed text goes to the run in signals (each one event in its history, and a
@@ -118,12 +119,13 @@ class ModelActivities:
             "rebuilt_from_history": rebuilt})
         timeout = req.timeout_seconds or (
             info.start_to_close_timeout.total_seconds() if info.start_to_close_timeout else 60.0)
+        sent, trimmed = _fit(req, items, progress)
         streamed: Streamed | None = None
         try:
             # `timeout` bounds each wait for the provider (silence); `answer_seconds` the
             # whole answer, however steadily its tokens arrive.
             async with asyncio.timeout(req.answer_seconds):
-                body, streamed = await self._send(req, wf_id, items, timeout, progress)
+                body, streamed = await self._send(req, wf_id, sent, timeout, progress)
         except TimeoutError:
             raise _answer_too_long(req, progress) from None
         turn = parse_chat(body, req.step) if req.api == "chat" else parse_responses(body)
@@ -139,7 +141,8 @@ class ModelActivities:
         # conversation in it: the workflow routes the run's next activities by both.
         return turn.model_copy(update={
             "worker_queue": self.cache.queue, "streamed": streamed,
-            "cached": self.cache.queue is not None and req.prior.count > 0 and not rebuilt})
+            "cached": self.cache.queue is not None and req.prior.count > 0 and not rebuilt,
+            "trimmed": trimmed})
 
     def _definitions(self, req: ModelRequest) -> list[dict[str, Any]]:
         """The function definitions of the run's tools, in its order: the tools the run
@@ -233,6 +236,24 @@ class ModelActivities:
             finally:
                 await raw.aclose()
         return fold.result(), Streamed(attempt=attempt, publisher=text.publisher_id)
+
+
+def _fit(req: ModelRequest, items: list[Any], progress: _Progress
+         ) -> tuple[list[Any], Trimmed | None]:
+    """The items to send: under the `trim` context strategy, with old tool outputs as
+    stubs so the request fits the window (the cache keeps them whole). A request that
+    cannot fit is never sent: the run ends `context_exhausted`."""
+    if req.trim is None:
+        return items, None
+    fitted = trim_items(items, req.trim)
+    if fitted is None:
+        failure = ModelFailure(kind=mf.CONTEXT_LENGTH_EXCEEDED, detail=(
+            f"the request does not fit the context window {req.trim.window} even with "
+            f"every tool output but the newest {req.trim.keep} trimmed: not sent"))
+        raise ApplicationError(failure.detail, failure.model_dump(), *progress.details(),
+                               type=errors.MODEL_REQUEST_REJECTED, non_retryable=True)
+    sent, trimmed = fitted
+    return sent, trimmed if trimmed.outputs else None
 
 
 class _Progress:

@@ -20,6 +20,7 @@ on the worker's `MCPPool` session, under the same failure types, heartbeats and 
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -28,14 +29,16 @@ from pydantic import ValidationError
 from temporalio import activity
 from temporalio.exceptions import ApplicationError, ApplicationErrorCategory
 
-from boundloop.activities.conversation import ConversationCache
+from boundloop.activities.conversation import ConversationCache, from_history
 from boundloop.activities.heartbeat import heartbeating
 from boundloop.activities.threads import ToolThreads
 from boundloop.contracts import TOOL_ACTIVITY, ToolRequest
-from boundloop.core.canonical import compact_json
+from boundloop.core.canonical import compact_json, preview
+from boundloop.core.context import RECALL_TOOL
 from boundloop.core.envelope import (
     Envelope,
     cap_envelope,
+    invalid_input,
     result_too_large,
     success,
     unserializable_result,
@@ -55,6 +58,14 @@ from boundloop.errors import (
 from boundloop.logs import traceback_text
 from boundloop.mcp.pool import MCPPool
 from boundloop.tools.registry import ToolContext, Toolset, ToolSpec
+
+
+def _output_of(items: list[dict[str, Any]], call_id: str) -> str | None:
+    """The output of the latest call `call_id` among `items` (Chat may reuse ids)."""
+    for item in reversed(items):
+        if item.get("type") == "function_call_output" and item.get("call_id") == call_id:
+            return str(item.get("output", ""))
+    return None
 
 
 class ToolActivities:
@@ -77,6 +88,8 @@ class ToolActivities:
         if req.mcp is not None:
             self._check_mcp_served(req.mcp)
             return self._outcome(req, await self._mcp_call(req, req.mcp))
+        if req.tool == RECALL_TOOL and req.tool not in self._registry.names():
+            return self._outcome(req, await self._recall(req))
         if req.tool not in self._registry.names():
             raise ApplicationError(
                 f"this worker does not serve the tool {req.tool!r} (its toolset has "
@@ -170,6 +183,28 @@ class ToolActivities:
                 f"this worker's MCP servers do not serve the tool {tool.name!r} (they serve "
                 f"{', '.join(d.name for d in self._mcp.declarations()) or 'no tools'})",
                 type=TOOL_UNAVAILABLE, non_retryable=True) from None
+
+    async def _recall(self, req: ToolRequest) -> Envelope:
+        """The built-in `recall_output` of a run that trims its conversation: an earlier
+        tool output, whole, by its call id. From this worker's conversation cache, else
+        from the run's event histories (the conversation's source of truth)."""
+        call_id = str(req.arguments.get("call_id", ""))
+        info = activity.info()
+        workflow_id = info.workflow_id or ""
+        items = self._cache.conversation(workflow_id) if self._cache is not None else None
+        output = _output_of(items or [], call_id)
+        if output is None:
+            items, _ = await from_history(activity.client(), workflow_id,
+                                          info.workflow_run_id or "", None, None)
+            output = _output_of(items, call_id)
+        if output is None:
+            return invalid_input("UNKNOWN_CALL_ID", f"no earlier tool call of this run has "
+                                 f"call_id {preview(call_id, 60)!r}")
+        try:
+            data: Any = json.loads(output)
+        except ValueError:
+            data = output
+        return success({"call_id": call_id, "output": data})
 
     def _outcome(self, req: ToolRequest, envelope: Envelope,
                  log: dict[str, Any] | None = None) -> ToolOutcome:

@@ -641,9 +641,10 @@ async def stream_items(handle: WorkflowHandle[Any, Any],
     Read by query, never by update: a query is not written to the run's history, so a
     reader costs the run nothing however many read it and however long the answer is
     (docs/streaming.md, "What it costs"). The workflow id's latest run is read, which
-    holds the whole stream across continue-as-new. A read that fails for a moment (the
-    server or the worker busy, a run closing or continuing as it is read, a timeout) is
-    tried again from the last item seen; only a run that does not exist ends it."""
+    holds the stream's newest items across continue-as-new. A read that fails for a
+    moment (the server or the worker busy, a run closing or continuing as it is read, a
+    timeout) is tried again from the last item seen; only a run that does not exist ends
+    it."""
     client: Client = handle._client  # the handle's own client: its converter and codec
     latest = client.get_workflow_handle(handle.id)
     converter = client.data_converter.payload_converter
@@ -757,13 +758,16 @@ async def follow(handle: WorkflowHandle[Any, Any], interval: float = 0.2,
                 warned = True
                 on_silence(desc.task_queue)
         if status is not None:
-            end = len(status.events)
+            # Event numbers count from the run's first event: a long run's status holds
+            # only its newest events, after `events_dropped` older ones.
+            dropped = status.events_dropped
+            end = dropped + len(status.events)
             if (desc.status == WorkflowExecutionStatus.RUNNING and end > seen
                     and status.events[-1].event == "model_requested"):
                 # Not yet: the step may still be reserving its budget (see above).
                 end -= 1
-            new = status.events[seen:end]
-            seen = end
+            new = status.events[max(seen - dropped, 0):max(end - dropped, 0)]
+            seen = max(end, seen)
             yield status, new
         if desc.status != WorkflowExecutionStatus.RUNNING:
             return

@@ -19,6 +19,8 @@ from boundloop.core.budget import (
     LedgerState,
     Reservation,
 )
+from boundloop.core.carry import Segment
+from boundloop.core.context import Trim
 from boundloop.core.conversation import ConversationMeta, Item
 from boundloop.core.conversation import ConversationRef as ConversationRef  # re-exported
 from boundloop.core.limits import Limits, PromptText, RunSettings
@@ -49,6 +51,8 @@ def _empty(value: object) -> bool:
 
 
 MODEL_ACTIVITY = "model_request"
+#: The local activity that finds calls of a run's earlier Temporal runs (core/carry.py).
+EARLIER_CALLS_ACTIVITY = "earlier_calls"
 TOOL_ACTIVITY = "tool_execute"
 #: Key of a `function_call_output` item that refers to a tool activity's result by the
 #: call's idempotency key instead of copying it (docs/history.md).
@@ -73,6 +77,10 @@ class Carried(BaseModel):
     #: The function tools' rules the run was admitted with (`Admission.tools`): the next
     #: run decides a tool its worker no longer serves by these, as the first one does.
     tools: list[MCPToolDeclaration] = Field(default_factory=list, exclude_if=_empty)
+    #: What the run handing over touched of the whole-run tables (identical-call counts,
+    #: call ids, rejected fingerprints): the next runs find them here by reference
+    #: (boundloop.core.carry), so the carried input does not grow with the run's calls.
+    segment: Segment | None = Field(default=None, exclude_if=_none)
 
 
 class RunInput(BaseModel):
@@ -139,6 +147,9 @@ class ModelRequest(BaseModel):
     #: run's input or admission): its MCP tools, and function tools a deploy renamed,
     #: removed or reshaped since the run was admitted.
     mcp_tools: list[MCPToolDeclaration] = Field(default_factory=list, exclude_if=_empty)
+    #: Under the `trim` context strategy: how to fit the request to the context window
+    #: (the activity sends old tool outputs as stubs; boundloop.core.context).
+    trim: Trim | None = Field(default=None, exclude_if=_none)
 
 
 class ToolRequest(BaseModel):
@@ -253,6 +264,10 @@ class RunStatus(BaseModel):
     #: The next request's input tokens as estimated against the context window
     #: (`limits.max_input_tokens`; boundloop.core.context); None without a window.
     context_tokens: int | None = Field(default=None, exclude_if=lambda v: v is None)
+    #: Events of the log that came before `events` (a long run carries only its newest
+    #: events across continue-as-new; the older ones are in its earlier runs' histories
+    #: and its stream). `events[i]` is the run's event number `events_dropped + i`.
+    events_dropped: int = Field(default=0, exclude_if=lambda v: not v)
 
 
 # --- shared budgets (workflows/budget.py) ----------------------------------------------

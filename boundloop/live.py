@@ -31,6 +31,10 @@ def render(workflow_id: str, st: RunStatus, answer: str = "") -> Panel:
     table.add_row("tool executions",
                   f"{st.tool_executions}" + (f" / {lim.max_tool_executions}" if lim else ""))
     table.add_row("tokens", f"{st.total_tokens}" + (f" / {lim.token_threshold}" if lim else ""))
+    window = lim.max_input_tokens if lim else None
+    if st.context_tokens is not None and window is not None:
+        # The next request's input, estimated, against the model's context window.
+        table.add_row("context", f"~{st.context_tokens} / {window} tokens")
     if st.cost_usd is not None:
         table.add_row("cost", f"${st.cost_usd:.6f}")
     parts: list[Any] = [table]

@@ -93,8 +93,9 @@ def test_max_input_tokens_is_a_positive_int_above_max_output_tokens() -> None:
     # Unset, it is not in the settings' JSON (runs of before read the same).
     assert "max_input_tokens" not in Limits().model_dump_json()
     assert "context" not in Policy().model_dump_json()
+    assert "context_keep" not in Policy(context="trim").model_dump_json()
     with pytest.raises(ValidationError, match="context"):
-        Policy.model_validate({"context": "trim"})  # only `stop` exists
+        Policy.model_validate({"context": "forget"})  # `stop` and `trim` exist
 
 
 def _resolve(op: dict[str, Any], limits: dict[str, Any],

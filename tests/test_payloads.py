@@ -206,8 +206,9 @@ async def eager_continue_as_new(
 
 async def test_carried_state_over_the_payload_limit_stops_with_history_limit(
         eager_continue_as_new: Client, tmp_path: Path) -> None:
-    """The carried state keeps every call id (the model chooses them, any length): with
-    300,000-character ids it outgrows one payload after a few steps. The run must stop
+    """The carried state keeps its newest events with their call ids (the model chooses
+    them, any length): with 300,000-character ids it outgrows one payload after a few
+    steps. The run must stop
     with a typed reason instead of failing the continue-as-new workflow task forever."""
     client = eager_continue_as_new
     long_id = "x" * 300_000

@@ -20,6 +20,7 @@ from temporalio.exceptions import ApplicationError
 with workflow.unsafe.imports_passed_through():
     from boundloop import errors
     from boundloop.contracts import RunInput
+    from boundloop.core import context as ctx
     from boundloop.core import loop as core
     from boundloop.core import mcp_tools
     from boundloop.core.mcp_tools import MCPToolDeclaration
@@ -57,6 +58,17 @@ class RunTools:
         self.admitted = list(admission.tools)
         self.keep_admitted()
         self.unknown = []
+
+    def offer_recall(self, state: core.LoopState) -> None:
+        """A trimming run's model gets the built-in `recall_output` tool (decided like any
+        other tool: counted, identical-call rules), described by the run itself."""
+        if not ctx.uses_recall(state) or ctx.RECALL_TOOL in self.rules:
+            return
+        declared = ctx.recall_declaration()
+        self.rules[ctx.RECALL_TOOL] = mcp_tools.tool_rule(declared)
+        self.described[ctx.RECALL_TOOL] = declared
+        if ctx.RECALL_TOOL not in state.allowed_tools:
+            state.allowed_tools = [*state.allowed_tools, ctx.RECALL_TOOL]
 
     def described_tools(self, allowed: list[str]) -> list[MCPToolDeclaration]:
         """The tools the run describes itself: its MCP tools, and any a deploy took from
@@ -116,7 +128,8 @@ class RunTools:
         for name in state.allowed_tools:
             # A tool from an MCP server, or one a deploy renamed, removed or changed, is
             # described by the run's own declaration, not by this worker's toolset.
-            declared = self.mcp.get(name)
+            declared = self.mcp.get(name) or (self.described.get(name)
+                                              if name == ctx.RECALL_TOOL else None)
             if declared is None and name in admitted and (
                     name not in served or mcp_tools.parameters_digest(
                         admitted[name].parameters) != self.toolset.get(name).schema_digest):

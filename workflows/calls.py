@@ -31,6 +31,7 @@ with workflow.unsafe.imports_passed_through():
     from boundloop.activities.model import ModelActivities
     from boundloop.activities.tools import ToolActivities
     from boundloop.contracts import OUTPUT_REF, ConversationRef, ModelRequest, Reset, ToolRequest
+    from boundloop.core import context as ctx
     from boundloop.core import driver, mcp_tools, retries
     from boundloop.core import loop as core
     from boundloop.core import model_failures as mf
@@ -88,6 +89,7 @@ class Calls:
     def build_model_request(self, plan: core.StepPlan) -> int:
         """Build the step's model request: its payload bytes."""
         state = self.state
+        self.show.mark_step()
         self.request = ModelRequest(
             step=plan.step,
             model=state.settings.model, api=state.settings.api, tools=list(state.allowed_tools),
@@ -98,7 +100,9 @@ class Calls:
             # The tools the run describes itself: its MCP tools, and any a deploy took
             # from this worker's toolset since the run was admitted (a call of one then
             # stops the run with `tool_unavailable`; a run that never calls it goes on).
-            mcp_tools=self.tools.described_tools(state.allowed_tools))
+            mcp_tools=self.tools.described_tools(state.allowed_tools),
+            trim=ctx.trim_request(state, self.tools.fixed_bytes(state, self.instructions))
+            if ctx.trims(state) else None)
         return payload_bytes(self.request)
 
     async def send_model_request(self, plan: core.StepPlan) -> driver.Answered | StopReason:

@@ -33,6 +33,7 @@ from boundloop.workflows.patches import (
     CARRIED_GENUINE,
     CARRIED_RULES,
     CHARGED_ATTEMPTS,
+    CONSTANT_CARRY,
     DECISIONS_BOUND,
     OPERATOR_POLICY,
     RUN_SCOPED_KEYS,
@@ -50,6 +51,7 @@ from boundloop.workflows.spending import RunBudget
 with workflow.unsafe.imports_passed_through():
     from boundloop import errors
     from boundloop.activities.admission import Admissions
+    from boundloop.activities.earlier import earlier_calls
     from boundloop.contracts import (
         OUTPUT_REF,
         WORKFLOW_NAME,
@@ -63,7 +65,7 @@ with workflow.unsafe.imports_passed_through():
         RunStatus,
         StreamResult,
     )
-    from boundloop.core import approvals, driver, signatures
+    from boundloop.core import approvals, carry, driver, signatures
     from boundloop.core import context as ctx
     from boundloop.core import loop as core
     from boundloop.core import session as sessions
@@ -95,6 +97,7 @@ class BoundLoopWorkflow:
         self._ex = driver.Exchange()
         if carried is not None:
             self._state = carried.state
+            self._tools.offer_recall(self._state)
             self._ex.unsent = list(carried.unsent)
             self._base: ConversationRef | None = carried.base
             self._ex.sent = carried.base.meta
@@ -256,6 +259,7 @@ class BoundLoopWorkflow:
                 type=errors.POLICY_REFUSED, non_retryable=True)
         self._state.settings = admission.settings
         self._tools.admit(admission)
+        self._tools.offer_recall(self._state)
         served = catalog.served_on(workflow.info().task_queue)
         self._tools.keys = signatures.run_keys(served.approver_keys,
                                          self._state.policy.approver_keys)
@@ -323,6 +327,8 @@ class BoundLoopWorkflow:
                 return await self._calls.run_tool(command)
             case driver.AwaitDecision(approval, timeout):
                 return await self._await_decision(approval, timeout)
+            case driver.LookUpEarlier(keys):
+                return await self._look_up_earlier(keys)
         raise AssertionError(f"unknown command {command!r}")
 
     # --- model ---------------------------------------------------------------------
@@ -347,6 +353,21 @@ class BoundLoopWorkflow:
         # cancelled run ends right away, so its last wait need not be counted).
         self._waited += (workflow.now() - began).total_seconds()
         return decided
+
+    async def _look_up_earlier(self, keys: list[str]) -> carry.EarlierCalls:
+        """What the earlier Temporal runs hold of `keys`, read from their continue-as-new
+        inputs by a local activity (in history: a replay does not read again)."""
+        run_id = workflow.info().continued_run_id
+        assert run_id is not None  # state.earlier comes only with continue-as-new
+        try:
+            return await workflow.execute_local_activity(
+                earlier_calls, carry.EarlierRequest(run_id=run_id, keys=keys),
+                start_to_close_timeout=options.EARLIER_CALLS_TIMEOUT,
+                summary=f"earlier calls · {len(keys)} keys")
+        except ActivityError as err:
+            if is_cancelled_exception(err):
+                raise asyncio.CancelledError from None
+            raise
 
     # --- approvals: signals, update, query -----------------------------------------
 
@@ -411,7 +432,8 @@ class BoundLoopWorkflow:
             events=list(self._state.events), question=self._inp.question,
             model=self._state.settings.model, limits=self._state.limits,
             grants=list(self._state.grants), run=workflow.info().first_execution_run_id,
-            context_tokens=ctx.estimate(self._state, self._fixed_bytes))
+            context_tokens=ctx.estimate(self._state, self._fixed_bytes),
+            events_dropped=self._state.events_dropped)
 
     # --- helpers -------------------------------------------------------------------
 
@@ -426,11 +448,29 @@ class BoundLoopWorkflow:
         info = workflow.info()
         base = ConversationRef(workflow_id=info.workflow_id, run_id=info.run_id,
                                meta=self._ex.sent)
+        segment = self._hand_over() if self._patched(CONSTANT_CARRY) else None
         carried = Carried(state=self._state, base=base, unsent=self._calls.wire_items(),
                           processing_seconds=self._processing_seconds(),
                           stream=self._show.stream.get_state(),
-                          tools=self._tools.admitted if self._patched(CARRIED_RULES) else [])
+                          tools=self._tools.admitted if self._patched(CARRIED_RULES) else [],
+                          segment=segment)
         return self._inp.model_copy(update={"carried": carried})
+
+    def _hand_over(self) -> carry.Segment:
+        """Make the state constant in size for continue-as-new (CONSTANT_CARRY): the
+        tables go into the segment this run hands over, the logs keep their newest
+        records, the stream its newest items."""
+        state = self._state
+        previous = workflow.info().continued_run_id if state.earlier is not None else None
+        segment = carry.hand_over(state, previous)
+        self._show.hand_over()
+        return segment
+
+    def _events_shown(self, excess: int = 0) -> list[core.Event]:
+        """The event log as a RunResult shows it: the newest events, after one
+        `events_dropped:N` standing for the N older ones (no longer carried, or left out
+        so the result fits a payload)."""
+        return carry.shown_events(self._state.events, self._state.events_dropped, excess)
 
     def _result(self) -> RunResult:
         """The RunResult; when the event log would take it over the payload limit, the
@@ -442,7 +482,7 @@ class BoundLoopWorkflow:
             input_tokens=s.usage.input_tokens, output_tokens=s.usage.output_tokens,
             total_tokens=s.usage.total_tokens, usage_unknown=s.usage.unknown_steps > 0,
             usage_estimated=s.usage.estimated, cost_usd=cost_of(s), cost_units=s.cost_units,
-            events=list(s.events), workflow_id=info.workflow_id, run_id=info.run_id,
+            events=self._events_shown(), workflow_id=info.workflow_id, run_id=info.run_id,
             answer_looks_like_tool_call=s.answer_looks_like_tool_call,
             cancel_reason=(self._cancel_reason or self._interrupted
                            if s.reason == StopReason.CANCELLED else None),
@@ -452,7 +492,7 @@ class BoundLoopWorkflow:
         excess = payload_bytes(result) - MAX_PAYLOAD_VALUE_BYTES
         if excess <= 0:
             return result
-        return result.model_copy(update={"events": core.events_within(result.events, excess)})
+        return result.model_copy(update={"events": self._events_shown(excess)})
 
 
     def _continuation(self) -> sessions.Continuation:

@@ -53,6 +53,10 @@ HOLDER_RETRY = RetryPolicy(maximum_attempts=1)
 #: The run's admission under its worker's operator policy (a local activity).
 ADMIT_TIMEOUT = timedelta(seconds=10)
 
+#: The look-up of a run's earlier Temporal runs' calls (a local activity reading their
+#: continue-as-new inputs: one history event each).
+EARLIER_CALLS_TIMEOUT = timedelta(seconds=60)
+
 #: The shared budget's activities (reserve, settle, release): retried 1 s apart until
 #: their own bound, as the ledger answers each message once.
 LEDGER_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), backoff_coefficient=1.0,

@@ -107,6 +107,10 @@ CONTEXT_WINDOW = driver.CONTEXT_WINDOW
 #: it, such a response reported `completed` was the answer. Asked on its own, and only
 #: when a response reached the cap.
 CUT_AT_THE_CAP = driver.CUT_AT_THE_CAP
+#: The patch under which continue-as-new hands over a state of constant size
+#: (`boundloop.core.carry`); asked on its own, when the run first continues as new or
+#: its tables are full.
+CONSTANT_CARRY = driver.CONSTANT_CARRY
 
 
 @dataclass

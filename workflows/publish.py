@@ -14,7 +14,7 @@ from temporalio.contrib.workflow_streams._types import PublisherState
 with workflow.unsafe.imports_passed_through():
     from boundloop import search_attributes as sa
     from boundloop.contracts import STREAM_TOPIC, Reset, StreamEvent, TextDelta
-    from boundloop.core import approvals
+    from boundloop.core import approvals, carry
     from boundloop.core import loop as core
     from boundloop.core.reasons import NEXT_CHECK, StopReason
     from boundloop.core.turn import Turn
@@ -49,6 +49,8 @@ class Publisher:
         self._search_attributes = search_attributes
         self._published: tuple[object, ...] = ()
         self.sparse = False  # SPARSE_UPSERTS, decided when the run starts
+        #: The stream's offset when the step's model request was built (complete_text).
+        self._step_mark = 0
 
     def publish(self, attributes: bool = True) -> None:
         """Search attributes and current details for the Web UI.
@@ -98,6 +100,22 @@ class Publisher:
             self.topic.publish(StreamEvent(event=event))
         self._streamed = len(self._state.events)
 
+    def mark_step(self) -> None:
+        """A step's model request is built: its text comes after this point."""
+        self._step_mark = self.stream._base_offset + len(self.stream._log)
+
+    def hand_over(self) -> None:
+        """Before continue-as-new with a constant-size state: the stream keeps its newest
+        items and publishers (boundloop.core.carry); every event the state keeps was
+        published."""
+        self._streamed = len(self._state.events)
+        log = self.stream._log  # the stream's own record (private)
+        cut = carry.stream_cut([item.data.ByteSize() for item in log])
+        if cut:
+            self.stream.truncate(self.stream._base_offset + cut)
+        self.stream._publishers = carry.newest(self.stream._publishers,
+                                               carry.PUBLISHERS_KEPT, lambda p: p.last_seen)
+
     def complete_text(self, step: int, turn: Turn) -> None:
         """Publish what of the answer's text the stream lacks (the activity sends its text
         best effort, and stops waiting for it once the answer is in), then close the
@@ -106,7 +124,10 @@ class Publisher:
         attempt = turn.streamed.attempt
         converter = workflow.payload_converter()
         shown = ""
-        for item in self.stream._log:  # the stream's own record (private)
+        # The step's text was published after its request was built: only the items
+        # since are read (reading the whole log made each step slower than the last).
+        since = max(0, self._step_mark - self.stream._base_offset)
+        for item in self.stream._log[since:]:  # the stream's own record (private)
             if item.topic != STREAM_TOPIC:
                 continue
             value = converter.from_payload(item.data)

@@ -233,6 +233,9 @@ def status(run_id: Annotated[str, typer.Argument(help="Workflow id")],
             if st.context_tokens is not None and window is not None:
                 console.print(f"context: the next request ~{st.context_tokens} input tokens "
                               f"(estimated) of a {window}-token window", highlight=False)
+            if st.events_dropped:
+                console.print(f"({st.events_dropped} earlier events: in the run's earlier "
+                              "histories and its stream)", highlight=False)
             for ev in st.events:
                 print_event(ev)
             if st.pending:

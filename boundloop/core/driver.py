@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Literal, Protocol, TypeVar
 
-from boundloop.core import approvals, retries
+from boundloop.core import approvals, carry, retries
 from boundloop.core import budget as shared
 from boundloop.core import context as ctx
 from boundloop.core import loop as core
@@ -42,6 +42,12 @@ CONTEXT_WINDOW = "context-window"
 CUT_AT_THE_CAP = "cut-at-the-output-cap"
 #: The patch under which a short read-only tool runs as a local activity.
 LOCAL_TOOLS = "local-tools"
+#: The patch under which continue-as-new hands over a state of constant size
+#: (`boundloop.core.carry`): the whole-run tables as a segment the next runs look up by
+#: reference, the newest events and model attempts only, the stream's newest items; and
+#: a run continues as new once its tables reach `carry.SEGMENT_MAX` keys. Asked on its
+#: own, and only when the run first continues as new (or its tables are full).
+CONSTANT_CARRY = "constant-carry"
 #: Event names of a model attempt that failed and was sent again start with this; the
 #: failure's kind follows (`worker_lost` for an attempt lost with its request sent).
 MODEL_RETRIED = "model_retried:"
@@ -190,8 +196,18 @@ class AwaitDecision:
     timeout: timedelta
 
 
+@dataclass(frozen=True)
+class LookUpEarlier:
+    """Find what the run's earlier Temporal runs hold of these keys (identical-call
+    counts, rejections, call ids; boundloop.core.carry), by a local activity whose
+    result is in history: -> carry.EarlierCalls."""
+
+    keys: list[str]
+
+
 Command = (AskPatch | Publish | ReserveBudget | SettleBudget | BuildModelRequest
-           | RequestModel | AttemptModel | Sleep | BuildToolRequest | RunTool | AwaitDecision)
+           | RequestModel | AttemptModel | Sleep | BuildToolRequest | RunTool | AwaitDecision
+           | LookUpEarlier)
 
 _T = TypeVar("_T")
 #: A generator of commands returning `_T`.
@@ -276,13 +292,16 @@ class Run:
                 # A safe point: every call of the last response has its result (none
                 # runs now), and the next request is not sent.
                 return core.cancelled(state, view.interrupted(), step_unfinished=False)
-            if state.steps and view.continue_as_new_suggested():
+            if state.steps and (view.continue_as_new_suggested() or (
+                    carry.segment_full(state) and (yield from _ask(CONSTANT_CARRY)))):
                 return None
             plan = core.begin_step(state, view.processing_seconds())
             if isinstance(plan, StopReason):
                 return plan
             over = ctx.check(state, view.fixed_bytes)  # the `stop` context strategy
-            if over is not None and (yield from _ask(CONTEXT_WINDOW)):
+            # Under `trim` the model activity fits the request (it has the items).
+            if over is not None and not ctx.trims(state) \
+                    and (yield from _ask(CONTEXT_WINDOW)):
                 return ctx.exhausted(state, over)
             yield Publish()
             answered = yield from self._request_model(plan)
@@ -291,6 +310,7 @@ class Run:
             turn = answered.turn
             state.conversation = state.conversation.extend(turn.items)
             ex.sent = state.conversation
+            ctx.note_trimmed(state, turn.trimmed)
             before = (state.usage.total_tokens, state.cost_usd)
             ex.open_calls, ex.answered, ex.turn_returned = list(turn.calls), {}, True
             stop = core.account_usage(state, turn, state.conversation.bytes)
@@ -310,6 +330,13 @@ class Run:
             cut = (core.cut_at_the_cap(turn, state.limits.max_output_tokens)
                    and turn.status == "completed" and turn.fault is None
                    and (yield from _ask(CUT_AT_THE_CAP)))
+            # What the earlier Temporal runs hold of the calls the filter may have seen
+            # (only a run handed over with a constant-size state has any).
+            keys = carry.to_look_up(state, turn, self.rules)
+            if keys:
+                found = yield LookUpEarlier(keys)
+                assert isinstance(found, carry.EarlierCalls)
+                carry.take_earlier(state, keys, found)
             plans = core.plan_calls(state, turn, plan, self.rules, self.key_scope, cut=cut)
             if isinstance(plans, StopReason):
                 return plans

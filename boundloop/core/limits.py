@@ -181,7 +181,12 @@ class Policy(BaseModel):
     - prices: model name -> Price; a `usd_budget` needs the run's model here.
     - context: what happens when the next request would not fit the context window
       (`max_input_tokens`): "stop" ends the run with `context_exhausted` before the
-      request is sent (the only strategy).
+      request is sent; "trim" sends it with every tool output but the newest
+      `context_keep` replaced by a short stub (the next requests keep those stubs until
+      the window is reached again), and gives the model
+      the `recall_output` tool to read one again (it ends `context_exhausted` when even
+      that does not fit). The operator's policy says whether runs may trim.
+    - context_keep: under "trim", the newest tool outputs always sent verbatim.
     - rules: argument rules (boundloop.core.rules) added by the run: `ask` or `deny` only,
       since they join the operator's and the strictest match wins (docs/approvals.md).
     """
@@ -196,7 +201,8 @@ class Policy(BaseModel):
     prices: dict[str, Price] = Field(default_factory=dict)
     rules: list[ArgumentRule] = Field(default_factory=list, max_length=100,
                                       exclude_if=lambda v: not v)
-    context: Literal["stop"] = Field(default="stop", exclude_if=lambda v: v == "stop")
+    context: Literal["stop", "trim"] = Field(default="stop", exclude_if=lambda v: v == "stop")
+    context_keep: int = Field(default=3, ge=0, le=1000, exclude_if=lambda v: v == 3)
 
     @model_validator(mode="after")
     def _run_rules_only_tighten(self) -> Policy:

@@ -136,6 +136,19 @@ class Approval(BaseModel):
     asked_by: str | None = Field(default=None, exclude_if=lambda v: v is None)
 
 
+class Earlier(BaseModel):
+    """The earlier Temporal runs of this run, by reference (boundloop.core.carry)."""
+
+    #: Base64 of the Bloom filter's FILTER_BITS bits.
+    seen: str
+    #: The Temporal run (run id) whose continue-as-new input holds the newest segment
+    #: before this run's predecessor's (None: the predecessor's is the oldest).
+    previous: str | None = None
+    #: Look-ups made (a maybe of the filter), and those that found the key.
+    lookups: int = 0
+    found: int = 0
+
+
 class LoopState(BaseModel):
     """Everything the loop carries between events (and across continue-as-new)."""
 
@@ -172,6 +185,14 @@ class LoopState(BaseModel):
     #: Every model request the provider received (under the charged-model-attempts patch).
     model_attempts: list[ModelAttempt] = Field(default_factory=list,
                                                exclude_if=lambda v: not v)
+    #: Set once the run continued as new with a constant-size state (boundloop.core.
+    #: carry): the earlier Temporal runs hold the calls its tables no longer do.
+    earlier: Earlier | None = Field(default=None, exclude_if=lambda v: v is None)
+    #: Under the `trim` context strategy: the oldest tool outputs the last request sent
+    #: as stubs (boundloop.core.context.trim_items; the next sends at least as many).
+    trimmed_outputs: int = Field(default=0, exclude_if=lambda v: not v)
+    #: Events of the log no longer carried (the oldest; in the earlier runs' histories).
+    events_dropped: int = Field(default=0, exclude_if=lambda v: not v)
 
     @property
     def limits(self) -> Limits:

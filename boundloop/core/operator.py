@@ -168,6 +168,12 @@ class OperatorPolicy(BaseModel):
     #: Model name -> its context window in tokens (input and output together): a run of
     #: that model gets it as `max_input_tokens`, and may only lower it.
     context_windows: dict[str, PositiveTokens] = Field(default_factory=dict)
+    #: The context strategies runs may use: "stop" (only stop before a request that
+    #: would not fit) or "trim" (runs may also trim old tool outputs, or keep "stop").
+    context: Literal["stop", "trim"] = "stop"
+    #: Under "trim": the fewest newest tool outputs a run keeps verbatim (a run may keep
+    #: more, never fewer).
+    context_keep: int = Field(default=3, ge=0, le=1000)
     budget: BudgetRule = Field(default_factory=BudgetRule)
     limits: OperatorLimits = Field(default_factory=OperatorLimits)
     #: Argument rules ahead of the run's own; the strictest match wins.
@@ -356,6 +362,13 @@ def resolve(operator: OperatorPolicy, settings: RunSettings, *, tools: Sequence[
         refusals.append(Refusal(field="policy.approval", asked="never",
                                 operator=f"approval required for {', '.join(asking)}"))
 
+    if run.context == "trim" and operator.context != "trim":
+        refusals.append(Refusal(field="policy.context", asked="trim",
+                                operator="stop (runs may not trim their conversation)"))
+    elif run.context == "trim" and run.context_keep < operator.context_keep:
+        refusals.append(Refusal(field="policy.context_keep", asked=str(run.context_keep),
+                                operator=f"at least {operator.context_keep}"))
+
     # Without operator keys, a run's own keys only tighten (signed decisions required).
     for name, key in run.approver_keys.items():
         if operator.approver_keys and operator.approver_keys.get(name) != key:
@@ -422,7 +435,8 @@ def resolve(operator: OperatorPolicy, settings: RunSettings, *, tools: Sequence[
     try:
         policy = Policy(unknown_tool=run.unknown_tool, missing_usage=run.missing_usage,
                         approval=run.approval, approvers=approvers, approver_keys=keys,
-                        prices=dict(operator.prices), rules=rules, context=run.context)
+                        prices=dict(operator.prices), rules=rules, context=run.context,
+                        context_keep=run.context_keep)
         return RunSettings.model_validate({**settings.model_dump(), "policy": policy.model_dump(),
                                            "limits": limits.model_dump(),
                                            "budget": budget_key})

@@ -64,6 +64,17 @@ class Streamed(BaseModel):
     publisher: str
 
 
+class Trimmed(BaseModel):
+    """How a request was sent under the `trim` context strategy: its `outputs` oldest
+    tool outputs as stubs, and its input tokens estimated before and after."""
+
+    model_config = ConfigDict(frozen=True)
+
+    outputs: int
+    tokens_before: int
+    tokens_after: int
+
+
 class Turn(BaseModel):
     """One model response, normalised.
 
@@ -104,6 +115,9 @@ class Turn(BaseModel):
     cached: bool = Field(default=False, exclude_if=lambda v: not v)
     # Set by the model activity for a streamed answer.
     streamed: Streamed | None = Field(default=None, exclude_if=lambda v: v is None)
+    # Set by the model activity when the request was sent with old tool outputs
+    # replaced by stubs (the `trim` context strategy: boundloop.core.context).
+    trimmed: Trimmed | None = Field(default=None, exclude_if=lambda v: v is None)
 
     @model_validator(mode="after")
     def _text_from_items(self) -> Turn:
