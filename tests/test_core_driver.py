@@ -15,10 +15,11 @@ from typing import Any
 
 import pytest
 
-from boundloop.core import driver
+from boundloop.core import carry, driver
 from boundloop.core import envelope as env
 from boundloop.core import model_failures as mf
 from boundloop.core.budget import Amount, Grant
+from boundloop.core.fingerprint import fingerprint
 from boundloop.core.limits import Limits, Policy, RunSettings
 from boundloop.core.loop import LoopState, ToolOutcome
 from boundloop.core.reasons import StopReason
@@ -95,6 +96,8 @@ class Shell:
     charged: bool = False
     attempts: list[driver.AttemptFailed | None] = field(default_factory=list)
     commands: list[driver.Command] = field(default_factory=list)
+    #: What the earlier Temporal runs hold (answers LookUpEarlier).
+    earlier: carry.EarlierCalls = field(default_factory=carry.EarlierCalls)
 
     def __post_init__(self) -> None:
         settings = RunSettings(model="m", limits=self.limits, policy=self.policy,
@@ -121,6 +124,8 @@ class Shell:
                 return None
             case driver.RunTool():
                 return self.tool(c)
+            case driver.LookUpEarlier():
+                return self.earlier
             case driver.AwaitDecision(approval, _):
                 how = self.decide.get(approval.call_id, "timeout")
                 if how == "timeout":
@@ -473,3 +478,32 @@ def test_a_cancel_between_attempts_settles_what_they_were_charged() -> None:
     shell = charged(BUSY, budget="team", cancel_at=driver.Sleep)
     assert shell.go() == StopReason.CANCELLED
     assert shell.kinds()[-2:] == ["Sleep", "SettleBudget"]
+
+
+def test_a_call_an_earlier_temporal_run_made_counts_against_the_identical_call_limit() -> None:
+    """After a continue-as-new with a constant-size state, a call the filter may have
+    seen is looked up in the earlier runs before the calls are planned; the count found
+    there decides as if it had never left the state."""
+    same = ("lookup_stock", {"sku": "A-001"})
+    fp = fingerprint(*same)
+    shell = Shell([calls(same), calls(same)], limits=Limits(max_identical_calls=2),
+                  earlier=carry.EarlierCalls(identical_calls={fp: 2}))
+    shell.state.earlier = carry.Earlier(seen=carry.add_keys(carry.empty_filter(), [fp]))
+    assert shell.go() == StopReason.MAX_IDENTICAL_CALLS
+    assert "LookUpEarlier" in shell.kinds() and "RunTool" not in shell.kinds()
+    assert shell.state.earlier is not None and shell.state.earlier.found == 1
+
+
+def test_a_call_the_filter_never_saw_is_not_looked_up() -> None:
+    shell = Shell([calls(("lookup_stock", {"sku": "A-001"})), text("12 in stock")])
+    shell.state.earlier = carry.Earlier(seen=carry.empty_filter())
+    assert shell.go() == StopReason.COMPLETED
+    assert "LookUpEarlier" not in shell.kinds()
+
+
+def test_a_full_segment_continues_as_new_under_its_patch() -> None:
+    shell = Shell([calls(("lookup_stock", {"sku": "A-001"})), text("done")],
+                  patches={driver.CONSTANT_CARRY, driver.LOCAL_TOOLS})
+    shell.state.call_ids = [f"old{i}" for i in range(carry.SEGMENT_MAX)]
+    assert shell.go() is None and shell.state.steps == 1
+    assert driver.AskPatch(driver.CONSTANT_CARRY) in shell.commands
