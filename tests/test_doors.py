@@ -23,10 +23,10 @@ import pytest
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
 from temporalio.service import RPCError
 
+from boundloop._ops import pending_runs
 from boundloop.client import (
     decide,
     get_run,
-    pending_runs,
     query_status,
     record,
     result_of,
