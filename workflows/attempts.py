@@ -8,7 +8,8 @@ polls), which must never use up an attempt; and only the workflow knows how much
 run's deadline is left. So Temporal retries only lost attempts (workflows/options.py),
 and every failure the activity reports comes back here to be counted, slept on with a
 durable timer, and tried again or given up. A tool's attempts use this loop; a model
-request's attempts are charged as well (workflows/loop.py, `_charged_model_attempts`).
+request's attempts are counted and charged by the driver (boundloop/core/driver.py,
+`Run._charged_attempts`), one AttemptModel command each.
 
 Where an attempt goes (`Routing`): the worker whose cache holds the run's conversation
 has its own task queue; an activity sent there gets one attempt with a bounded wait to

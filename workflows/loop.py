@@ -90,7 +90,7 @@ class BoundLoopWorkflow:
         self._routes = Routing()  # which task queue the next activity goes to
         # Approver public keys: the worker's (like its toolset) and the run policy's.
         self._tools.keys = signatures.run_keys(served.approver_keys,
-                                         self._state.policy.approver_keys)
+                                               self._state.policy.approver_keys)
         self._budget = RunBudget(self._state)  # the run's side of its shared budget
         self._show = Publisher(
             self._state, WorkflowStream(prior_state=carried.stream if carried else None),
