@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import builtins
 import functools
+from collections.abc import Callable
 from datetime import datetime, timedelta
 
 from temporalio import workflow
@@ -124,19 +125,22 @@ class BoundLoopWorkflow:
         """Carry out the driver's commands (boundloop/core/driver.py) until the run stops
         or should continue as new; a cancel while a command is out is thrown into it."""
         steps = self._run.steps()
-        command = next(steps)
+        # The first command too may be none: a run can stop before its first request
+        # (a question over max_history_bytes), and a StopIteration must not escape a
+        # coroutine.
+        advance: Callable[[], driver.Command] = functools.partial(next, steps)
         while True:
+            try:
+                command = advance()
+            except StopIteration as done:
+                result: StopReason | None = done.value
+                return result
             try:
                 answer = await self._carry_out(command)
             except asyncio.CancelledError:
                 advance = functools.partial(steps.throw, driver.Cancelled())
             else:
                 advance = functools.partial(steps.send, answer)
-            try:
-                command = advance()
-            except StopIteration as done:
-                result: StopReason | None = done.value
-                return result
 
     async def _carry_out(self, command: driver.Command) -> object:
         match command:
