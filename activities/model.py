@@ -15,6 +15,7 @@ import asyncio
 import collections
 import contextlib
 import json
+import urllib.parse
 from typing import Any
 
 import httpx2 as httpx
@@ -82,7 +83,9 @@ def _tools_not_served(missing: list[str], progress: _Progress) -> ApplicationErr
 
 
 def model_idempotency_key(workflow_id: str, step: int) -> str:
-    return f"{workflow_id}/model/step-{step}"
+    """The step's key, ASCII as an HTTP header must be: what is not (a workflow id in
+    Japanese) is percent-encoded, so an ASCII id's key reads as it is."""
+    return urllib.parse.quote(f"{workflow_id}/model/step-{step}", safe="/-_.~:@!$&'()*+,;=")
 
 
 class ModelActivities:

@@ -136,7 +136,7 @@ def run_script(temporal: Client, tmp_path: Path) -> RunScript:
                   cache: int = 512,
                   during: Callable[[WorkflowHandle[Any, Any]], Awaitable[None]] | None = None,
                   model: ScriptedModelServer | None = None, stream: bool = True,
-                  ) -> Outcome:
+                  workflow_id: str | None = None) -> Outcome:
         # `model`: a server the test made itself, to watch requests while the run goes on.
         server = model if model is not None else ScriptedModelServer(turns)
         base_url = server.start()
@@ -150,8 +150,8 @@ def run_script(temporal: Client, tmp_path: Path) -> RunScript:
         try:
             async with test_worker(temporal, queue, base_url, data_dir, cache=cache):
                 handle = await temporal.start_workflow(
-                    WORKFLOW_NAME, inp, id=f"test-{uuid.uuid4().hex[:12]}", task_queue=queue,
-                    result_type=RunResult)
+                    WORKFLOW_NAME, inp, id=workflow_id or f"test-{uuid.uuid4().hex[:12]}",
+                    task_queue=queue, result_type=RunResult)
                 if during is not None:
                     await during(handle)
                 result = await asyncio.wait_for(result_of(handle), timeout=RUN_TIMEOUT)

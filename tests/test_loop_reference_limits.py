@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import json
+import urllib.parse
+import uuid
 
 from boundloop.core.limits import Limits
 from tests.conftest import RunScript
@@ -77,6 +79,19 @@ async def test_model_error_stops_without_leaking(run_script: RunScript) -> None:
     assert "SECRET123" not in r.model_dump_json()
     assert len(out.requests) == 1  # 401 is not retried
     assert "model_failed:http_401" in [e.event for e in r.events]
+
+
+async def test_a_workflow_id_in_japanese_gets_an_ascii_idempotency_key(
+        run_script: RunScript) -> None:
+    """An HTTP header is ASCII: a run whose workflow id is not (a Japanese operator's
+    naming) sends the model its key percent-encoded; before, every request failed to
+    encode and the run ended model_error without reaching the model."""
+    wid = f"在庫確認-{uuid.uuid4().hex[:8]}"
+    out = await run_script([answer("done")], workflow_id=wid)
+    assert (out.result.reason, out.result.steps) == ("completed", 1)
+    [key] = [r.headers.get("idempotency-key") for r in out.requests]
+    assert key is not None and key.isascii()
+    assert urllib.parse.unquote(key) == f"{wid}/model/step-1"
 
 
 async def test_retryable_model_error_is_retried_by_temporal(run_script: RunScript) -> None:
