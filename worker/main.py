@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 import socket
 import sys
@@ -255,4 +256,12 @@ def main(settings: Settings | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+        rc = int(ExitCode.OK)
+    except SystemExit as exc:
+        rc = exc.code if isinstance(exc.code, int) else int(ExitCode.FAILED)
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(rc)  # sdk-python #300: the interpreter may abort at exit after a worker ran
