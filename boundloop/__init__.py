@@ -59,6 +59,7 @@ if TYPE_CHECKING:
     from boundloop.core.operator import OperatorPolicy, Refusal
     from boundloop.core.reasons import StopReason
     from boundloop.core.session import SessionLimits
+    from boundloop.core.tree import AgentTool
     from boundloop.errors import (
         BoundloopError,
         BudgetRefused,
@@ -116,6 +117,7 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     "DEFAULT_TASK_QUEUE",
     "Agent",
+    "AgentTool",
     "Approval",
     "BoundloopError",
     "BudgetLimits",

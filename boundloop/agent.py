@@ -43,6 +43,7 @@ from boundloop.core.canonical import compact_json, preview
 from boundloop.core.limits import Limits, Policy, RunSettings
 from boundloop.core.mcp_tools import MCPToolDeclaration
 from boundloop.core.session import SessionLimits
+from boundloop.core.tree import AgentTool
 from boundloop.tools.registry import Toolset, tool_names
 
 Deps = TypeVar("Deps")
@@ -71,6 +72,9 @@ class Agent(Generic[Deps]):
       all of them).
     - stream: request each answer as a stream, so its text reaches `run.stream()` as it
       is written (docs/streaming.md); False for a provider whose streams misbehave.
+    - agents: other agents its model may call as tools (`other.as_tool(...)`), each
+      started as a sub-agent's run within an allowance of this run's limits
+      (docs/agent-trees.md).
     """
 
     tools: Toolset[Deps] | Sequence[str | Callable[..., Any]]
@@ -85,6 +89,7 @@ class Agent(Generic[Deps]):
     mcp_tools: Sequence[MCPToolDeclaration] = ()
     allowed: Sequence[str] | None = None
     stream: bool = True
+    agents: Sequence[AgentTool] = ()
     #: model, API, limits, policy and budget, validated together (made from the above).
     settings: RunSettings = field(init=False, repr=False, compare=False)
     #: the tools each run may call, in order (made from the above).
@@ -103,7 +108,12 @@ class Agent(Generic[Deps]):
             names = list(dict.fromkeys(self.allowed))
         else:
             names = available
-        if not names:
+        agent_names = [a.name for a in self.agents]
+        clash = sorted({n for n in agent_names if n in available or agent_names.count(n) > 1})
+        if clash:
+            raise ValueError(f"sub-agents {clash} share a name with a tool or another "
+                             "sub-agent; give each its own")
+        if not names and not self.agents:
             raise ValueError("the agent has no tools; give it at least one")
         named = {**settings.limits.per_tool_max_calls, **settings.policy.approvers}
         strangers = [n for n in named if n not in available]
@@ -124,12 +134,28 @@ class Agent(Generic[Deps]):
         """Another agent: this one with `changes` (validated again)."""
         return dataclasses.replace(self, **changes)
 
+    def as_tool(self, name: str, description: str, *,
+                limits: Limits | None = None) -> AgentTool:
+        """This agent as a tool of another (`Agent(..., agents=[researcher.as_tool(...)])`):
+        the other's model calls `name` with a `question`, and the question runs as this
+        agent's run, a child of the calling run, bounded by what the caller has left.
+        `limits`: this sub-agent's own (default: the agent's); its allowance may cut
+        them further. Its answer reaches the caller's model with its stop reason, steps,
+        tokens and cost; a sub-agent a limit cut short is reported as such."""
+        settings = self.settings if limits is None else RunSettings.model_validate(
+            {**self.settings.model_dump(), "limits": limits})
+        allowed = set(self.tool_names)
+        return AgentTool(name=name, description=description, instructions=self.instructions,
+                         settings=settings, tools=list(self.tool_names),
+                         mcp_tools=[d for d in self.mcp_tools if d.name in allowed],
+                         task_queue=self.task_queue, agents=list(self.agents))
+
     def run_input(self, question: str, *, search_attributes: bool = True) -> RunInput:
         """The workflow input of one run with `question` (`contracts.run_input`, which
         the session workflow calls for each turn)."""
         return run_input(question, instructions=self.instructions, settings=self.settings,
                          tools=self.tool_names, mcp_tools=self.mcp_tools,
-                         search_attributes=search_attributes)
+                         search_attributes=search_attributes, agents=self.agents)
 
     async def start(self, client: Client, question: str, *, id: str | None = None,
                     tenant: str | None = None) -> Run:
@@ -154,6 +180,9 @@ class Agent(Generic[Deps]):
         start --id`); a session's id is never reused (`RunIdTaken`). `tenant`: the
         session's `BoundloopTenant` search attribute, which each of its turns carries
         (`boundloop session start --tenant`; as `start`'s)."""
+        if self.agents:
+            raise ValueError("a session's turns do not call sub-agents: start runs "
+                             "(agent.start) for an agent with `agents`")
         allowed = set(self.tool_names)
         inp = SessionInput(instructions=self.instructions, settings=self.settings,
                            tools=list(self.tool_names),

@@ -26,6 +26,7 @@ from boundloop.core.conversation import ConversationRef as ConversationRef  # re
 from boundloop.core.limits import Limits, PromptText, RunSettings
 from boundloop.core.loop import Approval, Event, Grant, LoopState, ModelAttempt, ToolChoice
 from boundloop.core.mcp_tools import MCPToolDeclaration
+from boundloop.core.place import TreePlace
 from boundloop.core.reasons import StopReason
 from boundloop.core.rules import CONDITION_MAX
 from boundloop.core.session import (
@@ -37,6 +38,7 @@ from boundloop.core.session import (
     TurnSummary,
 )
 from boundloop.core.signatures import ApproverName, Signature
+from boundloop.core.tree import AgentTool
 
 WORKFLOW_NAME = "BoundLoop"
 
@@ -101,18 +103,27 @@ class RunInput(BaseModel):
     #: Set when the run is a session's turn: it continues the session's conversation and
     #: its RunResult says where the conversation goes on (`RunResult.continuation`).
     turn: TurnOf | None = Field(default=None, exclude_if=_none)
+    #: Agents the run's model may call as tools (`Agent.as_tool`), each started as a
+    #: child run within an allowance of this run's limits (boundloop.core.tree).
+    agents: list[AgentTool] = Field(default_factory=list, exclude_if=_empty)
+    #: Set when the run is a sub-agent's: its place in the tree. Only the run it names as
+    #: its parent, as the parent that started it, hands one on.
+    tree: TreePlace | None = Field(default=None, exclude_if=_none)
 
 
 def run_input(question: str, *, instructions: str | None, settings: RunSettings,
               tools: Sequence[str], mcp_tools: Sequence[MCPToolDeclaration] = (),
-              search_attributes: bool = True, turn: TurnOf | None = None) -> RunInput:
+              search_attributes: bool = True, turn: TurnOf | None = None,
+              agents: Sequence[AgentTool] = (), tree: TreePlace | None = None) -> RunInput:
     """The workflow input of one run: the only place one is made (`Agent.run_input` for a
-    run, the session workflow for each turn). Pure and deterministic: `tools` are the
-    names the run may call; `mcp_tools` the declarations of those that are MCP tools."""
+    run, the session workflow for each turn, a run for its sub-agents). Pure and
+    deterministic: `tools` are the names the run may call; `mcp_tools` the declarations
+    of those that are MCP tools; `agents` the agents it may call as tools."""
     allowed = set(tools)
     return RunInput(question=question, instructions=instructions, settings=settings,
                     tools=list(tools), mcp_tools=[d for d in mcp_tools if d.name in allowed],
-                    search_attributes=search_attributes, turn=turn)
+                    search_attributes=search_attributes, turn=turn, agents=list(agents),
+                    tree=tree)
 
 
 class ModelRequest(BaseModel):
@@ -240,6 +251,24 @@ class RunResult(BaseModel):
     #: Every model request the provider received, with the tokens charged for it (its
     #: usage, or its worst case when no answer came): they add up to `total_tokens`.
     model_attempts: list[ModelAttempt] = Field(default_factory=list, exclude_if=_empty)
+    #: Processing time of the run in seconds (approval waits excluded): a caller's own
+    #: clock counts a sub-agent's processing time, not its approval waits.
+    processing_seconds: float = Field(default=0.0, exclude_if=lambda v: not v)
+
+
+class ChildRun(BaseModel):
+    """A sub-agent's run as the run that started it sees it (`RunStatus.children`)."""
+
+    workflow_id: str
+    tool: str
+    call_id: str
+    #: Its allowance (RunSettings.limits of the child: what it may spend at most).
+    token_allowance: int
+    usd_allowance: float | None = None
+    #: "running", or its stop reason once it ended ("failed" if it failed instead).
+    state: str = "running"
+    total_tokens: int = 0
+    cost_usd: float | None = None
 
 
 class RunStatus(BaseModel):
@@ -268,6 +297,11 @@ class RunStatus(BaseModel):
     #: events across continue-as-new; the older ones are in its earlier runs' histories
     #: and its stream). `events[i]` is the run's event number `events_dropped + i`.
     events_dropped: int = Field(default=0, exclude_if=lambda v: not v)
+    #: Of a sub-agent's run: where it is in its tree (root, parent, path).
+    tree: TreePlace | None = Field(default=None, exclude_if=_none)
+    #: The sub-agents this Temporal run started, in order (the earlier ones of a run that
+    #: continued as new are in its event log: subagent_started / subagent_ended).
+    children: list[ChildRun] = Field(default_factory=list, exclude_if=_empty)
 
 
 # --- shared budgets (workflows/budget.py) ----------------------------------------------

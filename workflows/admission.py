@@ -51,6 +51,8 @@ class RunTools:
         self.described: dict[str, MCPToolDeclaration] = {}
         # Approver public keys: the worker's (like its toolset) and the run policy's.
         self.keys: dict[str, str] = {}
+        # The agents the run may call as tools, by name (offer_agents).
+        self.agents = {a.name: a for a in inp.agents}
         self.keep_admitted()
 
     def admit(self, admission: Admission) -> None:
@@ -69,6 +71,22 @@ class RunTools:
         self.described[ctx.RECALL_TOOL] = declared
         if ctx.RECALL_TOOL not in state.allowed_tools:
             state.allowed_tools = [*state.allowed_tools, ctx.RECALL_TOOL]
+
+    def offer_agents(self, state: core.LoopState) -> None:
+        """The agents the run may call as tools (boundloop.core.tree), described by the
+        run itself and decided like any other tool (counted, identical-call rules, the
+        policy's argument rules). A name a served tool has already is refused."""
+        for agent in self.agents.values():
+            if agent.name in self.rules and agent.name not in self.described:
+                raise ApplicationError(
+                    f"the operator's policy refuses this run: sub-agent {agent.name!r} has "
+                    "the name of one of the run's tools; give it another",
+                    type=errors.POLICY_REFUSED, non_retryable=True)
+            declared = agent.declaration()
+            self.rules[agent.name] = mcp_tools.tool_rule(declared)
+            self.described[agent.name] = declared
+            if agent.name not in state.allowed_tools:
+                state.allowed_tools = [*state.allowed_tools, agent.name]
 
     def described_tools(self, allowed: list[str]) -> list[MCPToolDeclaration]:
         """The tools the run describes itself: its MCP tools, and any a deploy took from
@@ -129,7 +147,8 @@ class RunTools:
             # A tool from an MCP server, or one a deploy renamed, removed or changed, is
             # described by the run's own declaration, not by this worker's toolset.
             declared = self.mcp.get(name) or (self.described.get(name)
-                                              if name == ctx.RECALL_TOOL else None)
+                                              if name == ctx.RECALL_TOOL
+                                              or name in self.agents else None)
             if declared is None and name in admitted and (
                     name not in served or mcp_tools.parameters_digest(
                         admitted[name].parameters) != self.toolset.get(name).schema_digest):

@@ -129,7 +129,8 @@ class Ending:
             cancel_reason=cancel_reason if s.reason == StopReason.CANCELLED else None,
             continuation=self._continuation() if self._inp.turn is not None else None,
             session_grants=[g for g in s.grants if g.scope == "session"]
-            if self._start.session_grants else [], model_attempts=list(s.model_attempts))
+            if self._start.session_grants else [], model_attempts=list(s.model_attempts),
+            processing_seconds=self._processing_seconds())
         excess = payload_bytes(result) - MAX_PAYLOAD_VALUE_BYTES
         if excess <= 0:
             return result

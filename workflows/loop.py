@@ -28,6 +28,7 @@ from boundloop.workflows import SANDBOXED, options
 from boundloop.workflows.admission import RunTools
 from boundloop.workflows.attempts import Routing
 from boundloop.workflows.calls import Calls
+from boundloop.workflows.children import Children
 from boundloop.workflows.ending import Ending
 from boundloop.workflows.patches import Patches
 from boundloop.workflows.publish import Publisher, cost_of, status_of
@@ -69,12 +70,14 @@ class BoundLoopWorkflow:
         if carried is not None:
             self._state = carried.state
             self._tools.offer_recall(self._state)
+            self._tools.offer_agents(self._state)
             self._ex.unsent = list(carried.unsent)
             self._base: ConversationRef | None = carried.base
             self._ex.sent = carried.base.meta
             self._processing_before = carried.processing_seconds
         else:
-            self._state = core.LoopState(settings=inp.settings, allowed_tools=list(inp.tools))
+            self._state = core.LoopState(settings=inp.settings, allowed_tools=list(inp.tools),
+                                         tree=inp.tree)
             self._base = None
             self._processing_before = 0.0
             follows = inp.turn.follows if inp.turn is not None else None
@@ -93,6 +96,7 @@ class BoundLoopWorkflow:
         self._tools.keys = signatures.run_keys(served.approver_keys,
                                                self._state.policy.approver_keys)
         self._budget = RunBudget(self._state)  # the run's side of its shared budget
+        self._children = Children(inp, self._add_waited)  # its sub-agents' runs
         self._show = Publisher(
             self._state, WorkflowStream(prior_state=carried.stream if carried else None),
             carried=carried is not None, search_attributes=bool(inp.search_attributes))
@@ -114,7 +118,8 @@ class BoundLoopWorkflow:
         self._patches.start()
         await self._start.begin()
         self._run = driver.Run(self._state, self._tools.rules, self._start.key_scope,
-                               _View(self), self._ex, charged=self._start.charged)
+                               _View(self), self._ex, charged=self._start.charged,
+                               agents=dict(self._tools.agents))
         reason = (core.cancelled(self._state, self._cancel_reason, step_unfinished=False)
                   if self._start.cancelled_first else await self._drive())
         if reason is None:  # continue-as-new was requested
@@ -172,6 +177,8 @@ class BoundLoopWorkflow:
                 return await self._await_decision(approval, timeout)
             case driver.LookUpEarlier(keys):
                 return await self._look_up_earlier(keys)
+            case driver.RunChild():
+                return await self._children.run(command)
         raise AssertionError(f"unknown command {command!r}")
 
     # --- model ---------------------------------------------------------------------
@@ -274,12 +281,16 @@ class BoundLoopWorkflow:
             model=self._state.settings.model, limits=self._state.limits,
             grants=list(self._state.grants), run=workflow.info().first_execution_run_id,
             context_tokens=ctx.estimate(self._state, self._fixed_bytes),
-            events_dropped=self._state.events_dropped)
+            events_dropped=self._state.events_dropped, tree=self._state.tree,
+            children=list(self._children.runs))
 
     # --- helpers -------------------------------------------------------------------
 
     def _patched(self, patch: str) -> bool:
         return self._patches.patched(patch)
+
+    def _add_waited(self, seconds: float) -> None:
+        self._waited += seconds
 
     def _processing_seconds(self) -> float:
         elapsed = (workflow.now() - self._started).total_seconds()

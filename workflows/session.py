@@ -24,6 +24,7 @@ from temporalio.exceptions import (
 )
 
 from boundloop.workflows import SANDBOXED
+from boundloop.workflows.children import starter_text_attributes
 from boundloop.workflows.loop import BoundLoopWorkflow
 
 with workflow.unsafe.imports_passed_through():
@@ -274,8 +275,7 @@ class BoundloopSessionWorkflow:
         carries as a run started with them does. Never a message's: the sender of a
         `say` gives the turn its text only."""
         given = workflow.info().typed_search_attributes
-        text = [pair for pair in given if isinstance(pair.value, str)
-                and pair.key.name not in _UPSERTED and not pair.key.name.startswith("Temporal")]
+        text = starter_text_attributes()
         if (any(pair.key.name != sa.TENANT.name for pair in text)
                 and workflow.patched(TURN_ATTRIBUTES)):
             return TypedSearchAttributes(text)
@@ -308,9 +308,6 @@ class BoundloopSessionWorkflow:
                                    non_retryable=True) from None
 
 
-#: The attributes each run writes of itself: a session's starter does not set a turn's
-#: (nor Temporal's own, `Temporal*`, which only the server sets).
-_UPSERTED = frozenset(key.name for key in sa.ALL)
 
 
 def _merged(kept: list[Grant], new: list[Grant]) -> list[Grant]:

@@ -92,6 +92,8 @@ class Start:
                 self.cancelled_first = True
         elif self._tools.unknown:
             self._tools.refuse_unknown(self._tools.unknown)
+        if inp.carried is None:
+            self._tools.offer_agents(self._state)
         if own_schemas:
             self._tools.own_schemas()
         if stricter:
@@ -120,6 +122,13 @@ class Start:
                             operator="carried state comes only from the run's own "
                                      "continue-as-new (never a cron schedule or a "
                                      "retry): start the run without it"))
+        if inp.tree is not None and (info.parent is None
+                                     or info.parent.workflow_id != inp.tree.parent):
+            # A sub-agent's run is bounded by the run that started it: a place in a tree
+            # comes only from that parent, never from a starter.
+            _refuse(Refusal(field="tree", asked="a place in an agent tree",
+                            operator="only the run that starts a sub-agent gives it its "
+                                     "place in the tree: start the run without `tree`"))
         if (inp.carried is None and inp.turn is not None and inp.turn.follows is not None
                 and not sessions.owns_turn(inp.turn, info.parent.workflow_id
                                            if info.parent is not None else None,

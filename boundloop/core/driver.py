@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Literal, Protocol, TypeVar
 
-from boundloop.core import approvals, carry, retries
+from boundloop.core import approvals, carry, retries, tree
 from boundloop.core import budget as shared
 from boundloop.core import context as ctx
 from boundloop.core import loop as core
@@ -31,6 +31,7 @@ from boundloop.core import model_failures as mf
 from boundloop.core.budget import Amount, Grant
 from boundloop.core.conversation import ConversationMeta, Item
 from boundloop.core.envelope import Envelope, temporary_error_exhausted, tool_timed_out
+from boundloop.core.limits import RunSettings
 from boundloop.core.reasons import StopReason
 from boundloop.core.turn import FunctionCall, Turn
 
@@ -205,9 +206,20 @@ class LookUpEarlier:
     keys: list[str]
 
 
+@dataclass(frozen=True)
+class RunChild:
+    """Start the sub-agent's run (a child workflow whose id the call's idempotency key
+    makes) with `settings`, and wait for its end: -> tree.ChildEnded | tree.ChildFailed."""
+
+    step: int
+    plan: core.Execute
+    agent: tree.AgentTool
+    settings: RunSettings
+
+
 Command = (AskPatch | Publish | ReserveBudget | SettleBudget | BuildModelRequest
            | RequestModel | AttemptModel | Sleep | BuildToolRequest | RunTool | AwaitDecision
-           | LookUpEarlier)
+           | LookUpEarlier | RunChild)
 
 _T = TypeVar("_T")
 #: A generator of commands returning `_T`.
@@ -275,6 +287,11 @@ class Run:
     #: What the step's attempts that brought no answer were charged, not yet settled with
     #: the shared budget (settled with the step, or when the step ends without one).
     abandoned: Amount = field(default_factory=Amount)
+    #: The agents the model may call as tools, by tool name (boundloop.core.tree).
+    agents: dict[str, tree.AgentTool] = field(default_factory=dict)
+    #: Calls of the response being run that have not started yet (a sub-agent's
+    #: allowance keeps their tool executions back).
+    unrun: int = 0
 
     def steps(self) -> Steps[StopReason | None]:
         """The run's steps until it stops (the reason) or should continue as new
@@ -303,6 +320,9 @@ class Run:
             if over is not None and not ctx.trims(state) \
                     and (yield from _ask(CONTEXT_WINDOW)):
                 return ctx.exhausted(state, over)
+            spent = tree.check_allowance(state, view.fixed_bytes())  # a sub-agent's run
+            if spent is not None:
+                return spent
             yield Publish()
             answered = yield from self._request_model(plan)
             if isinstance(answered, StopReason):
@@ -522,6 +542,7 @@ class Run:
         Calls that need no approval run first, in order; then each approval is awaited."""
         state = self.state
         results = self.exchange.answered  # kept as they come: a stopped turn hands them on
+        self.unrun = sum(isinstance(p, core.Execute) for p in plans)
         waiting: list[core.Execute] = []
         for p in plans:
             if isinstance(p, core.Execute) and p.needs_approval:
@@ -571,6 +592,9 @@ class Run:
     def _execute(self, step: int, p: core.Execute
                  ) -> Steps[tuple[Envelope, str | None] | StopReason]:
         state = self.state
+        self.unrun -= 1
+        if p.call.name in self.agents:
+            return (yield from self._run_child(step, p, self.agents[p.call.name]))
         rule = self.rules[p.call.name]
         timeout = state.limits.tool_timeout_seconds or rule.timeout_seconds
         size = yield BuildToolRequest(step, p, timeout)
@@ -604,6 +628,54 @@ class Run:
         # The activity's own result is in history: the next request refers to it.
         return result, p.idempotency_key if outcome.from_activity \
             and result == outcome.envelope else None
+
+
+    def _run_child(self, step: int, p: core.Execute, agent: tree.AgentTool
+                   ) -> Steps[tuple[Envelope, str | None] | StopReason]:
+        """A sub-agent's call: checked against max_children and max_depth, given its
+        allowance, run as a child run; everything it used is charged to this run."""
+        state, view, call = self.state, self.view, p.call
+        why = tree.refused_by_limits(state)
+        if why is not None:
+            state.log(tree.NOT_STARTED, tool=call.name, call_id=call.call_id,
+                      fp=p.fingerprint, detail=why)
+            return _no_ref(core.reply_output(state, core.Reply(
+                call=call, fingerprint=p.fingerprint,
+                envelope=tree.blocked_by_limits(state, why))))
+        settings = tree.allowance(
+            state, agent, processing_seconds=view.processing_seconds(),
+            next_input_tokens=ctx.estimate_input_tokens(
+                conversation_bytes=state.conversation.bytes,
+                fixed_bytes=view.fixed_bytes() if state.last_tokens is None else 0,
+                last_tokens=state.last_tokens, last_bytes=state.last_bytes),
+            later_calls=self.unrun)
+        if isinstance(settings, str):
+            state.log(tree.NOT_STARTED, tool=call.name, call_id=call.call_id,
+                      fp=p.fingerprint, detail=settings)
+            return _no_ref(core.reply_output(state, core.Reply(
+                call=call, fingerprint=p.fingerprint,
+                envelope=tree.not_started(agent.name, settings))))
+        state.children += 1
+        state.log(tree.STARTED, tool=call.name, call_id=call.call_id, fp=p.fingerprint,
+                  detail=tree.allowance_line(settings))
+        yield Publish(attributes=False)
+        ended = yield RunChild(step, p, agent, settings)
+        assert isinstance(ended, tree.ChildEnded | tree.ChildFailed)
+        if isinstance(ended, tree.ChildEnded):
+            tree.charge(state, ended)
+            detail = (f"{ended.reason.value}: {ended.total_tokens} tokens, "
+                      f"{ended.tool_executions} tool executions")
+        else:
+            detail = f"{ended.kind}: {ended.detail}"
+        state.log(tree.ENDED, tool=call.name, call_id=call.call_id, fp=p.fingerprint,
+                  detail=detail)
+        result = core.record_outcome(state, p, core.ToolOutcome(
+            envelope=tree.output(agent.name, ended), from_activity=False), self.rules)
+        yield Publish(attributes=False)
+        if isinstance(result, StopReason):
+            return result
+        over = tree.over_limits(state)
+        return over if over is not None else (result, None)
 
 
 def _ask(patch: str) -> Steps[bool]:

@@ -134,6 +134,11 @@ class Limits(BaseModel):
       timeout is `model_retried:timeout` (or the run's `model_failed:timeout`) and counts.
     - deadline_seconds: processing time of the run, approval waits excluded.
     - approval_timeout_seconds: how long one pending approval may wait (default 24 h).
+    - max_children: sub-agents (`Agent.as_tool`) one run may start; the call past it is
+      not started and the run ends `max_children`.
+    - max_depth: how deep a tree of sub-agents may go below its root (a child of the
+      root is at depth 1); a call that would start one deeper ends the run `max_depth`.
+      A child's own is never more than its caller's.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -154,6 +159,8 @@ class Limits(BaseModel):
     model_answer_seconds: Seconds | None = Field(default=None, exclude_if=lambda v: v is None)
     deadline_seconds: Seconds = 600.0
     approval_timeout_seconds: Seconds = 86400.0
+    max_children: PositiveInt = Field(default=8, exclude_if=lambda v: v == 8)
+    max_depth: PositiveInt = Field(default=3, exclude_if=lambda v: v == 3)
 
     @model_validator(mode="after")
     def _output_fits_the_window(self) -> Limits:

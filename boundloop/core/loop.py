@@ -22,6 +22,7 @@ from boundloop.core.conversation import ConversationMeta, Item, function_call_ou
 from boundloop.core.envelope import Envelope, ToolStatus
 from boundloop.core.fingerprint import fingerprint, invalid_fingerprint
 from boundloop.core.limits import Limits, Policy, RunSettings, fits_payload
+from boundloop.core.place import TreePlace
 from boundloop.core.reasons import StopReason
 from boundloop.core.retries import TOOL_BACKOFF, Backoff
 from boundloop.core.rules import Grant as Grant
@@ -193,6 +194,11 @@ class LoopState(BaseModel):
     trimmed_outputs: int = Field(default=0, exclude_if=lambda v: not v)
     #: Events of the log no longer carried (the oldest; in the earlier runs' histories).
     events_dropped: int = Field(default=0, exclude_if=lambda v: not v)
+    #: Of a sub-agent's run: where it is in its tree (its model requests then never pass
+    #: what is left of its allowance: boundloop.core.tree).
+    tree: TreePlace | None = Field(default=None, exclude_if=lambda v: v is None)
+    #: Sub-agents this run started (`max_children`).
+    children: int = Field(default=0, exclude_if=lambda v: not v)
 
     @property
     def limits(self) -> Limits:

@@ -27,6 +27,8 @@ class StopReason(StrEnum):
     TOOL_ERROR = "tool_error"
     APPROVAL_TIMEOUT = "approval_timeout"
     TOOL_UNAVAILABLE = "tool_unavailable"
+    MAX_CHILDREN = "max_children"
+    MAX_DEPTH = "max_depth"
     CANCELLED = "cancelled"
 
 
@@ -68,5 +70,10 @@ NEXT_CHECK: dict[StopReason, str] = {
                                  "changed so that the call no longer fits, in a deploy); the "
                                  "event names the tool and why: serve it again, or let the "
                                  "run finish on the old version",
+    StopReason.MAX_CHILDREN: "the model called more sub-agents than max_children allows "
+                             "(the event subagent_not_started names the call); raise it or "
+                             "tell the agent to delegate less",
+    StopReason.MAX_DEPTH: "a sub-agent called a sub-agent deeper than max_depth allows; "
+                          "raise it or flatten the tree",
     StopReason.CANCELLED: "an operator cancelled the run",
 }

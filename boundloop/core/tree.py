@@ -1,0 +1,311 @@
+"""Agent trees: another agent as a tool of a run, bounded by the run that calls it.
+Pure: no Temporal, no I/O.
+
+A run's model calls a sub-agent like any tool (`AgentTool`, made by `Agent.as_tool`);
+the run starts it as a child run of the same loop and waits for its end. Before it
+starts, the calling run gives it an *allowance* out of what it has left (tokens, USD,
+tool executions, tool cost units, processing time), minus a reserve the caller keeps to
+read the answer and go on; the child's own limits are the smaller of what it declares
+and that allowance, and its policy the stricter of its own and the caller's. A child
+never sends a model request whose worst case (every input token the request may hold
+plus the most output it may produce) would pass what is left of its allowance, so a
+tree spends at most what its root's limits allow. When the child ends, everything it
+used is charged to the caller, and what it did not use is the caller's again.
+
+Sub-agents of one response run one after another, in call order, like every tool call:
+each allowance is cut from what is left when that child starts, so two siblings never
+hold the same tokens.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from boundloop.core import budget as shared
+from boundloop.core import envelope as env
+from boundloop.core.envelope import Envelope, ToolStatus
+from boundloop.core.limits import Limits, Policy, PromptText, RunSettings
+from boundloop.core.loop import LoopState
+from boundloop.core.mcp_tools import MCPToolDeclaration
+from boundloop.core.reasons import StopReason
+
+#: The share of what the caller has left that it keeps back when a child starts (on top
+#: of its next request's input): enough to read the child's answer and go on.
+RESERVE_SHARE = 0.1
+#: A child's most output per response when neither it nor its caller sets
+#: `max_output_tokens` (a child needs one: its worst case bounds every request it sends).
+CHILD_OUTPUT_TOKENS = 4096
+#: Events of the calling run.
+STARTED = "subagent_started"
+ENDED = "subagent_ended"
+NOT_STARTED = "subagent_not_started"
+#: The event of a child run that stops before a request whose worst case would pass
+#: what is left of its allowance.
+ALLOWANCE_SPENT = "allowance_spent"
+
+ToolName = Annotated[str, Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
+
+
+class AgentTool(BaseModel):
+    """Another agent as a tool a run's model may call (`boundloop.Agent.as_tool`): the
+    child run's question is the call's `question` argument; the rest is the agent's
+    definition, carried in the calling run's input."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: ToolName
+    description: str = Field(min_length=1, max_length=1024)
+    instructions: PromptText | None = None
+    settings: RunSettings
+    tools: list[str]
+    mcp_tools: list[MCPToolDeclaration] = Field(default_factory=list,
+                                                exclude_if=lambda v: not v)
+    task_queue: str = Field(min_length=1, max_length=1000)
+    #: The sub-agent's own sub-agents.
+    agents: list[AgentTool] = Field(default_factory=list, exclude_if=lambda v: not v)
+
+    def declaration(self) -> MCPToolDeclaration:
+        """How the calling run's model sees it (and how the run checks its calls)."""
+        return MCPToolDeclaration(
+            name=self.name, server="boundloop", remote_name=self.name,
+            description=self.description, strict=True, needs_approval=False,
+            side_effects=False, max_attempts=1, parameters={
+                "type": "object", "additionalProperties": False, "required": ["question"],
+                "properties": {"question": {
+                    "type": "string", "minLength": 1, "maxLength": 16000,
+                    "description": "What to ask this agent: everything it needs to know, "
+                                   "since it sees nothing else of this conversation"}}})
+
+
+@dataclass(frozen=True)
+class ChildEnded:
+    """What the calling run needs of a child's `RunResult`."""
+
+    reason: StopReason
+    text: str
+    steps: int
+    tool_executions: int
+    input_tokens: int
+    output_tokens: int
+    total_tokens: int
+    cost_usd: float | None
+    cost_units: int
+    usage_estimated: bool
+    workflow_id: str
+    #: Its processing time (approval waits excluded).
+    processing_seconds: float = 0.0
+
+
+@dataclass(frozen=True)
+class ChildFailed:
+    """The child run failed instead of ending: `refused` by its worker's admission (the
+    operator's policy, tools its worker does not serve), or `failed` (terminated, timed
+    out). `detail` is the operator's line, never shown to the model."""
+
+    kind: Literal["refused", "failed"]
+    detail: str
+
+
+# --- before a child starts ------------------------------------------------------------
+
+
+def refused_by_limits(state: LoopState) -> str | None:
+    """Whether the run may start one more child: its `max_children` and `max_depth`."""
+    lim = state.limits
+    if state.children >= lim.max_children:
+        return f"max_children {lim.max_children}: this run started {state.children} sub-agents"
+    depth = state.tree.depth if state.tree is not None else 0
+    if depth + 1 > lim.max_depth:
+        return f"max_depth {lim.max_depth}: this run is at depth {depth}"
+    return None
+
+
+def blocked_by_limits(state: LoopState, why: str) -> Envelope:
+    """The call of a sub-agent past `max_children` or `max_depth`: not started; the next
+    request is the run's last and it ends with that limit."""
+    state.force_final = True
+    reason = StopReason.MAX_CHILDREN if why.startswith("max_children") else StopReason.MAX_DEPTH
+    state.pending_limit = state.pending_limit or reason
+    return env.blocked("SUBAGENT_LIMIT", f"No more sub-agents may start in this run ({why}). "
+                       "Answer the user with the results you have.")
+
+
+def stricter_policy(parent: Policy, child: Policy) -> Policy:
+    """The child's policy, never looser than its caller's: the stricter approval mode,
+    the caller's argument rules too, the approvers both allow for a tool both name, the
+    caller's approver keys and prices, `stop` for missing usage and unknown tools when
+    either says so."""
+    order = {"never": 0, "tool": 1, "always": 2}
+    approval = max(parent.approval, child.approval, key=order.__getitem__)
+    approvers = dict(parent.approvers)
+    for tool, names in child.approvers.items():
+        approvers[tool] = [n for n in names if n in approvers[tool]] \
+            if tool in approvers else list(names)
+    rules = [*parent.rules, *(r for r in child.rules if r not in parent.rules)]
+    return child.model_copy(update={
+        "approval": approval, "approvers": approvers, "rules": rules[:100],
+        "approver_keys": {**child.approver_keys, **parent.approver_keys},
+        "prices": {**child.prices, **parent.prices},
+        "missing_usage": "stop" if "stop" in (parent.missing_usage, child.missing_usage)
+        else "estimate",
+        "unknown_tool": "stop" if "stop" in (parent.unknown_tool, child.unknown_tool)
+        else "report"})
+
+
+def allowance(state: LoopState, tool: AgentTool, *, processing_seconds: float,
+              next_input_tokens: int, later_calls: int) -> RunSettings | str:
+    """The child's settings: its own, cut to what the caller has left less its reserve.
+    A string says why it cannot start (nothing left of a limit).
+
+    `next_input_tokens`: the caller's estimate of its next request's input (kept back
+    with RESERVE_SHARE of what is left); `later_calls`: the caller's calls of this
+    response still to run after this one (their executions are kept back too)."""
+    lim, own = state.limits, tool.settings.limits
+    tokens_left = lim.token_threshold - state.usage.total_tokens
+    cap = own.max_output_tokens or lim.max_output_tokens
+    reserve = next_input_tokens + (lim.max_output_tokens or math.ceil(tokens_left * RESERVE_SHARE))
+    tokens = min(own.token_threshold, tokens_left - reserve)
+    if tokens <= 0:
+        return (f"{tokens_left} tokens left of token_threshold {lim.token_threshold}, and "
+                f"{reserve} kept to read its answer")
+    executions = min(own.max_tool_executions,
+                     lim.max_tool_executions - state.tool_executions - later_calls - 1)
+    if executions <= 0:
+        return (f"no tool executions left for it (max_tool_executions "
+                f"{lim.max_tool_executions}, {state.tool_executions} ran)")
+    seconds_left = lim.deadline_seconds - processing_seconds
+    seconds = min(own.deadline_seconds, seconds_left * (1 - RESERVE_SHARE))
+    if seconds <= 0:
+        return f"no processing time left (deadline_seconds {lim.deadline_seconds})"
+    update: dict[str, object] = {
+        "token_threshold": tokens, "max_tool_executions": executions,
+        "deadline_seconds": seconds,
+        "max_children": min(own.max_children, lim.max_children),
+        "max_depth": min(own.max_depth, lim.max_depth)}
+    window = own.max_input_tokens
+    cap = cap or CHILD_OUTPUT_TOKENS
+    update["max_output_tokens"] = min(cap, window - 1) if window is not None else cap
+    policy = stricter_policy(state.policy, tool.settings.policy)
+    if lim.usd_budget is not None:
+        if tool.settings.model not in policy.prices:
+            return (f"its model {tool.settings.model!r} has no price, and this run has a "
+                    "usd_budget")
+        usd_left = lim.usd_budget - state.cost_usd
+        usd = min(own.usd_budget or usd_left, usd_left * (1 - RESERVE_SHARE))
+        if usd <= 0:
+            return f"no USD left (usd_budget {lim.usd_budget})"
+        update["usd_budget"] = usd
+    if lim.tool_cost_budget is not None:
+        units = min(own.tool_cost_budget or lim.tool_cost_budget,
+                    lim.tool_cost_budget - state.cost_units)
+        if units <= 0:
+            return f"no tool cost units left (tool_cost_budget {lim.tool_cost_budget})"
+        update["tool_cost_budget"] = units
+    limits = Limits.model_validate({**own.model_dump(), **update})
+    return RunSettings(model=tool.settings.model, api=tool.settings.api, limits=limits,
+                       policy=policy, budget=tool.settings.budget or state.settings.budget,
+                       stream=tool.settings.stream)
+
+
+def allowance_line(settings: RunSettings) -> str:
+    """The allowance a child starts with, for the caller's event log."""
+    lim = settings.limits
+    usd = f", {lim.usd_budget:.4f} USD" if lim.usd_budget is not None else ""
+    return (f"allowance: {lim.token_threshold} tokens{usd}, {lim.max_tool_executions} tool "
+            f"executions, {lim.deadline_seconds:.0f} s")
+
+
+def not_started(name: str, why: str) -> Envelope:
+    """The model's output for a sub-agent that could not start for want of budget."""
+    return env.blocked("SUBAGENT_NOT_STARTED",
+                       f"The {name} agent was not started: this run has too little left "
+                       f"for it ({why}). Answer the user with the results you have.")
+
+
+# --- a child runs ---------------------------------------------------------------------
+
+
+def check_allowance(state: LoopState, fixed_bytes: int) -> StopReason | None:
+    """Of a child run, before each model request: stop (`usage_limit`, or
+    `budget_limit` for USD) when the request's worst case would pass what is left of its
+    allowance. The request is not sent, so it is not a step."""
+    if state.tree is None:
+        return None
+    lim = state.limits
+    cap = lim.max_output_tokens or CHILD_OUTPUT_TOKENS
+    worst = shared.worst_case(
+        state.policy.prices.get(state.settings.model),
+        shared.input_tokens_bound(conversation_bytes=state.conversation.bytes,
+                                  fixed_bytes=fixed_bytes, last_tokens=state.last_tokens,
+                                  last_bytes=state.last_bytes), cap)
+    reason, detail = None, ""
+    if state.usage.total_tokens + worst.tokens > lim.token_threshold:
+        reason = StopReason.USAGE_LIMIT
+        detail = (f"the next request may use {worst.tokens} tokens; "
+                  f"{lim.token_threshold - state.usage.total_tokens} are left of the "
+                  f"allowance ({lim.token_threshold})")
+    elif lim.usd_budget is not None and state.cost_usd + worst.usd > lim.usd_budget:
+        reason = StopReason.BUDGET_LIMIT
+        detail = (f"the next request may cost {worst.usd:.6f} USD; "
+                  f"{lim.usd_budget - state.cost_usd:.6f} are left of the allowance")
+    if reason is None:
+        return None
+    state.steps -= 1
+    if state.events and state.events[-1].event == "model_requested":
+        state.events.pop()  # begin_step logged the request that is not sent
+    state.log(ALLOWANCE_SPENT, detail=detail)
+    return state.stop(reason)
+
+
+# --- a child ended ----------------------------------------------------------------------
+
+
+def charge(state: LoopState, ended: ChildEnded) -> None:
+    """Everything the child used is the caller's too (its totals, the token threshold,
+    the USD budget, tool executions and cost units, which the next checks see)."""
+    state.usage.input_tokens += ended.input_tokens
+    state.usage.output_tokens += ended.output_tokens
+    state.usage.total_tokens += ended.total_tokens
+    state.usage.estimated = state.usage.estimated or ended.usage_estimated
+    state.cost_usd += ended.cost_usd or 0.0
+    state.tool_executions += ended.tool_executions
+    state.cost_units += ended.cost_units
+
+
+def over_limits(state: LoopState) -> StopReason | None:
+    """After a child's use is charged: the caller's token threshold or USD budget
+    reached stops it, as its own response would have."""
+    if state.usage.total_tokens >= state.limits.token_threshold:
+        return state.stop(StopReason.USAGE_LIMIT)
+    budget = state.limits.usd_budget
+    if budget is not None and state.cost_usd >= budget:
+        return state.stop(StopReason.BUDGET_LIMIT)
+    return None
+
+
+def output(name: str, ended: ChildEnded | ChildFailed) -> Envelope:
+    """The model's output for a sub-agent's call: its answer when it completed; when a
+    limit or a fault cut it short, an error saying so (its partial answer is data, never
+    a clean answer)."""
+    if isinstance(ended, ChildFailed):
+        what = ("was refused by the operator's policy or its worker" if ended.kind == "refused"
+                else "failed before it could answer")
+        return Envelope(status=ToolStatus.PERMANENT_ERROR, retryable=False,
+                        error_code="SUBAGENT_FAILED",
+                        message=f"The {name} agent {what}. Do not call it again with this "
+                                "question; answer the user with what you have.")
+    data = {"answer": ended.text, "stop_reason": ended.reason.value,
+            "completed": ended.reason == StopReason.COMPLETED, "steps": ended.steps,
+            "tool_executions": ended.tool_executions, "total_tokens": ended.total_tokens,
+            "cost_usd": ended.cost_usd}
+    if ended.reason == StopReason.COMPLETED:
+        return env.success(data, f"the {name} agent answered")
+    return Envelope(status=ToolStatus.PERMANENT_ERROR, retryable=False, data=data,
+                    error_code="SUBAGENT_STOPPED",
+                    message=f"The {name} agent stopped before finishing "
+                            f"({ended.reason.value}): its answer, if any, is partial. "
+                            "Do not present it as complete.")

@@ -1,0 +1,148 @@
+"""Agent trees through the real workflow on a real dev server: a run's model calls
+another agent as a tool, which runs as a child run bounded by what its caller has left
+(boundloop.core.tree). Parent and child share one scripted model server: the tree runs
+one request at a time, so the script is in the order the requests come."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+from temporalio.client import Client, WorkflowHandle
+
+from boundloop import Agent, AgentTool
+from boundloop.client import result_of
+from boundloop.contracts import WORKFLOW_NAME, RunInput, RunResult, RunStatus
+from boundloop.core.limits import Limits, Policy
+from boundloop.core.place import TreePlace
+from boundloop.scripted.server import ScriptedModelServer
+from boundloop.tools.demo import list_tickets
+from tests import conftest
+from tests.conftest import RUN_TIMEOUT, workflow_task_failures
+from tests.scripts import answer, call, outputs, resp
+from tests.support.tools import tools as test_tools
+
+
+
+def bodies(server: ScriptedModelServer) -> list[dict[str, Any]]:
+    return [r.body for r in server.requests]
+
+
+def researcher(**limits: Any) -> AgentTool:
+    agent: Agent[Any] = Agent(test_tools, model="scripted-model", allowed=["lookup_stock"],
+                              instructions="You look things up.",
+                              limits=Limits(**limits) if limits else Limits())
+    return agent.as_tool("research", "Looks up stock levels and reports them")
+
+
+def writer(*agents: AgentTool, allowed: tuple[str, ...] = ("create_ticket",),
+           **limits: Any) -> Agent[Any]:
+    return Agent(test_tools, model="scripted-model", allowed=list(allowed),
+                 agents=list(agents), limits=Limits(**limits) if limits else Limits())
+
+
+async def run_tree(temporal: Client, tmp_path: Path, agent: Agent[Any],
+                   turns: list[dict[str, Any]], *, question: str = "在庫を調べて報告して",
+                   inp: RunInput | None = None,
+                   during: Any = None, after: Any = None) -> tuple[RunResult, ScriptedModelServer,
+                                                WorkflowHandle[Any, RunResult]]:
+    server = ScriptedModelServer(turns)
+    base_url = server.start()
+    queue = f"q-{uuid.uuid4().hex[:8]}"
+    agent = agent.replace(task_queue=queue,
+                          agents=[a.model_copy(update={"task_queue": queue})
+                                  for a in agent.agents])
+    try:
+        async with conftest.test_worker(temporal, queue, base_url, tmp_path / "data"):
+            handle = await temporal.start_workflow(
+                WORKFLOW_NAME, inp or agent.run_input(question),
+                id=f"tree-{uuid.uuid4().hex[:10]}", task_queue=queue, result_type=RunResult)
+            if during is not None:
+                await during(handle)
+            result = await asyncio.wait_for(result_of(handle), timeout=RUN_TIMEOUT)
+            if after is not None:  # with the worker up (a query needs one)
+                await after(handle)
+    finally:
+        server.stop()
+    assert await workflow_task_failures(handle, temporal) == 0
+    return result, server, handle
+
+
+async def test_a_sub_agent_answers_and_its_use_is_the_callers(temporal: Client,
+                                                              tmp_path: Path) -> None:
+    statuses: list[RunStatus] = []
+
+    async def child_status(handle: WorkflowHandle[Any, RunResult]) -> None:
+        [child] = [w async for w in temporal.list_workflows(f"ParentWorkflowId = '{handle.id}'")]
+        statuses.append(await temporal.get_workflow_handle(child.id).query(
+            "status", result_type=RunStatus))
+        statuses.append(await handle.query("status", result_type=RunStatus))
+
+    result, server, handle = await run_tree(temporal, tmp_path, writer(researcher()), [
+        resp(call("research", {"question": "A-001の在庫は?"}, "p1")),  # parent, step 1
+        resp(call("lookup_stock", {"sku": "A-001"}, "k1")),  # child, step 1
+        answer("A-001は12個です。"),  # child, step 2
+        answer("調査結果: A-001は12個。"),  # parent, step 2
+    ], after=child_status)
+    assert (result.reason, result.steps) == ("completed", 2)
+    # The parent's own two responses, and the child's two: 4 x 120 tokens.
+    assert result.total_tokens == 4 * 120
+    # The research call itself, and the child's lookup_stock.
+    assert result.tool_executions == 2
+    sub = outputs(bodies(server)[3])["p1"]
+    assert sub["status"] == "success"
+    assert sub["data"]["answer"] == "A-001は12個です。"
+    assert sub["data"]["stop_reason"] == "completed" and sub["data"]["completed"] is True
+    assert (sub["data"]["steps"], sub["data"]["tool_executions"]) == (2, 1)
+    # The child's first request is its own question, with its own tools only.
+    child_body = bodies(server)[1]
+    assert [t["name"] for t in child_body["tools"]] == ["lookup_stock"]
+    assert child_body["input"][0]["content"] == "A-001の在庫は?"
+    events = [e.event for e in result.events]
+    assert "subagent_started" in events and "subagent_ended" in events
+    started = next(e for e in result.events if e.event == "subagent_started")
+    assert started.detail is not None and started.detail.startswith("allowance:")
+    # The child is a Temporal child workflow whose id the call's key makes.
+    child_id = next(e for e in result.events if e.event == "subagent_ended")
+    assert child_id.detail is not None and child_id.detail.startswith("completed")
+    children = [w async for w in temporal.list_workflows(
+        f"ParentWorkflowId = '{handle.id}'")]
+    assert len(children) == 1 and children[0].id.endswith("/research")
+    assert children[0].id.startswith(f"{handle.id}/")
+    child = temporal.get_workflow_handle(children[0].id, result_type=RunResult)
+    child_result = await child.result()
+    assert child_result.text == "A-001は12個です。"
+    assert statuses[0].tree == TreePlace(root=handle.id, parent=handle.id, path=["research"])
+    [seen] = statuses[1].children
+    assert (seen.workflow_id, seen.tool, seen.call_id) == (children[0].id, "research", "p1")
+    assert (seen.state, seen.total_tokens) == ("completed", 240)
+    assert seen.token_allowance < 8000
+
+
+async def test_a_child_cut_short_is_reported_as_such(temporal: Client,
+                                                     tmp_path: Path) -> None:
+    result, server, _ = await run_tree(temporal, tmp_path, writer(researcher(max_steps=2)), [
+        resp(call("research", {"question": "全部調べて"}, "p1")),
+        resp(call("lookup_stock", {"sku": "A-001"}, "k1")),
+        answer("A-001は12個…(途中)"),  # the child's forced last step
+        answer("途中までの結果です。"),
+    ])
+    sub = outputs(bodies(server)[3])["p1"]
+    assert sub["status"] == "permanent_error"
+    assert sub["error_code"] == "SUBAGENT_STOPPED"
+    assert sub["data"]["stop_reason"] == "max_steps" and sub["data"]["completed"] is False
+    assert result.reason == "completed"
+
+
+async def test_a_place_in_a_tree_from_a_starter_is_refused(temporal: Client,
+                                                           tmp_path: Path) -> None:
+    agent = writer(researcher())
+    forged = agent.run_input("q").model_copy(update={"tree": TreePlace(
+        root="someone-else", parent="someone-else", path=["research"])})
+    with pytest.raises(Exception) as caught:
+        await run_tree(temporal, tmp_path, agent, [answer("x")], inp=forged)
+    assert "tree" in str(caught.value.__cause__ or caught.value)
+    assert list_tickets(tmp_path / "data") == []
