@@ -10,21 +10,21 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import openai
 import pytest
 from temporalio.client import Client, WorkflowHandle
 
-from boundloop import Agent, AgentTool
+from boundloop import Agent, AgentTool, OperatorPolicy, Worker
 from boundloop.client import result_of
 from boundloop.contracts import WORKFLOW_NAME, RunInput, RunResult, RunStatus
-from boundloop.core.limits import Limits, Policy
+from boundloop.core.limits import Limits
 from boundloop.core.place import TreePlace
 from boundloop.scripted.server import ScriptedModelServer
-from boundloop.tools.demo import list_tickets
+from boundloop.tools.demo import DemoDeps, list_tickets
 from tests import conftest
 from tests.conftest import RUN_TIMEOUT, workflow_task_failures
 from tests.scripts import answer, call, outputs, resp
 from tests.support.tools import tools as test_tools
-
 
 
 def bodies(server: ScriptedModelServer) -> list[dict[str, Any]]:
@@ -47,14 +47,15 @@ def writer(*agents: AgentTool, allowed: tuple[str, ...] = ("create_ticket",),
 async def run_tree(temporal: Client, tmp_path: Path, agent: Agent[Any],
                    turns: list[dict[str, Any]], *, question: str = "在庫を調べて報告して",
                    inp: RunInput | None = None,
-                   during: Any = None, after: Any = None) -> tuple[RunResult, ScriptedModelServer,
+                   during: Any = None, after: Any = None,
+                   keep_queues: bool = False) -> tuple[RunResult, ScriptedModelServer,
                                                 WorkflowHandle[Any, RunResult]]:
     server = ScriptedModelServer(turns)
     base_url = server.start()
     queue = f"q-{uuid.uuid4().hex[:8]}"
-    agent = agent.replace(task_queue=queue,
-                          agents=[a.model_copy(update={"task_queue": queue})
-                                  for a in agent.agents])
+    # Sub-agents run on the parent's queue, unless the test gave them their own worker.
+    agent = agent.replace(task_queue=queue, agents=agent.agents if keep_queues else [
+        a.model_copy(update={"task_queue": queue}) for a in agent.agents])
     try:
         async with conftest.test_worker(temporal, queue, base_url, tmp_path / "data"):
             handle = await temporal.start_workflow(
@@ -146,3 +147,114 @@ async def test_a_place_in_a_tree_from_a_starter_is_refused(temporal: Client,
         await run_tree(temporal, tmp_path, agent, [answer("x")], inp=forged)
     assert "tree" in str(caught.value.__cause__ or caught.value)
     assert list_tickets(tmp_path / "data") == []
+
+
+async def test_a_tree_never_spends_more_than_its_root_allows(temporal: Client,
+                                                             tmp_path: Path) -> None:
+    """Three sub-agents that each try to spend far more than the parent has left: each
+    is cut short (or never started) and says so, and the whole tree stays within the
+    parent's token threshold."""
+    threshold = 6000
+    child_server = ScriptedModelServer([
+        resp(call("lookup_stock", {"sku": f"A-{i:03d}"}, f"k{i}"),
+             usage={"input_tokens": 300, "output_tokens": 100, "total_tokens": 400})
+        for i in range(60)])
+    child_queue = f"q-{uuid.uuid4().hex[:8]}"
+    greedy = researcher(max_steps=60, max_tool_executions=60, token_threshold=1_000_000)
+    greedy = greedy.model_copy(update={"task_queue": child_queue})
+    parent = writer(greedy, token_threshold=threshold, max_output_tokens=200,
+                    max_tool_executions=200)
+    statuses: list[RunStatus] = []
+
+    async def parent_status(handle: WorkflowHandle[Any, RunResult]) -> None:
+        statuses.append(await handle.query("status", result_type=RunStatus))
+
+    async with conftest.test_worker(temporal, child_queue, child_server.start(),
+                                    tmp_path / "data"):
+        try:
+            result, server, _ = await run_tree(temporal, tmp_path, parent, [
+                resp(*(call("research", {"question": f"調べて {i}"}, f"p{i}")
+                       for i in range(3))),
+                answer("調べきれませんでした。"),
+            ], after=parent_status, keep_queues=True)
+        finally:
+            child_server.stop()
+    assert result.total_tokens <= threshold
+    own = 2 * 120  # the parent's two responses
+    children = statuses[0].children
+    assert result.total_tokens == own + sum(c.total_tokens for c in children)
+    for child in children:
+        assert child.total_tokens <= child.token_allowance
+        assert child.state == "usage_limit"
+    sent = outputs(bodies(server)[1])
+    assert len(sent) == 3
+    for out in sent.values():
+        assert out["error_code"] in ("SUBAGENT_STOPPED", "SUBAGENT_NOT_STARTED")
+        if out["error_code"] == "SUBAGENT_STOPPED":
+            assert out["data"]["stop_reason"] == "usage_limit"
+            assert out["data"]["completed"] is False
+    assert children, "at least the first sub-agent ran"
+    assert len(child_server.requests) >= 2
+
+
+async def test_max_children_stops_the_run_with_its_own_reason(temporal: Client,
+                                                              tmp_path: Path) -> None:
+    result, server, _ = await run_tree(temporal, tmp_path, writer(researcher(),
+                                                                  max_children=1), [
+        resp(call("research", {"question": "一つ目"}, "p1"),
+             call("research", {"question": "二つ目"}, "p2")),
+        answer("一つ目の答え"),  # the first child
+        answer("一つだけ調べました。"),  # the parent's forced last step
+    ])
+    assert result.reason == "max_children"
+    sent = outputs(bodies(server)[2])
+    assert sent["p1"]["status"] == "success"
+    assert sent["p2"]["error_code"] == "SUBAGENT_LIMIT"
+    assert bodies(server)[2]["tool_choice"] == "none"
+    assert [e.event for e in result.events].count("subagent_started") == 1
+
+
+async def test_max_depth_stops_the_child_that_would_go_deeper(temporal: Client,
+                                                              tmp_path: Path) -> None:
+    inner = researcher()
+    middle: Agent[Any] = Agent(test_tools, model="scripted-model", allowed=["search_docs"],
+                               agents=[inner])
+    root = writer(middle.as_tool("middle", "Delegates"), max_depth=1)
+    result, server, _ = await run_tree(temporal, tmp_path, root, [
+        resp(call("middle", {"question": "深く調べて"}, "p1")),  # root
+        resp(call("research", {"question": "もっと深く"}, "m1")),  # middle: blocked
+        answer("ここまでです。"),  # middle's forced last step
+        answer("中間の結果です。"),  # root
+    ])
+    sent = outputs(bodies(server)[3])["p1"]
+    assert sent["error_code"] == "SUBAGENT_STOPPED"
+    assert sent["data"]["stop_reason"] == "max_depth"
+    assert outputs(bodies(server)[2])["m1"]["error_code"] == "SUBAGENT_LIMIT"
+    assert result.reason == "completed"
+
+
+async def test_a_child_refused_by_its_workers_policy_is_reported(temporal: Client,
+                                                                 tmp_path: Path) -> None:
+    child_queue = f"q-{uuid.uuid4().hex[:8]}"
+    refused = researcher().model_copy(update={"task_queue": child_queue})
+    strict_server = ScriptedModelServer([])
+    worker = Worker(temporal, test_tools, deps=DemoDeps(data_dir=tmp_path / "data"),
+                    model=openai.AsyncOpenAI(base_url=strict_server.start(),
+                                             api_key="sk-test-not-real"),
+                    task_queue=child_queue,
+                    policy=OperatorPolicy(tools=["search_docs", "create_ticket"]))
+    async with worker:
+        try:
+            result, server, _ = await run_tree(temporal, tmp_path, writer(refused), [
+                resp(call("research", {"question": "調べて"}, "p1")),
+                answer("調べられませんでした。"),
+            ], keep_queues=True)
+        finally:
+            strict_server.stop()
+    sent = outputs(bodies(server)[1])["p1"]
+    assert sent["error_code"] == "SUBAGENT_FAILED"
+    assert "lookup_stock" not in sent["message"]  # the operator's line is not the model's
+    ended = next(e for e in result.events if e.event == "subagent_ended")
+    assert ended.detail is not None and ended.detail.startswith("refused:")
+    assert "lookup_stock" in ended.detail
+    assert strict_server.requests == []

@@ -143,8 +143,9 @@ def stricter_policy(parent: Policy, child: Policy) -> Policy:
     approval = max(parent.approval, child.approval, key=order.__getitem__)
     approvers = dict(parent.approvers)
     for tool, names in child.approvers.items():
-        approvers[tool] = [n for n in names if n in approvers[tool]] \
-            if tool in approvers else list(names)
+        # Empty means anyone: where the two lists share no one, the caller's stands.
+        both = [n for n in names if n in approvers.get(tool, names)]
+        approvers[tool] = both or approvers.get(tool, list(names))
     rules = [*parent.rules, *(r for r in child.rules if r not in parent.rules)]
     return child.model_copy(update={
         "approval": approval, "approvers": approvers, "rules": rules[:100],
