@@ -21,6 +21,7 @@ from typing import Any
 
 from temporalio.client import WorkflowFailureError, WorkflowHandle
 
+from boundloop import Agent
 from boundloop import _ops as ops
 from boundloop import errors as boundloop_errors
 from boundloop.budgets import reset_budget, set_budget
@@ -516,6 +517,36 @@ async def forged_follows(c: Cluster, tmp: Path) -> WorkflowHandle[Any, Any]:
 
 #: name -> how the history of a workflow that is not a run (a budget ledger, a session) is
 #: made.
+async def tree_run(c: Cluster, tmp: Path, name: str = "tree") -> WorkflowHandle[Any, Any]:
+    """A run whose model calls a sub-agent (`Agent.as_tool`): the child workflow, started
+    under the call's key with its allowance, answers after one lookup; what it used is
+    charged to its parent, which then answers."""
+    assert c.client is not None
+    researcher: Agent[Any] = Agent(["lookup_stock"], model="scripted-model",
+                                   task_queue=c.queue)
+    writer: Agent[Any] = Agent(["search_docs"], model="scripted-model", task_queue=c.queue,
+                               agents=[researcher.as_tool("research", "Looks up stock")])
+    for scripted in [resp(call("research", {"question": "A-001の在庫は?"}, "tp1"), rid="tr1"),
+                     resp(call("lookup_stock", {"sku": "A-001"}, "tc1"), rid="tr2"),
+                     answer("A-001は12個です。", rid="tr3"),
+                     answer("A-001の在庫は12個でした。", rid="tr4")]:
+        c.model.append(scripted)
+    handle = await c.client.start_workflow(
+        WORKFLOW_NAME, writer.run_input("A-001の在庫を調べて"),
+        id=workflow_id("tree"), task_queue=c.queue, result_type=RunResult)
+    print(f"tree: {(await result_of(handle)).reason.value}")
+    return handle
+
+
+async def tree_child(c: Cluster, tmp: Path) -> WorkflowHandle[Any, Any]:
+    """The sub-agent's run of `tree` (recorded with it): a child run with its place in the
+    tree and its allowance as limits."""
+    assert c.client is not None
+    [child] = [w async for w in c.client.list_workflows(
+        f"ParentWorkflowId = '{workflow_id('tree')}'")]
+    return c.client.get_workflow_handle(child.id)
+
+
 LEDGERS: dict[str, Callable[[Cluster, Path], Awaitable[WorkflowHandle[Any, Any]]]] = {
     "ledger": signed_ledger,
     "ledger_claims": claimed_ledger,
@@ -525,6 +556,9 @@ LEDGERS: dict[str, Callable[[Cluster, Path], Awaitable[WorkflowHandle[Any, Any]]
     "turn_remembered": remembered_turn,
     "forged_carried": forged_carried,
     "forged_follows": forged_follows,
+    # Recorded from 0.5 on: a run with a sub-agent, and the sub-agent's own run.
+    "tree": tree_run,
+    "tree_child": tree_child,
 }
 
 

@@ -286,3 +286,20 @@ def test_the_squatted_session_history_refuses_that_turn_then_runs_the_next() -> 
     assert events.count(E.EVENT_TYPE_CHILD_WORKFLOW_EXECUTION_COMPLETED) == 1
     assert events.count(E.EVENT_TYPE_MARKER_RECORDED) == 1
     assert E.EVENT_TYPE_WORKFLOW_TASK_FAILED not in events
+
+
+def test_the_tree_histories_are_a_parent_and_its_sub_agent() -> None:
+    """A sub-agent's call is a child workflow in its parent's history (started, completed:
+    the same few events whatever the child did); the child's own steps are in its own."""
+    parent, child = load("v0.5/tree"), load("v0.5/tree_child")
+    assert final_result(parent)["reason"] == "completed"
+    events = kinds(parent)
+    assert events.count(E.EVENT_TYPE_START_CHILD_WORKFLOW_EXECUTION_INITIATED) == 1
+    assert events.count(E.EVENT_TYPE_CHILD_WORKFLOW_EXECUTION_COMPLETED) == 1
+    # The parent's two model requests only: the child's request and lookup are its own.
+    assert events.count(E.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED) == 2
+    assert kinds(child).count(E.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED) == 2
+    started = child.events[0].workflow_execution_started_event_attributes
+    assert started.parent_workflow_execution.workflow_id == parent.workflow_id
+    assert child.workflow_id.startswith(f"{parent.workflow_id}/")
+    assert E.EVENT_TYPE_WORKFLOW_TASK_FAILED not in events + kinds(child)
