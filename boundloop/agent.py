@@ -150,6 +150,13 @@ class Agent(Generic[Deps]):
                          mcp_tools=[d for d in self.mcp_tools if d.name in allowed],
                          task_queue=self.task_queue, agents=list(self.agents))
 
+    def on_queue(self, task_queue: str) -> Agent[Deps]:
+        """This agent on `task_queue`, with every sub-agent that shared its queue (at any
+        depth) moved there too: one worker on `task_queue` then serves the whole tree
+        (a test's own queue, `boundloop.testing.AgentEnvironment`)."""
+        return self.replace(task_queue=task_queue,
+                            agents=[moved(a, self.task_queue, task_queue) for a in self.agents])
+
     def run_input(self, question: str, *, search_attributes: bool = True) -> RunInput:
         """The workflow input of one run with `question` (`contracts.run_input`, which
         the session workflow calls for each turn)."""
@@ -234,6 +241,13 @@ async def start_session(client: Client, *,
                               policy=policy or Policy(), instructions=instructions,
                               task_queue=task_queue)
     return await agent.session(client, limits=session_limits, id=id, tenant=tenant)
+
+
+def moved(agent: AgentTool, old: str, new: str) -> AgentTool:
+    """`agent` and its sub-agents, those on task queue `old` moved to `new`."""
+    return agent.model_copy(update={
+        "task_queue": new if agent.task_queue == old else agent.task_queue,
+        "agents": [moved(a, old, new) for a in agent.agents]})
 
 
 # --- starting a run or a session (the agent's) -------------------------------------

@@ -196,7 +196,8 @@ class AgentEnvironment(Generic[Deps]):
     def __init__(self, agent: Agent[Deps], *, deps: Deps,
                  script: Sequence[Mapping[str, Any]], client: Client | None = None,
                  address: str | None = None, **worker_options: Any) -> None:
-        self.agent = agent.replace(task_queue=f"test-{uuid.uuid4().hex[:12]}")
+        # Sub-agents on the agent's queue move with it (one worker serves the tree).
+        self.agent = agent.on_queue(f"test-{uuid.uuid4().hex[:12]}")
         self.model = ScriptedModelServer({"api": agent.api, "turns": list(script)})
         self._deps = deps
         self._client = client

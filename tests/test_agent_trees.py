@@ -47,15 +47,14 @@ def writer(*agents: AgentTool, allowed: tuple[str, ...] = ("create_ticket",),
 async def run_tree(temporal: Client, tmp_path: Path, agent: Agent[Any],
                    turns: list[dict[str, Any]], *, question: str = "在庫を調べて報告して",
                    inp: RunInput | None = None,
-                   during: Any = None, after: Any = None,
-                   keep_queues: bool = False) -> tuple[RunResult, ScriptedModelServer,
+                   during: Any = None, after: Any = None) -> tuple[RunResult, ScriptedModelServer,
                                                 WorkflowHandle[Any, RunResult]]:
     server = ScriptedModelServer(turns)
     base_url = server.start()
     queue = f"q-{uuid.uuid4().hex[:8]}"
-    # Sub-agents run on the parent's queue, unless the test gave them their own worker.
-    agent = agent.replace(task_queue=queue, agents=agent.agents if keep_queues else [
-        a.model_copy(update={"task_queue": queue}) for a in agent.agents])
+    # Sub-agents on the parent's queue move with it; those on a queue of their own (a
+    # worker the test started) stay there.
+    agent = agent.on_queue(queue)
     try:
         async with conftest.test_worker(temporal, queue, base_url, tmp_path / "data"):
             handle = await temporal.start_workflow(
@@ -176,7 +175,7 @@ async def test_a_tree_never_spends_more_than_its_root_allows(temporal: Client,
                 resp(*(call("research", {"question": f"調べて {i}"}, f"p{i}")
                        for i in range(3))),
                 answer("調べきれませんでした。"),
-            ], after=parent_status, keep_queues=True)
+            ], after=parent_status)
         finally:
             child_server.stop()
     assert result.total_tokens <= threshold
@@ -248,7 +247,7 @@ async def test_a_child_refused_by_its_workers_policy_is_reported(temporal: Clien
             result, server, _ = await run_tree(temporal, tmp_path, writer(refused), [
                 resp(call("research", {"question": "調べて"}, "p1")),
                 answer("調べられませんでした。"),
-            ], keep_queues=True)
+            ])
         finally:
             strict_server.stop()
     sent = outputs(bodies(server)[1])["p1"]

@@ -663,8 +663,9 @@ class Run:
         assert isinstance(ended, tree.ChildEnded | tree.ChildFailed)
         if isinstance(ended, tree.ChildEnded):
             tree.charge(state, ended)
-            detail = (f"{ended.reason.value}: {ended.total_tokens} tokens, "
-                      f"{ended.tool_executions} tool executions")
+            n = ended.tool_executions
+            detail = (f"{ended.reason.value}: {ended.total_tokens} tokens, {n} tool "
+                      f"execution{'' if n == 1 else 's'}")
         else:
             detail = f"{ended.kind}: {ended.detail}"
         state.log(tree.ENDED, tool=call.name, call_id=call.call_id, fp=p.fingerprint,
