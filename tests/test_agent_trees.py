@@ -6,6 +6,7 @@ one request at a time, so the script is in the order the requests come."""
 from __future__ import annotations
 
 import asyncio
+import threading
 import uuid
 from pathlib import Path
 from typing import Any
@@ -45,11 +46,12 @@ def writer(*agents: AgentTool, allowed: tuple[str, ...] = ("create_ticket",),
 
 
 async def run_tree(temporal: Client, tmp_path: Path, agent: Agent[Any],
-                   turns: list[dict[str, Any]], *, question: str = "在庫を調べて報告して",
+                   turns: list[dict[str, Any]] | ScriptedModelServer, *,
+                   question: str = "在庫を調べて報告して",
                    inp: RunInput | None = None,
                    during: Any = None, after: Any = None) -> tuple[RunResult, ScriptedModelServer,
                                                 WorkflowHandle[Any, RunResult]]:
-    server = ScriptedModelServer(turns)
+    server = turns if isinstance(turns, ScriptedModelServer) else ScriptedModelServer(turns)
     base_url = server.start()
     queue = f"q-{uuid.uuid4().hex[:8]}"
     # Sub-agents on the parent's queue move with it; those on a queue of their own (a
@@ -257,3 +259,33 @@ async def test_a_child_refused_by_its_workers_policy_is_reported(temporal: Clien
     assert ended.detail is not None and ended.detail.startswith("refused:")
     assert "lookup_stock" in ended.detail
     assert strict_server.requests == []
+
+
+async def test_a_sub_agents_id_taken_by_a_starter_is_reported_not_stuck(
+        temporal: Client, tmp_path: Path) -> None:
+    """Someone with namespace access starts a workflow under the id the parent's next
+    sub-agent will have (it is the call's key: readable once the run started): the
+    parent reports the sub-agent as failed and goes on; no workflow task fails."""
+    gate = threading.Event()
+    server = ScriptedModelServer([
+        {**resp(call("research", {"question": "A-001?"}, "p1")), "delay_seconds": 1.0},
+        answer("調べられませんでした。"),
+    ], sleep=lambda _: gate.wait(RUN_TIMEOUT))
+    squatter: list[str] = []
+
+    async def squat(handle: WorkflowHandle[Any, RunResult]) -> None:
+        run_id = (await handle.describe()).raw_description.workflow_execution_info \
+            .first_run_id
+        squatter.append(f"{handle.id}/{run_id}/step-1/call-0/research")
+        # Any workflow will do, on a queue no worker polls.
+        await temporal.start_workflow("Squatter", id=squatter[0], task_queue="nobody")
+        gate.set()  # now the model answers, and the parent calls the sub-agent
+
+    result, server, handle = await run_tree(temporal, tmp_path, writer(researcher()),
+                                            server, during=squat)
+    sent = outputs(bodies(server)[1])["p1"]
+    assert sent["error_code"] == "SUBAGENT_FAILED"
+    ended = next(e for e in result.events if e.event == "subagent_ended")
+    assert ended.detail is not None and "already used" in ended.detail
+    assert result.reason == "completed"
+    await temporal.get_workflow_handle(squatter[0]).terminate()

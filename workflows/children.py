@@ -16,7 +16,12 @@ from temporalio.common import (
     TypedSearchAttributes,
     WorkflowIDReusePolicy,
 )
-from temporalio.exceptions import ApplicationError, ChildWorkflowError, is_cancelled_exception
+from temporalio.exceptions import (
+    ApplicationError,
+    ChildWorkflowError,
+    WorkflowAlreadyStartedError,
+    is_cancelled_exception,
+)
 from temporalio.workflow import ChildWorkflowCancellationType, ParentClosePolicy
 
 with workflow.unsafe.imports_passed_through():
@@ -89,6 +94,11 @@ class Children:
             ended: tree.ChildEnded | tree.ChildFailed = _ended(result, wf_id)
         except ChildWorkflowError as err:
             ended = _ended_of(err, wf_id)
+        except WorkflowAlreadyStartedError:
+            # Another workflow took the id first (a starter with namespace access): that
+            # one is not this run's sub-agent, and no sub-agent of this call ran.
+            ended = tree.ChildFailed("failed", f"{wf_id}: the workflow id was already "
+                                               "used by a workflow this run did not start")
         if isinstance(ended, tree.ChildEnded):
             elapsed = (workflow.now() - began).total_seconds()
             self._add_waited(max(0.0, elapsed - ended.processing_seconds))
