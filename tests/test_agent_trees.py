@@ -16,7 +16,9 @@ import pytest
 from temporalio.client import Client, WorkflowHandle
 
 from boundloop import Agent, AgentTool, OperatorPolicy, Worker
+from boundloop.budgets import set_budget, show_budget
 from boundloop.client import result_of
+from boundloop.core.budget import BudgetLimits
 from boundloop.contracts import WORKFLOW_NAME, RunInput, RunResult, RunStatus
 from boundloop.core.limits import Limits
 from boundloop.core.place import TreePlace
@@ -49,7 +51,7 @@ async def run_tree(temporal: Client, tmp_path: Path, agent: Agent[Any],
                    turns: list[dict[str, Any]] | ScriptedModelServer, *,
                    question: str = "在庫を調べて報告して",
                    inp: RunInput | None = None,
-                   during: Any = None, after: Any = None) -> tuple[RunResult, ScriptedModelServer,
+                   before: Any = None, during: Any = None, after: Any = None) -> tuple[RunResult, ScriptedModelServer,
                                                 WorkflowHandle[Any, RunResult]]:
     server = turns if isinstance(turns, ScriptedModelServer) else ScriptedModelServer(turns)
     base_url = server.start()
@@ -59,6 +61,8 @@ async def run_tree(temporal: Client, tmp_path: Path, agent: Agent[Any],
     agent = agent.on_queue(queue)
     try:
         async with conftest.test_worker(temporal, queue, base_url, tmp_path / "data"):
+            if before is not None:
+                await before(queue)
             handle = await temporal.start_workflow(
                 WORKFLOW_NAME, inp or agent.run_input(question),
                 id=f"tree-{uuid.uuid4().hex[:10]}", task_queue=queue, result_type=RunResult)
@@ -289,3 +293,32 @@ async def test_a_sub_agents_id_taken_by_a_starter_is_reported_not_stuck(
     assert ended.detail is not None and "already used" in ended.detail
     assert result.reason == "completed"
     await temporal.get_workflow_handle(squatter[0]).terminate()
+
+
+async def test_a_tree_spends_from_its_roots_shared_budget(temporal: Client,
+                                                          tmp_path: Path) -> None:
+    """The sub-agent spends from the parent's shared budget key: each of its requests
+    reserves its worst case under its own run id, so the ledger sees the whole tree."""
+    key = f"tree-{uuid.uuid4().hex[:8]}"
+
+    async def budget(queue: str) -> None:
+        await set_budget(temporal, key, BudgetLimits(tokens=100_000), task_queue=queue)
+
+    views: list[Any] = []
+
+    async def spent(handle: WorkflowHandle[Any, RunResult]) -> None:
+        views.append(await show_budget(temporal, key))
+
+    parent = writer(researcher()).replace(budget=key,
+                                          limits=Limits(max_output_tokens=200))
+    result, _, _ = await run_tree(temporal, tmp_path, parent, [
+        resp(call("research", {"question": "A-001?"}, "p1")),
+        resp(call("lookup_stock", {"sku": "A-001"}, "k1")),
+        answer("12個です。"),
+        answer("A-001は12個です。"),
+    ], before=budget, after=spent)
+    assert result.reason == "completed"
+    assert result.total_tokens == 4 * 120
+    [view] = views
+    assert view.spent.tokens == result.total_tokens
+    assert view.reserved.tokens == 0
