@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from boundloop.core import carry, driver
+from boundloop.core import carry, driver, mcp_tools, tree
 from boundloop.core import envelope as env
 from boundloop.core import model_failures as mf
 from boundloop.core.budget import Amount, Grant
@@ -98,12 +98,19 @@ class Shell:
     commands: list[driver.Command] = field(default_factory=list)
     #: What the earlier Temporal runs hold (answers LookUpEarlier).
     earlier: carry.EarlierCalls = field(default_factory=carry.EarlierCalls)
+    #: The agents the model may call as tools, and how each child run ends.
+    agents: list[tree.AgentTool] = field(default_factory=list)
+    child: Callable[[driver.RunChild], object] = lambda c: None
 
     def __post_init__(self) -> None:
         settings = RunSettings(model="m", limits=self.limits, policy=self.policy,
                                budget=self.budget)
-        self.state = LoopState(settings=settings, allowed_tools=list(RULES))
-        self.run = driver.Run(self.state, RULES, "wf/run", self.view, charged=self.charged)
+        self.state = LoopState(settings=settings, allowed_tools=[
+            *RULES, *(a.name for a in self.agents)])
+        rules = {**RULES, **{a.name: mcp_tools.tool_rule(a.declaration())
+                             for a in self.agents}}
+        self.run = driver.Run(self.state, rules, "wf/run", self.view, charged=self.charged,
+                              agents={a.name: a for a in self.agents})
 
     def answer(self, c: driver.Command) -> object:
         match c:
@@ -126,6 +133,8 @@ class Shell:
                 return self.tool(c)
             case driver.LookUpEarlier():
                 return self.earlier
+            case driver.RunChild():
+                return self.child(c)
             case driver.AwaitDecision(approval, _):
                 how = self.decide.get(approval.call_id, "timeout")
                 if how == "timeout":
@@ -507,3 +516,54 @@ def test_a_full_segment_continues_as_new_under_its_patch() -> None:
     shell.state.call_ids = [f"old{i}" for i in range(carry.SEGMENT_MAX)]
     assert shell.go() is None and shell.state.steps == 1
     assert driver.AskPatch(driver.CONSTANT_CARRY) in shell.commands
+
+
+# --- sub-agents ----------------------------------------------------------------------
+
+RESEARCH = tree.AgentTool(name="research", description="looks up",
+                          settings=RunSettings(model="m"), tools=["lookup_stock"],
+                          task_queue="q")
+
+
+def child_ended(reason: StopReason = StopReason.COMPLETED, tokens: int = 300,
+                executions: int = 2) -> tree.ChildEnded:
+    return tree.ChildEnded(reason=reason, text="found it", steps=2,
+                           tool_executions=executions, input_tokens=tokens - 50,
+                           output_tokens=50, total_tokens=tokens, cost_usd=None,
+                           cost_units=0, usage_estimated=False, workflow_id="w/child")
+
+
+def test_a_sub_agent_runs_with_its_allowance_and_is_charged() -> None:
+    started: list[driver.RunChild] = []
+
+    def child(c: driver.RunChild) -> tree.ChildEnded:
+        started.append(c)
+        return child_ended()
+
+    shell = Shell([calls(("research", {"question": "A-001?"})), text("done")],
+                  limits=Limits(token_threshold=5_000), agents=[RESEARCH], child=child)
+    assert shell.go() == StopReason.COMPLETED
+    assert shell.kinds() == [*STEP, "Publish", "RunChild", "Publish", *STEP]
+    [c] = started
+    assert c.agent == RESEARCH and c.plan.arguments == {"question": "A-001?"}
+    assert c.settings.limits.token_threshold < 5_000 - shell.state.usage.total_tokens + 300
+    # The call and the child's two tool executions; its tokens are the run's too.
+    assert shell.state.tool_executions == 3
+    assert shell.state.children == 1
+    assert "subagent_started" in shell.events() and "subagent_ended" in shell.events()
+
+
+def test_a_cancel_while_a_sub_agent_runs_ends_the_run_cancelled() -> None:
+    shell = Shell([calls(("research", {"question": "A-001?"}))], agents=[RESEARCH],
+                  cancel_at=driver.RunChild)
+    assert shell.go() == StopReason.CANCELLED
+    assert shell.state.tool_executions == 0  # the call never finished
+
+
+def test_a_sub_agent_that_spends_the_callers_tokens_stops_the_caller() -> None:
+    shell = Shell([calls(("research", {"question": "A-001?"})), text("never")],
+                  limits=Limits(token_threshold=1_000), agents=[RESEARCH],
+                  child=lambda c: child_ended(tokens=c.settings.limits.token_threshold
+                                              + 1_000))
+    assert shell.go() == StopReason.USAGE_LIMIT
+    assert shell.kinds()[-1] == "Publish"  # no second model request
