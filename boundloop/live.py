@@ -15,8 +15,12 @@ from temporalio.client import WorkflowFailureError
 
 from boundloop import _ops as ops
 from boundloop.contracts import Reset, RunResult, RunStatus, StreamItem, TextDelta
+from boundloop.core import tree
 from boundloop.core.reasons import StopReason
 from boundloop.terminal import invisible_note, no_worker, safe
+
+#: The events whose detail the live view shows (boundloop.core.tree).
+TREE_EVENTS = frozenset({tree.STARTED, tree.ENDED, tree.NOT_STARTED, tree.ALLOWANCE_SPENT})
 
 
 def render(workflow_id: str, st: RunStatus, answer: str = "") -> Panel:
@@ -37,7 +41,22 @@ def render(workflow_id: str, st: RunStatus, answer: str = "") -> Panel:
         table.add_row("context", f"~{st.context_tokens} / {window} tokens")
     if st.cost_usd is not None:
         table.add_row("cost", f"${st.cost_usd:.6f}")
+    if st.tree is not None:  # a sub-agent's run: where it is in its tree
+        table.add_row("tree", safe(st.tree.line()))
     parts: list[Any] = [table]
+    if st.children:
+        children = Table()
+        for header in ("sub-agent", "state", "tokens / allowance", "cost", "run"):
+            children.add_column(header, overflow="fold")
+        for c in st.children:
+            # A running sub-agent's spend reaches this run when it ends (`status`
+            # asks the sub-agent's own run).
+            children.add_row(safe(c.tool), safe(c.state),
+                             f"{'…' if c.state == 'running' else c.total_tokens} / "
+                             f"{c.token_allowance}",
+                             "" if c.cost_usd is None else f"${c.cost_usd:.6f}",
+                             safe(c.workflow_id))
+        parts.append(children)
     if st.pending:
         waiting = Table()
         for header in ("waiting for approval", "call id", "since", "arguments (in full)"):
@@ -50,6 +69,8 @@ def render(workflow_id: str, st: RunStatus, answer: str = "") -> Panel:
     if recent:
         parts.append(Text("\n".join(
             f"step {e.step} · {safe(e.event)}" + (f" · {safe(e.tool)}" if e.tool else "")
+            # A sub-agent's start and end say what it may spend and what it spent.
+            + (f" · {safe(e.detail)}" if e.detail and e.event in TREE_EVENTS else "")
             for e in recent), style="dim"))
     if answer:
         parts.append(Panel(Text(safe(answer)), title="answer", title_align="left"))

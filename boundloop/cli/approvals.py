@@ -168,7 +168,8 @@ def keys_new(name: Annotated[str, typer.Argument(help="The approver's name (as i
 
 @app.command()
 def pending(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
-    """List calls waiting for approval across runs."""
+    """List calls waiting for approval across runs (a sub-agent's with its path in its
+    agent tree)."""
     settings = load_settings()
 
     async def go() -> None:
@@ -182,6 +183,7 @@ def pending(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
                       f"answered its status query: {safe(worker_hint(queues[wf_id]))}")
         if as_json:
             print(json.dumps([{"workflow_id": wf, "call_id": a.call_id, "tool": a.tool,
+                               "path": ops.approval_path(wf, st, a),
                                "arguments": a.arguments, "requested_at": a.requested_at,
                                "fingerprint": a.fingerprint, "run": st.run}
                               for wf, st in rows for a in st.pending], ensure_ascii=False))

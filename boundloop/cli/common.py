@@ -279,7 +279,10 @@ def print_pending_table(rows: list[tuple[str, RunStatus]]) -> None:
         table.add_column(header, overflow="fold")  # wrapped, never cut with an ellipsis
     for wf_id, status in rows:
         for a in status.pending:
-            table.add_row(safe(wf_id), safe(a.call_id), safe(a.tool), a.requested_at,
+            # A sub-agent's call: its path from the root run (`ROOT → research →
+            # create_ticket`); the run column names the run that decides it.
+            tool = a.tool if status.tree is None else status.tree.line(a.tool)
+            table.add_row(safe(wf_id), safe(a.call_id), safe(tool), a.requested_at,
                           safe(a.asked_because or "tool setting"),
                           safe(ops.argument_text(a)) + invisible_note(a.arguments))
     console.print(table)

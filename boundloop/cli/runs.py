@@ -43,7 +43,7 @@ if TYPE_CHECKING:
     from temporalio.client import Client
 
     from boundloop.agent import Agent
-    from boundloop.contracts import RunStatus
+    from boundloop.contracts import ChildRun, RunStatus
     from boundloop.settings import Settings
 
 
@@ -52,6 +52,40 @@ def print_grants(status: RunStatus) -> None:
     for g in status.grants:
         console.print(f"remembered: {safe(g.text)} (approved by {safe(g.approver)} on "
                       f"`{safe(g.call_id)}`; this {g.scope} only)")
+
+
+def child_line(child: ChildRun) -> str:
+    """One sub-agent's run as its caller's `status` lists it: the agent, its state, its
+    spend against its allowance, and the workflow id its own `status` takes."""
+    cost = ("" if child.cost_usd is None else f" · ${child.cost_usd:.6f}"
+            + (f" / ${child.usd_allowance:.4f}" if child.usd_allowance is not None else ""))
+    return (f"sub-agent {safe(child.tool)} (call {safe(child.call_id)}): {safe(child.state)} "
+            f"· tokens {child.total_tokens} / {child.token_allowance}{cost} · "
+            f"{safe(child.workflow_id)}")
+
+
+def print_tree(status: RunStatus, children: list[ChildRun]) -> None:
+    """Where the run is in its agent tree (a sub-agent's run), then its sub-agents."""
+    if status.tree is not None:
+        console.print(f"tree: {safe(status.tree.line())} (started by "
+                      f"{safe(status.tree.parent)})", highlight=False, soft_wrap=True)
+    for child in children:
+        console.print(child_line(child), highlight=False, soft_wrap=True)
+
+
+async def print_closed_tree(client: Client, desc: Any) -> None:
+    """A closed run's place and sub-agents as the server lists them (no worker needed;
+    their spend is in the subagent_ended events above)."""
+    from boundloop import _ops as ops
+
+    if desc.parent_id:
+        console.print(f"tree: root {safe(desc.root_id or desc.parent_id)} (started by "
+                      f"{safe(desc.parent_id)})", highlight=False, soft_wrap=True)
+    for row in await ops.child_runs(client, desc.id):
+        state = row["status"] + (f" · {row['reason']}" if row["reason"]
+                                 and row["status"] != "completed" else "")
+        console.print(f"sub-agent run: {safe(state)} · {safe(row['workflow_id'])}",
+                      highlight=False, soft_wrap=True)
 
 
 @app.command()
@@ -186,7 +220,8 @@ async def _follow(handle: Any, settings: Settings, as_json: bool,
 @app.command()
 def status(run_id: Annotated[str, typer.Argument(help="Workflow id")],
            as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
-    """Show a run: counters, pending approvals, events; the RunResult once it ended."""
+    """Show a run: counters, its place in an agent tree and its sub-agents, pending
+    approvals, events; the RunResult once it ended."""
     settings = load_settings()
 
     async def go() -> int:
@@ -210,6 +245,7 @@ def status(run_id: Annotated[str, typer.Argument(help="Workflow id")],
             else:
                 for ev in result.events:
                     print_event(ev)
+                await print_closed_tree(client, desc)
                 print_result(result, settings)
             return exit_code(result)
         if desc.status == WorkflowExecutionStatus.RUNNING:
@@ -229,6 +265,7 @@ def status(run_id: Annotated[str, typer.Argument(help="Workflow id")],
         else:
             console.print(f"{safe(run_id)}: [bold]{st.status}[/] · steps {st.steps} · tool "
                           f"executions {st.tool_executions} · tokens {st.total_tokens}")
+            print_tree(st, await ops.children_now(client, st))
             window = st.limits.max_input_tokens if st.limits is not None else None
             if st.context_tokens is not None and window is not None:
                 console.print(f"context: the next request ~{st.context_tokens} input tokens "
@@ -291,9 +328,12 @@ def list_runs(
         "--status", help="running | waiting_approval | completed | stopped")] = None,
     reason: Annotated[str | None, typer.Option(help="Stop reason, e.g. max_steps")] = None,
     limit: Annotated[int, typer.Option(help="At most this many runs", min=1)] = 20,
+    root: Annotated[str | None, typer.Option(
+        "--root", help="Only this run's agent tree: the run and its sub-agents' runs, "
+        "at every depth")] = None,
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
-    """List runs by search attribute, newest first."""
+    """List runs by search attribute, newest first; a sub-agent's run names its parent."""
     settings = load_settings()
     statuses = {"running", "waiting_approval", "completed", "stopped"}
     if status_filter is not None and status_filter not in statuses:
@@ -306,14 +346,18 @@ def list_runs(
 
         from boundloop import _ops as ops
 
-        rows = await ops.list_runs(await connect(settings), status_filter, reason, limit)
+        rows = await ops.list_runs(await connect(settings), status_filter, reason, limit,
+                                   root=root)
         if as_json:
             print(json.dumps(rows, ensure_ascii=False))
             return
-        table = Table("run", "status", "reason", "steps", "tools", "pending", "started",
-                      "stuck")
+        # The parent column only where a listed run has one (a sub-agent's, a turn's).
+        trees = any(r["parent"] for r in rows)
+        table = Table("run", *(("parent",) if trees else ()), "status", "reason", "steps",
+                      "tools", "pending", "started", "stuck")
         for r in rows:
-            table.add_row(r["workflow_id"], r["status"], r["reason"] or "", str(r["steps"]),
+            table.add_row(safe(r["workflow_id"]), *((safe(r["parent"] or ""),) if trees else ()),
+                          r["status"], r["reason"] or "", str(r["steps"]),
                           str(r["tool_executions"]), str(r["pending_approvals"]),
                           r["start_time"], "[red]stuck[/]" if r["stuck"] else "")
         console.print(table)

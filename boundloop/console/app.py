@@ -40,6 +40,7 @@ from boundloop.console import html as h
 from boundloop.contracts import SESSION_WORKFLOW, RunResult, RunStatus, SessionStatus
 from boundloop.core.canonical import preview
 from boundloop.core.loop import Approval, Event
+from boundloop.core.place import TreePlace
 from boundloop.core.reasons import StopReason
 from boundloop.errors import (
     DecisionRefused,
@@ -116,6 +117,8 @@ async def snapshot(client: Client, workflow_id: str) -> dict[str, Any]:
             result = await ops.result_of(handle)
     events = (status.events if status else result.events if result else [])
     limits = status.limits if status else None
+    children = ([c.model_dump(mode="json") for c in await ops.children_now(client, status)]
+                if status is not None else await _listed_children(client, workflow_id))
     return {
         "workflow_id": workflow_id,
         "closed": closed,
@@ -141,7 +144,23 @@ async def snapshot(client: Client, workflow_id: str) -> dict[str, Any]:
         "run": status.run if status else "",
         "text": result.text if result else None,
         "cancel_reason": result.cancel_reason if result else None,
+        # Its place in an agent tree (a sub-agent's run), the workflow that started it
+        # (Temporal's parent: a sub-agent's caller, a turn's session) and its sub-agents.
+        "tree": status.tree.model_dump(mode="json") if status and status.tree else None,
+        "parent": desc.parent_id,
+        "root": desc.root_id,
+        "children": children,
     }
+
+
+async def _listed_children(client: Client, workflow_id: str) -> list[dict[str, Any]]:
+    """A run's sub-agents as the server lists them, when no worker answered its status
+    query: their states, not their spend."""
+    with contextlib.suppress(RPCError):
+        return [{"workflow_id": r["workflow_id"], "tool": r["tool"],
+                 "state": r["reason"] or r["status"]}
+                for r in await ops.child_runs(client, workflow_id)]
+    return []
 
 
 #: What the run says asked for a person (`Approval.asked_by`), as the inbox says it.
@@ -345,7 +364,8 @@ async def runs_page(request: Request, console: Console, who: auth.SignedIn) -> R
     q = request.query_params
     state, reason = q.get("state") or None, q.get("reason") or None
     tool, approver = q.get("tool") or None, q.get("approver") or None
-    rows = await ops.list_runs(console.client, state, reason, limit=100)
+    root = q.get("root") or None  # one agent tree (a run page's "every run of this tree")
+    rows = await ops.list_runs(console.client, state, reason, limit=100, root=root)
     if tool or approver:
         logs = await asyncio.gather(*(events_of(console.client, r) for r in rows))
         rows = [r for r, events in zip(rows, logs, strict=True)
@@ -358,11 +378,16 @@ async def runs_page(request: Request, console: Console, who: auth.SignedIn) -> R
         f'{h.options([r.value for r in StopReason], reason)}</select></label> '
         f'<label>tool <input name="tool" value="{h.e(tool)}" size="14"></label> '
         f'<label>approver <input name="approver" value="{h.e(approver)}" size="12"></label> '
-        '<button>Filter</button> <a href="/">clear</a></form>')
+        + (f'<input type="hidden" name="root" value="{h.e(root)}">' if root else "")
+        + '<button>Filter</button> <a href="/">clear</a>'
+        + (f' · the agent tree of {h.run_link(root)}' if root else "") + '</form>')
     questions = await questions_of(console.client, rows)
     lines = "".join(
         f'<tr class="{h.e(r["status"])}" data-run="{h.e(r["workflow_id"])}">'
-        f'<td>{h.run_link(r["workflow_id"])}</td>'
+        f'<td>{h.run_link(r["workflow_id"])}'
+        # A sub-agent's run (or a session's turn): the run that started it.
+        + (f'<br><span class="parent">started by {h.run_link(r["parent"])}</span>'
+           if r["parent"] else "") + '</td>'
         f'<td class="question">{h.prose(q)}</td>'
         f'<td>{h.state_badge(r["status"], r["reason"])}</td>'
         f'<td>{r["steps"]}</td><td>{r["tool_executions"]}</td>'
@@ -407,10 +432,16 @@ def decision_forms(workflow_id: str, a: Approval | dict[str, Any], csrf: str,
 
 
 def approval_card(workflow_id: str, a: Approval, csrf: str, back: str,
-                  first_run: str = "", *, question: str | None = None) -> str:
-    """One waiting call; `question`: the run's, on a page that is not the run's own."""
+                  first_run: str = "", *, question: str | None = None,
+                  tree: TreePlace | None = None) -> str:
+    """One waiting call; `question`: the run's, on a page that is not the run's own;
+    `tree`: the place of a sub-agent's run (the card shows the call's path from the root
+    run: `ROOT → research → create_ticket`)."""
     asked = ("" if question is None else
              f'<p class="question">{h.prose(preview(question, QUESTION_SHOWN))}</p>')
+    if tree is not None:
+        asked = (f'<p class="path">asked in an agent tree: '
+                 f'{h.tree_path(tree.root, [*tree.path, a.tool])}</p>{asked}')
     return (f'<div class="card approval" data-run="{h.e(workflow_id)}" '
             f'data-call="{h.e(a.call_id)}">'
             f'<p><b>{h.visible(a.tool)}</b> · call <code>{h.visible(a.call_id)}</code> · '
@@ -443,20 +474,76 @@ async def run_page(request: Request, console: Console, who: auth.SignedIn) -> Re
         f'<tr><th>cost</th><td id="cost"></td></tr>'
         f'<tr><th>model</th><td>{h.e(s["model"])}</td></tr></table>')
     pending = [Approval.model_validate(a) for a in s["pending"]]
-    waiting = "".join(approval_card(workflow_id, a, who.csrf, back, s.get("run", ""))
+    place = TreePlace.model_validate(s["tree"]) if s["tree"] else None
+    waiting = "".join(approval_card(workflow_id, a, who.csrf, back, s.get("run", ""),
+                                    tree=place)
                       for a in pending)
     not_answered = ("" if s["answered"] or s["closed"] else
                     '<p class="error">no worker answered this run\'s status query: is '
                     '`boundloop worker` running?</p>')
-    body = (f'{not_answered}<div class="card"><p class="msg-user" id="question">'
-            f'{h.prose(s["question"])}</p>'
+    body = (f'{not_answered}{tree_of(s, place)}<div class="card">'
+            f'<p class="msg-user" id="question">{h.prose(s["question"])}</p>'
             '<div class="answer" id="answer"></div></div>'
             f'{counters}'
             + (f'<h2>Waiting for approval</h2>{waiting}' if waiting else "")
+            + children_table(s["children"])
+            + (tree_list_link(s) if s["children"] or s["tree"] else "")
             + '<h2>Timeline</h2><ol id="timeline"></ol>')
     return _page(who, f"Run {workflow_id}", body, request, script=RUN_SCRIPT,
                  body_attrs={"run": workflow_id,
-                             "pending": ",".join(a.call_id for a in pending)})
+                             "pending": ",".join(a.call_id for a in pending),
+                             "children": children_sig(s["children"])})
+
+
+def tree_of(s: dict[str, Any], place: TreePlace | None) -> str:
+    """A sub-agent's run: its path from the root run and the run that started it."""
+    if place is not None:
+        return (f'<p class="card" id="tree">sub-agent run: '
+                f'{h.tree_path(place.root, place.path)} · started by '
+                f'{h.run_link(place.parent)}</p>')
+    if s["parent"]:  # no worker answered: the server still knows its parent
+        return f'<p class="card" id="tree">started by {h.run_link(s["parent"])}</p>'
+    return ""
+
+
+def children_table(children: list[dict[str, Any]]) -> str:
+    """The sub-agents' runs a run started: each one's state and spend against its
+    allowance, a link to its page."""
+    if not children:
+        return ""
+    rows = []
+    for c in children:
+        tokens = ("" if "total_tokens" not in c else
+                  h.meter(c["total_tokens"], c["token_allowance"],
+                          f'{c["total_tokens"]} / {c["token_allowance"]}'))
+        cost = ("" if c.get("cost_usd") is None else
+                f'${c["cost_usd"]:.6f}' + (f' / ${c["usd_allowance"]:.4f}'
+                                           if c.get("usd_allowance") is not None else ""))
+        # Its own status while it runs (as its status query says), its stop reason
+        # ("failed": no RunResult) once it ended.
+        state = c["state"]
+        badge = (h.state_badge(state) if state in ("running", "waiting_approval", "completed")
+                 else h.state_badge("stopped", state))
+        rows.append(f'<tr data-run="{h.e(c["workflow_id"])}"><td>{h.visible(c["tool"])}</td>'
+                    f'<td>{badge}</td><td>{tokens}</td><td>{h.e(cost)}</td>'
+                    f'<td>{h.run_link(c["workflow_id"])}</td></tr>')
+    return ('<h2>Sub-agents</h2><table id="children"><thead><tr><th>sub-agent</th>'
+            '<th>state</th><th>tokens / allowance</th><th>cost</th><th>run</th></tr>'
+            f'</thead><tbody>{"".join(rows)}</tbody></table>')
+
+
+def tree_list_link(s: dict[str, Any]) -> str:
+    """Every run of the tree this run is in, on the runs list."""
+    root = s["root"] or s["workflow_id"]
+    return (f'<p><a id="tree-runs" href="/?{urlencode({"root": root})}">every run of this '
+            'tree</a></p>')
+
+
+
+def children_sig(children: list[dict[str, Any]]) -> str:
+    """What the run page reloads on when it changes (run.js): each sub-agent and its
+    state."""
+    return ",".join(f'{c["workflow_id"]}:{c["state"]}' for c in children)
 
 
 async def live(client: Client, workflow_id: str, from_offset: int) -> AsyncIterator[str]:
@@ -493,7 +580,7 @@ async def approvals_page(request: Request, console: Console, who: auth.SignedIn)
     unanswered: list[str] = []
     rows = await ops.pending_runs(console.client, unanswered)
     cards = "".join(approval_card(wf, a, who.csrf, "/approvals", status.run,
-                                  question=status.question)
+                                  question=status.question, tree=status.tree)
                     for wf, status in rows for a in status.pending)
     notes = "".join(f'<p class="error">{h.run_link(wf)} waits for approval but no worker '
                     'answered its status query</p>' for wf in unanswered)

@@ -156,6 +156,12 @@ def run_link(workflow_id: str) -> str:
     return f'<a href="/runs/{quote(workflow_id, safe="")}">{visible(workflow_id)}</a>'
 
 
+def tree_path(root: str, names: Iterable[str]) -> str:
+    """A place in an agent tree as people read it, the root run a link:
+    `ROOT → research → create_ticket`."""
+    return " → ".join([run_link(root), *(visible(n) for n in names)])
+
+
 def options(values: Iterable[str], chosen: str | None) -> str:
     return '<option value="">any</option>' + "".join(
         f'<option value="{e(v)}"{" selected" if v == chosen else ""}>{e(v)}</option>'

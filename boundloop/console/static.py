@@ -61,6 +61,10 @@ async function refresh(){
   else if (!streamed) document.getElementById('answer').textContent = s.closed?'(no answer)':'…';
   const waiting = s.pending.map(a=>a.call_id).join(',');
   if (waiting !== document.body.dataset.pending && !submitting) { location.reload(); return; }
+  // A sub-agent started or ended: the page shows its new state (the server draws it).
+  const children = (s.children||[]).map(c=>c.workflow_id+':'+c.state).join(',');
+  if (children !== (document.body.dataset.children||'') && !submitting) {
+    location.reload(); return; }
   closed = s.closed;
 }
 function soon(){ clearTimeout(timer); timer = setTimeout(refresh, 150); }

@@ -1,0 +1,201 @@
+"""An agent tree as operators see it, through a real dev server, worker, CLI and console:
+a sub-agent's `create_ticket` waits for approval; `pending` shows it with its path from
+the root run, `status` of the root lists the sub-agent and `status` of the sub-agent its
+place, `list --root` lists the tree, the console's inbox shows the path and its run
+pages link parent and child; the approval, signed by the console with alice's key, reaches
+the sub-agent's run (the one that asked) and the ticket is filed once."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import subprocess
+import sys
+import urllib.error
+import urllib.parse
+import urllib.request
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+from temporalio.client import Client, WorkflowHandle
+
+from boundloop import Agent
+from boundloop.client import query_status, result_of
+from boundloop.console.auth import hash_credential
+from boundloop.contracts import RunResult
+from boundloop.core.limits import Policy
+from boundloop.devserver import port_open
+from boundloop.signing import new_key
+from boundloop.testing import free_port, wait_until
+from boundloop.tools.demo import list_tickets
+from tests.scripts import answer, call, resp
+from tests.support.tools import tools as test_tools
+from tests.test_agent_trees import run_tree
+from tests.test_cli import cli, env_for
+
+DECIDED = ("approval_approved", "approval_rejected")
+PASSWORD = "correct horse battery staple"
+TICKET = {"title": "Restock B-002", "description": "B-002 is out of stock",
+          "priority": "normal"}
+
+
+def _http(url: str, data: dict[str, str] | None = None, cookie: str | None = None
+          ) -> tuple[int, dict[str, str], str]:
+    """One plain HTTP request, redirects not followed: status, headers, body."""
+
+    class NoRedirect(urllib.request.HTTPRedirectHandler):
+        def redirect_request(self, *args: Any, **kwargs: Any) -> None:
+            return None
+
+    body = urllib.parse.urlencode(data).encode() if data is not None else None
+    req = urllib.request.Request(url, data=body, method="POST" if data is not None else "GET")
+    if cookie:
+        req.add_header("Cookie", cookie)
+    try:
+        with urllib.request.build_opener(NoRedirect).open(req, timeout=60) as r:
+            return r.status, dict(r.headers), r.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, dict(exc.headers), exc.read().decode()
+
+
+async def http(url: str, data: dict[str, str] | None = None, cookie: str | None = None
+               ) -> tuple[int, dict[str, str], str]:
+    # In a thread: this test's event loop also runs the worker that answers the console.
+    return await asyncio.to_thread(_http, url, data, cookie)
+
+
+async def test_a_sub_agents_approval_is_seen_with_its_path_and_decided_where_it_asked(
+        temporal: Client, tmp_path: Path) -> None:
+    keys = tmp_path / "keys"
+    keys.mkdir()
+    alice = new_key("alice", keys)
+    approvers = tmp_path / "approvers"
+    approvers.write_text(f"alice {hash_credential(PASSWORD)}\n")
+    ticketing = Agent(test_tools, model="scripted-model", allowed=["create_ticket"],
+                      instructions="You file tickets.").as_tool("ticketing", "Files tickets")
+    # Signed decisions only: the root's policy names alice's key, and the sub-agent's
+    # policy is never looser than its caller's.
+    root = Agent(test_tools, model="scripted-model", allowed=["lookup_stock"],
+                 agents=[ticketing],
+                 policy=Policy(approver_keys={"alice": alice.public_line.split()[1]}))
+    env = {**env_for(temporal, tmp_path), "COLUMNS": "400"}
+    port = free_port()
+    console = subprocess.Popen(
+        [sys.executable, "-m", "boundloop.cli", "console", "--port", str(port)],
+        env={**env, "BOUNDLOOP_CONSOLE_APPROVERS": str(approvers),
+             "BOUNDLOOP_CONSOLE_KEYS": str(keys)},
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    seen: dict[str, Any] = {}
+
+    async def while_the_child_waits(handle: WorkflowHandle[Any, RunResult]) -> None:
+        async def child_waits() -> bool:
+            found = [w.id async for w in temporal.list_workflows(
+                f"ParentWorkflowId = '{handle.id}'")]
+            if found:
+                seen["child"] = found[0]
+                return bool((await query_status(temporal.get_workflow_handle(found[0])))
+                            .pending)
+            return False
+
+        await wait_until(child_waits, timeout=60)
+        child = seen["child"]
+        path = f"{handle.id} → ticketing → create_ticket"
+
+        # `pending`: the sub-agent's call, with its path; the run that decides it is the
+        # sub-agent's.
+        code, out, err = await cli("pending", "--json", env=env)
+        assert code == 0, err
+        [row] = json.loads(out)
+        assert (row["workflow_id"], row["call_id"], row["tool"], row["path"]) == (
+            child, "t1", "create_ticket", path)
+        code, out, err = await cli("pending", env=env)
+        # (The run column folds the sub-agent's long id; the JSON above names it whole.)
+        assert code == 0 and f"│ {path} │" in out, out + err
+
+        # `status` of the root lists its sub-agent; of the sub-agent, its place.
+        code, out, err = await cli("status", handle.id, env=env)
+        assert code == 0, err
+        [line] = [x for x in out.splitlines() if x.startswith("sub-agent ")]
+        assert line.startswith("sub-agent ticketing (call p1): waiting_approval · tokens 120 / ")
+        assert line.endswith(f" · {child}")
+        code, out, err = await cli("status", child, env=env)
+        assert code == 0, err
+        assert f"tree: {handle.id} → ticketing (started by {handle.id})" in out.splitlines()
+
+        # `list --root`: the tree and nothing else; the sub-agent names its parent.
+        code, out, err = await cli("list", "--root", handle.id, "--json", env=env)
+        assert code == 0, err
+        rows = {r["workflow_id"]: r for r in json.loads(out)}
+        assert set(rows) == {handle.id, child}
+        assert (rows[child]["parent"], rows[child]["root"]) == (handle.id, handle.id)
+        assert (rows[handle.id]["parent"], rows[handle.id]["root"]) == (None, None)
+        assert rows[child]["status"] == "waiting_approval"
+
+        # The console: the inbox shows the path, the run pages link parent and child.
+        async def up() -> bool:
+            return port_open("127.0.0.1", port)
+
+        await wait_until(up, timeout=60)
+        status, headers, _ = await http(f"{url}/login",
+                                        {"approver": "alice", "credential": PASSWORD})
+        assert status == 303
+        cookie = next(v for k, v in headers.items()
+                      if k.lower() == "set-cookie").split(";")[0]
+        _, _, inbox = await http(f"{url}/approvals", cookie=cookie)
+        root_link = f'<a href="/runs/{quote(handle.id, safe="")}">{handle.id}</a>'
+        assert (f'<p class="path">asked in an agent tree: {root_link} → ticketing → '
+                'create_ticket</p>') in inbox
+        assert f'data-run="{child}" data-call="t1"' in inbox
+        csrf = inbox.split('name="csrf" value="', 1)[1].split('"', 1)[0]
+        _, _, parent_page = await http(f"{url}/runs/{quote(handle.id, safe='')}",
+                                       cookie=cookie)
+        assert '<table id="children">' in parent_page
+        assert f'<a href="/runs/{quote(child, safe="")}">' in parent_page
+        tree_runs = f'href="/?{urllib.parse.urlencode({"root": handle.id})}"'
+        assert tree_runs in parent_page
+        _, _, child_page = await http(f"{url}/runs/{quote(child, safe='')}", cookie=cookie)
+        assert (f'<p class="card" id="tree">sub-agent run: {root_link} → ticketing · '
+                f'started by {root_link}</p>') in child_page
+        # The runs list of the tree: the two runs, the sub-agent's naming its parent.
+        _, _, listed = await http(f"{url}/?{urllib.parse.urlencode({'root': handle.id})}",
+                                  cookie=cookie)
+        assert set(re.findall(r'<tr class="[a-z_]+" data-run="([^"]+)"', listed)) == {
+            handle.id, child}
+        assert f'<span class="parent">started by {root_link}</span>' in listed
+
+        # The decision, as the inbox's form sends it: to the sub-agent's run.
+        waiting = await query_status(temporal.get_workflow_handle(child))
+        [asked] = waiting.pending
+        status, headers, _ = await http(f"{url}/decide", {
+            "csrf": csrf, "run": child, "call_id": "t1", "action": "approve",
+            "fingerprint": asked.fingerprint, "first_run": waiting.run,
+            "back": "/approvals"}, cookie=cookie)
+        assert status == 303, headers
+        note = urllib.parse.parse_qs(urllib.parse.urlsplit(headers["location"]).query)
+        assert note["note"] == [f"run {child} · call t1: approved (signed by alice)"]
+
+    async def once_ended(handle: WorkflowHandle[Any, RunResult]) -> None:
+        code, out, err = await cli("status", handle.id, env=env)
+        assert code == 0, err
+        assert f"sub-agent run: completed · {seen['child']}" in out.splitlines()
+
+    try:
+        result, _, _ = await run_tree(temporal, tmp_path, root, [
+            resp(call("ticketing", {"question": "B-002の補充チケットを作って"}, "p1")),
+            resp(call("create_ticket", TICKET, "t1")),  # the sub-agent's: waits
+            answer("Filed."),  # the sub-agent's last turn (create_ticket is terminal)
+            answer("チケットを作成しました。"),
+        ], during=while_the_child_waits, after=once_ended)
+    finally:
+        console.terminate()
+        console.communicate(timeout=30)
+    assert result.reason == "completed"
+    child_result = await result_of(temporal.get_workflow_handle(seen["child"],
+                                                               result_type=RunResult))
+    assert [(e.event, e.detail) for e in child_result.events
+            if e.event in DECIDED] == [("approval_approved", "by alice")]
+    assert [e.event for e in result.events if e.event in DECIDED] == []
+    assert [t["title"] for t in list_tickets(tmp_path / "data")] == ["Restock B-002"]
