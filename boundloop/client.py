@@ -45,6 +45,7 @@ from boundloop.contracts import (
     RunStatus,
     SayRequest,
     SessionStatus,
+    StreamEvent,
     StreamItem,
     StreamResult,
 )
@@ -120,6 +121,46 @@ class Run:
         ends after the result (or when the run closed without one)."""
         async for item in stream_items(self.handle, from_offset):
             yield item
+
+    async def stream_tree(self) -> AsyncIterator[tuple[tuple[str, ...], StreamItem]]:
+        """The run's stream and its sub-agents' (docs/agent-trees.md), each followed
+        from its start as soon as the run says it started, at every depth: (path, item),
+        where the path names the sub-agents from this run down (`()` for this run,
+        `("research",)` for its sub-agent). Items of one run are in order; the runs'
+        items interleave as they come. Ends once every run's stream has ended."""
+        merged: asyncio.Queue[tuple[tuple[str, ...], StreamItem] | None] = asyncio.Queue()
+        followers: list[asyncio.Task[None]] = []
+
+        async def follow(handle: WorkflowHandle[Any, Any], path: tuple[str, ...]) -> None:
+            followed: set[str] = set()
+            try:
+                async for item in stream_items(handle):
+                    await merged.put((path, item))
+                    if isinstance(item, StreamEvent) and item.event.event == "subagent_started":
+                        # The status lists the child from the workflow task that logged
+                        # this event on: the child's id is there.
+                        for child in (await query_status(handle)).children:
+                            if child.workflow_id not in followed:
+                                followed.add(child.workflow_id)
+                                followers.append(asyncio.create_task(follow(
+                                    handle._client.get_workflow_handle(child.workflow_id),
+                                    (*path, child.tool))))
+            finally:
+                await merged.put(None)
+
+        followers.append(asyncio.create_task(follow(self.handle, ())))
+        ended = 0
+        try:
+            while ended < len(followers):
+                got = await merged.get()
+                if got is None:
+                    ended += 1
+                else:
+                    yield got
+        finally:
+            for task in followers:
+                task.cancel()
+            await asyncio.gather(*followers, return_exceptions=True)
 
     async def pending(self) -> list[Approval]:
         """The calls waiting for a decision, with their validated arguments."""

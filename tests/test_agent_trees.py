@@ -17,9 +17,9 @@ from temporalio.client import Client, WorkflowHandle
 
 from boundloop import Agent, AgentTool, OperatorPolicy, Worker
 from boundloop.budgets import set_budget, show_budget
-from boundloop.client import result_of
+from boundloop.client import Run, result_of
 from boundloop.core.budget import BudgetLimits
-from boundloop.contracts import WORKFLOW_NAME, RunInput, RunResult, RunStatus
+from boundloop.contracts import WORKFLOW_NAME, RunInput, RunResult, RunStatus, StreamEvent
 from boundloop.core.limits import Limits
 from boundloop.core.place import TreePlace
 from boundloop.scripted.server import ScriptedModelServer
@@ -322,3 +322,36 @@ async def test_a_tree_spends_from_its_roots_shared_budget(temporal: Client,
     [view] = views
     assert view.spent.tokens == result.total_tokens
     assert view.reserved.tokens == 0
+
+
+async def test_the_tree_stream_carries_the_sub_agents_events(temporal: Client,
+                                                             tmp_path: Path) -> None:
+    """`Run.stream_tree` follows each sub-agent's stream from its start: its events and
+    its streamed text come with its path, and the whole stream ends with the parent's
+    result."""
+    seen: list[tuple[tuple[str, ...], str]] = []
+    reader: list[asyncio.Task[None]] = []
+
+    async def read(handle: WorkflowHandle[Any, RunResult]) -> None:
+        async def go() -> None:
+            async for path, item in Run(handle).stream_tree():
+                what = item.event.event if isinstance(item, StreamEvent) else item.kind
+                seen.append((path, what))
+        reader.append(asyncio.create_task(go()))
+
+    async def read_to_the_end(handle: WorkflowHandle[Any, RunResult]) -> None:
+        await asyncio.wait_for(reader[0], RUN_TIMEOUT)  # with the worker up
+
+    result, _, _ = await run_tree(temporal, tmp_path, writer(researcher()), [
+        resp(call("research", {"question": "A-001?"}, "p1")),
+        resp(call("lookup_stock", {"sku": "A-001"}, "k1")),
+        answer("A-001は12個です。"),
+        answer("調査結果: 12個。"),
+    ], during=read, after=read_to_the_end)
+    child = [what for path, what in seen if path == ("research",)]
+    parent = [what for path, what in seen if path == ()]
+    assert child[0] == "run_started" and "tool_success" in child
+    assert "text" in child and child[-1] == "result"
+    assert "subagent_started" in parent and parent[-1] == "result"
+    assert seen.index((("research",), "run_started")) > seen.index(((), "subagent_started"))
+    assert result.reason == "completed"
