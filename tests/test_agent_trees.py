@@ -18,8 +18,8 @@ from temporalio.client import Client, WorkflowHandle
 from boundloop import Agent, AgentTool, OperatorPolicy, Worker
 from boundloop.budgets import set_budget, show_budget
 from boundloop.client import Run, result_of
-from boundloop.core.budget import BudgetLimits
 from boundloop.contracts import WORKFLOW_NAME, RunInput, RunResult, RunStatus, StreamEvent
+from boundloop.core.budget import BudgetLimits
 from boundloop.core.limits import Limits
 from boundloop.core.place import TreePlace
 from boundloop.scripted.server import ScriptedModelServer
@@ -51,8 +51,8 @@ async def run_tree(temporal: Client, tmp_path: Path, agent: Agent[Any],
                    turns: list[dict[str, Any]] | ScriptedModelServer, *,
                    question: str = "在庫を調べて報告して",
                    inp: RunInput | None = None,
-                   before: Any = None, during: Any = None, after: Any = None) -> tuple[RunResult, ScriptedModelServer,
-                                                WorkflowHandle[Any, RunResult]]:
+                   before: Any = None, during: Any = None, after: Any = None
+                   ) -> tuple[RunResult, ScriptedModelServer, WorkflowHandle[Any, RunResult]]:
     server = turns if isinstance(turns, ScriptedModelServer) else ScriptedModelServer(turns)
     base_url = server.start()
     queue = f"q-{uuid.uuid4().hex[:8]}"
@@ -285,8 +285,8 @@ async def test_a_sub_agents_id_taken_by_a_starter_is_reported_not_stuck(
         await temporal.start_workflow("Squatter", id=squatter[0], task_queue="nobody")
         gate.set()  # now the model answers, and the parent calls the sub-agent
 
-    result, server, handle = await run_tree(temporal, tmp_path, writer(researcher()),
-                                            server, during=squat)
+    result, server, _ = await run_tree(temporal, tmp_path, writer(researcher()),
+                                       server, during=squat)
     sent = outputs(bodies(server)[1])["p1"]
     assert sent["error_code"] == "SUBAGENT_FAILED"
     ended = next(e for e in result.events if e.event == "subagent_ended")
