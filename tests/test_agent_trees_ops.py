@@ -15,10 +15,12 @@ import sys
 import urllib.error
 import urllib.parse
 import urllib.request
+from io import StringIO
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+from rich.console import Console
 from temporalio.client import Client, WorkflowHandle
 
 from boundloop import Agent
@@ -27,6 +29,7 @@ from boundloop.console.auth import hash_credential
 from boundloop.contracts import RunResult
 from boundloop.core.limits import Policy
 from boundloop.devserver import port_open
+from boundloop.live import render
 from boundloop.signing import new_key
 from boundloop.testing import free_port, wait_until
 from boundloop.tools.demo import list_tickets
@@ -125,6 +128,21 @@ async def test_a_sub_agents_approval_is_seen_with_its_path_and_decided_where_it_
         assert code == 0, err
         assert f"tree: {handle.id} → ticketing (started by {handle.id})" in out.splitlines()
 
+        # `watch`'s frames: the caller's sub-agents and the allowance it gave; the
+        # sub-agent's place.
+        parent_now = await query_status(handle)
+        [given] = parent_now.children
+        frame = StringIO()
+        Console(file=frame, width=300).print(render(handle.id, parent_now))
+        assert re.search(rf"│ ticketing +│ running +│ … / {given.token_allowance} +│",
+                         frame.getvalue()), frame.getvalue()
+        assert ("subagent_started · ticketing · allowance: "
+                f"{given.token_allowance} tokens") in frame.getvalue()
+        frame = StringIO()
+        Console(file=frame, width=300).print(render(child, await query_status(
+            temporal.get_workflow_handle(child))))
+        assert re.search(rf"tree +{handle.id} → ticketing", frame.getvalue())
+
         # `list --root`: the tree and nothing else; the sub-agent names its parent.
         code, out, err = await cli("list", "--root", handle.id, "--json", env=env)
         assert code == 0, err
@@ -166,6 +184,15 @@ async def test_a_sub_agents_approval_is_seen_with_its_path_and_decided_where_it_
             handle.id, child}
         assert f'<span class="parent">started by {root_link}</span>' in listed
 
+        # A decision on the call sent to the caller instead is refused: the caller did
+        # not ask, and the sub-agent still waits.
+        status, headers, _ = await http(f"{url}/decide", {
+            "csrf": csrf, "run": handle.id, "call_id": "t1", "action": "approve",
+            "back": "/approvals"}, cookie=cookie)
+        refused = urllib.parse.parse_qs(urllib.parse.urlsplit(headers["location"]).query)
+        assert status == 303 and refused["error"] == [
+            f"refused: call 't1' is not waiting for approval in run {handle.id}: nothing "
+            "to sign"], refused
         # The decision, as the inbox's form sends it: to the sub-agent's run.
         waiting = await query_status(temporal.get_workflow_handle(child))
         [asked] = waiting.pending
@@ -181,6 +208,9 @@ async def test_a_sub_agents_approval_is_seen_with_its_path_and_decided_where_it_
         code, out, err = await cli("status", handle.id, env=env)
         assert code == 0, err
         assert f"sub-agent run: completed · {seen['child']}" in out.splitlines()
+        code, out, err = await cli("status", seen["child"], env=env)
+        assert code == 0, err
+        assert f"started by {handle.id}" in out.splitlines()
 
     try:
         result, _, _ = await run_tree(temporal, tmp_path, root, [

@@ -78,9 +78,11 @@ async def print_closed_tree(client: Client, desc: Any) -> None:
     their spend is in the subagent_ended events above)."""
     from boundloop import _ops as ops
 
-    if desc.parent_id:
-        console.print(f"tree: root {safe(desc.root_id or desc.parent_id)} (started by "
-                      f"{safe(desc.parent_id)})", highlight=False, soft_wrap=True)
+    if desc.parent_id:  # a sub-agent's run, or a session's turn
+        root = (f" (root {safe(desc.root_id)})" if desc.root_id and desc.root_id
+                != desc.parent_id else "")
+        console.print(f"started by {safe(desc.parent_id)}{root}", highlight=False,
+                      soft_wrap=True)
     for row in await ops.child_runs(client, desc.id):
         state = row["status"] + (f" · {row['reason']}" if row["reason"]
                                  and row["status"] != "completed" else "")
