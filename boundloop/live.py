@@ -14,11 +14,20 @@ from rich.text import Text
 from temporalio.client import WorkflowFailureError
 
 from boundloop import _ops as ops
-from boundloop.contracts import Reset, RunResult, RunStatus, StreamItem, TextDelta
+from boundloop.contracts import (
+    ChildRun,
+    Reset,
+    RunResult,
+    RunStatus,
+    StreamItem,
+    TextDelta,
+)
 from boundloop.core import tree
 from boundloop.core.reasons import StopReason
 from boundloop.terminal import invisible_note, no_worker, safe
 
+#: How often the live view asks running sub-agents for their own status.
+CHILDREN_SECONDS = 1.0
 #: The events whose detail the live view shows (boundloop.core.tree).
 TREE_EVENTS = frozenset({tree.STARTED, tree.ENDED, tree.NOT_STARTED, tree.ALLOWANCE_SPENT})
 
@@ -49,11 +58,10 @@ def render(workflow_id: str, st: RunStatus, answer: str = "") -> Panel:
         for header in ("sub-agent", "state", "tokens / allowance", "cost", "run"):
             children.add_column(header, overflow="fold")
         for c in st.children:
-            # A running sub-agent's spend reaches this run when it ends (`status`
-            # asks the sub-agent's own run).
-            children.add_row(safe(c.tool), safe(c.state),
-                             f"{'…' if c.state == 'running' else c.total_tokens} / "
-                             f"{c.token_allowance}",
+            # A running sub-agent's spend reaches this run when it ends (`watch` asks
+            # the sub-agent's own run meanwhile).
+            used = "…" if c.state == "running" and not c.total_tokens else c.total_tokens
+            children.add_row(safe(c.tool), safe(c.state), f"{used} / {c.token_allowance}",
                              "" if c.cost_usd is None else f"${c.cost_usd:.6f}",
                              safe(c.workflow_id))
         parts.append(children)
@@ -102,24 +110,45 @@ async def watch(handle: Any, interval: float = 0.3, warn_silence: bool = True) -
         last: RunStatus | None = None
         answer = Answer()
 
+        # Running sub-agents as their own status queries say (their state, waiting for
+        # approval included, and their spend so far), by workflow id.
+        kids: dict[str, ChildRun] = {}
+
+        def frame(status: RunStatus) -> Panel:
+            shown = [kids.get(c.workflow_id, c) if c.state == "running" else c
+                     for c in status.children]
+            return render(handle.id, status.model_copy(update={"children": shown}),
+                          answer.text)
+
         async def read_stream() -> None:
             async for item in ops.stream_items(handle):
                 if answer.add(item) and last is not None:
-                    live.update(render(handle.id, last, answer.text))
+                    live.update(frame(last))
+
+        async def read_children() -> None:
+            # Apart from the status polls: a sub-agent no worker answers for would hold
+            # the frames up for the query's timeout.
+            while True:
+                if last is not None and any(c.state == "running" for c in last.children):
+                    kids.update((c.workflow_id, c)
+                                for c in await ops.children_now(handle._client, last))
+                    live.update(frame(last))
+                await asyncio.sleep(CHILDREN_SECONDS)
 
         # The answer comes from the run's stream; counters and approvals from the status
         # query. A run on a worker without streams still shows all but the live text.
-        reader = asyncio.create_task(read_stream())
+        readers = [asyncio.create_task(read_stream()), asyncio.create_task(read_children())]
         try:
             async for status, _new in ops.follow(handle, interval=interval,
                                                  on_silence=silence if warn_silence else None,
                                                  on_stuck=stuck):
                 last = status
-                live.update(render(handle.id, status, answer.text))
+                live.update(frame(status))
         finally:
-            reader.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await reader
+            for reader in readers:
+                reader.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await reader
         if last is not None:
             result: RunResult | None = None
             with contextlib.suppress(WorkflowFailureError):

@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import pty
 import re
+import select
 import subprocess
 import sys
 import urllib.error
@@ -36,7 +39,7 @@ from boundloop.tools.demo import list_tickets
 from tests.scripts import answer, call, resp
 from tests.support.tools import tools as test_tools
 from tests.test_agent_trees import run_tree
-from tests.test_cli import cli, env_for
+from tests.test_cli import CLI, cli, env_for
 
 DECIDED = ("approval_approved", "approval_rejected")
 PASSWORD = "correct horse battery staple"
@@ -67,6 +70,39 @@ async def http(url: str, data: dict[str, str] | None = None, cookie: str | None 
                ) -> tuple[int, dict[str, str], str]:
     # In a thread: this test's event loop also runs the worker that answers the console.
     return await asyncio.to_thread(_http, url, data, cookie)
+
+
+#: A terminal's control sequences (colours, cursor moves of rich's live view).
+ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+
+
+async def on_a_terminal_until(args: list[str], env: dict[str, str], pattern: str) -> str:
+    """Run the CLI with a terminal of its own (`watch` draws its live view only on one)
+    until what it showed matches `pattern`, then stop it; what it showed, as text."""
+    main, side = pty.openpty()
+    proc = subprocess.Popen([*CLI, *args], env=env, stdin=side, stdout=side, stderr=side)
+    os.close(side)
+    shown = b""
+
+    async def matched() -> bool:
+        nonlocal shown
+        while select.select([main], [], [], 0)[0]:
+            try:
+                chunk = os.read(main, 65536)
+            except OSError:  # EIO: it closed the terminal
+                break
+            if not chunk:
+                break
+            shown += chunk
+        return re.search(pattern, ANSI.sub("", shown.decode(errors="replace"))) is not None
+
+    try:
+        await wait_until(matched, timeout=60)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+        os.close(main)
+    return ANSI.sub("", shown.decode(errors="replace"))
 
 
 async def test_a_sub_agents_approval_is_seen_with_its_path_and_decided_where_it_asked(
@@ -142,6 +178,11 @@ async def test_a_sub_agents_approval_is_seen_with_its_path_and_decided_where_it_
         Console(file=frame, width=300).print(render(child, await query_status(
             temporal.get_workflow_handle(child))))
         assert re.search(rf"tree +{handle.id} → ticketing", frame.getvalue())
+        # `watch` of the caller on a terminal: the sub-agent as its own run says it is,
+        # waiting for approval, with what it spent so far.
+        await on_a_terminal_until(
+            ["watch", handle.id], env,
+            rf"│ ticketing +│ waiting_approval +│ 120 / {given.token_allowance} +│")
 
         # `list --root`: the tree and nothing else; the sub-agent names its parent.
         code, out, err = await cli("list", "--root", handle.id, "--json", env=env)
