@@ -1,0 +1,273 @@
+"""Agent trees under crashes, approvals and cancels, on a real dev server: a sub-agent's
+run is a child workflow of the same loop, with the same guarantees (docs/agent-trees.md).
+
+- kill -9 of the worker process while a child's side-effecting tool runs: the side
+  effect happened once (the tickets store), the child was started once, the tree ends;
+- a child's approval is the child's: listed with its place in the tree, decided with a
+  signature bound to the child's run, refused by the parent;
+- a cancel of the parent while its child waits for approval ends both `cancelled`, the
+  child's approval withdrawn and its tool never run.
+
+(A child cut short reaching the parent's model as such: tests/test_agent_trees.py.)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+from temporalio.api.enums.v1 import EventType
+from temporalio.client import Client, WorkflowHandle
+
+from boundloop import Agent, AgentTool
+from boundloop import search_attributes as sa
+from boundloop._ops import pending_runs
+from boundloop.agent import DEFAULT_TASK_QUEUE
+from boundloop.client import get_run, query_status
+from boundloop.client import result_of as client_result_of
+from boundloop.contracts import TOOL_ACTIVITY, WORKFLOW_NAME, RunResult
+from boundloop.core.limits import Policy
+from boundloop.errors import DecisionRefused
+from boundloop.signing import Signer, new_key
+from boundloop.tools.demo import list_tickets
+from tests.conftest import RUN_TIMEOUT, workflow_task_failures
+from tests.scripts import answer, call, outputs, resp
+from tests.support.crash_tools import HOLD_AFTER_WRITE_ENV
+from tests.support.tools import tools as test_tools
+from tests.test_agent_trees import bodies, run_tree
+from tests.test_approvals import refused
+from tests.test_crash import (
+    TICKET,
+    approve,
+    cluster,
+    pending_call,
+    result_of,
+    until,
+    wait_recorded_waiting,
+)
+from tests.test_signed_approvals import signed
+
+FILER = "filer"
+
+
+def filer(tools: Any, queue: str = DEFAULT_TASK_QUEUE, **policy: Any) -> AgentTool:
+    """A sub-agent that files one ticket (create_ticket: a side effect, terminal); on its
+    parent's queue (run_tree moves both to its worker's)."""
+    agent: Agent[Any] = Agent(tools, model="scripted-model", allowed=["create_ticket"],
+                              task_queue=queue, instructions="You file support tickets.",
+                              policy=Policy(**policy))
+    return agent.as_tool(FILER, "Files a support ticket for the problem it is told")
+
+
+def script(question: str = "3Fのプリンタが煙を出しています") -> list[dict[str, Any]]:
+    """Parent step 1 calls the filer; the filer calls create_ticket, then answers (its
+    forced last turn after a terminal tool); the parent answers: 4 requests in order."""
+    return [
+        resp(call(FILER, {"question": question}, "p1"), rid="parent_1"),
+        resp(call("create_ticket", TICKET, "t1"), rid="child_1"),
+        answer("チケットを作成しました。", rid="child_2"),
+        answer("担当チームにチケットを作成しました。", rid="parent_2"),
+    ]
+
+
+async def only_child(client: Client, parent: WorkflowHandle[Any, Any]
+                     ) -> WorkflowHandle[Any, RunResult]:
+    """The parent's one child workflow, once the server lists it."""
+    found: list[str] = []
+
+    async def listed() -> bool:
+        found[:] = [w.id async for w in client.list_workflows(
+            f"ParentWorkflowId = '{parent.id}'")]
+        return bool(found)
+    await until(listed, "the child run to be listed")
+    assert len(found) == 1, found
+    return client.get_workflow_handle(found[0], result_type=RunResult)
+
+
+async def history_count(handle: WorkflowHandle[Any, Any], kind: EventType.ValueType) -> int:
+    return len([e async for e in handle.fetch_history_events() if e.event_type == kind])
+
+
+# --- kill -9 while a child's tool runs ---------------------------------------------------
+
+
+async def test_worker_killed_while_a_childs_tool_runs_repeats_no_side_effect(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The filer's create_ticket, approved, commits its row and is still running when its
+    worker process is SIGKILLed; a new worker retries the call with the same key, which finds
+    the row: one ticket, one child started, the tree completes, each model request sent
+    once."""
+    async with cluster(tmp_path) as c:
+        assert c.client is not None
+        for turn in script():
+            c.model.append(turn)
+        monkeypatch.setenv(HOLD_AFTER_WRITE_ENV, "1")
+        doomed = c.start_worker()
+        monkeypatch.delenv(HOLD_AFTER_WRITE_ENV)
+        parent_agent: Agent[Any] = Agent(["lookup_stock"], model="scripted-model",
+                                         task_queue=c.queue,
+                                         agents=[filer(["create_ticket"], c.queue)])
+        parent = await c.client.start_workflow(
+            WORKFLOW_NAME, parent_agent.run_input("プリンタの件、チケットにして"),
+            id=f"tree-crash-{uuid.uuid4().hex[:10]}", task_queue=c.queue,
+            result_type=RunResult)
+        child = await only_child(c.client, parent)
+        await approve(child, await pending_call(child))  # the operator's policy asks
+
+        async def ticket_written() -> bool:
+            return bool(list_tickets(c.data_dir))
+        await until(ticket_written, "the child's create_ticket to commit its row")
+        c.kill(doomed)  # the tool holds after its write: it is running now
+        c.start_worker()
+        result = await result_of(parent)
+        child_result = await result_of(child)
+
+        assert (result.reason, result.steps) == ("completed", 2)
+        assert (child_result.reason, child_result.tool_executions) == ("completed", 1)
+        # One ticket, under the child's call's idempotency key.
+        [ticket] = list_tickets(c.data_dir)
+        assert ticket["idempotency_key"].startswith(f"{child.id}/")
+        # The retry on the new worker found the row the killed attempt committed.
+        envelope = outputs(bodies(c.model)[2])["t1"]
+        assert envelope["status"] == "success"
+        assert envelope["data"]["already_existed"] is True
+        assert envelope["data"]["ticket_id"] == ticket["id"]
+        events = [e async for e in child.fetch_history_events()]
+        tools = {e.event_id for e in events
+                 if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
+                 and e.activity_task_scheduled_event_attributes.activity_type.name
+                 == TOOL_ACTIVITY}
+        ran = [e.activity_task_started_event_attributes for e in events
+               if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_STARTED
+               and e.activity_task_started_event_attributes.scheduled_event_id in tools]
+        # The attempt that completed the call ran on the new worker.
+        assert ran and not ran[-1].identity.startswith(f"{doomed.pid}@"), ran
+        # Started once: one child listed, one start command in the parent's history.
+        assert [w.id async for w in c.client.list_workflows(
+            f"ParentWorkflowId = '{parent.id}'")] == [child.id]
+        assert await history_count(
+            parent, EventType.EVENT_TYPE_START_CHILD_WORKFLOW_EXECUTION_INITIATED) == 1
+        # The parent's model got the child's answer; no request was sent twice.
+        sub = outputs(bodies(c.model)[3])["p1"]
+        assert (sub["status"], sub["data"]["answer"]) == ("success", "チケットを作成しました。")
+        assert len(c.model.requests) == 4
+        assert c.model.violations == []
+        assert await workflow_task_failures(parent) == 0
+        assert await workflow_task_failures(child) == 0
+
+
+# --- a child's approval --------------------------------------------------------------------
+
+
+@pytest.fixture
+def alice(tmp_path: Path) -> Signer:
+    made = new_key("alice", tmp_path)
+    return Signer.from_file("alice", made.private_path)
+
+
+def approving(alice: Signer, child: AgentTool) -> Agent[Any]:
+    """A parent whose policy lets only alice, signing, decide create_ticket: the
+    child's policy is never looser, so the child's approval is hers too."""
+    return Agent(test_tools, model="scripted-model", allowed=["lookup_stock"],
+                 agents=[child], policy=Policy(
+                     approvers={"create_ticket": ["alice"]},
+                     approver_keys={"alice": alice.public_key}))
+
+
+async def test_a_childs_approval_is_listed_decided_signed_and_refused_by_the_parent(
+        temporal: Client, tmp_path: Path, alice: Signer) -> None:
+    seen: dict[str, Any] = {}
+
+    async def operator(parent: WorkflowHandle[Any, RunResult]) -> None:
+        child = await only_child(temporal, parent)
+        seen["child"] = child
+        await wait_recorded_waiting(child)
+        seen["listed"] = {wf: st for wf, st in await pending_runs(temporal)
+                          if wf in (parent.id, child.id)}
+        status = await query_status(child)
+        # The parent's id does not take the child's call: not by the client, which
+        # finds nothing to sign there, nor by the parent's own check of a decision
+        # signed for the child.
+        with pytest.raises(DecisionRefused) as caught:
+            await (await get_run(temporal, parent.id)).approve("t1", signer=alice)
+        seen["parent_client"] = str(caught.value)
+        seen["parent_run"] = await refused(parent, signed(status, child.id, alice, "t1"))
+        # Signed over the parent's id, it is not a decision of the child's run either;
+        # nor is an unsigned one (the child has the parent's approver keys).
+        seen["other_run"] = await refused(child, signed(status, child.id, alice, "t1",
+                                                        sign_run=parent.id))
+        with pytest.raises(DecisionRefused) as caught:
+            await (await get_run(temporal, child.id)).approve("t1", approver="alice")
+        seen["unsigned"] = str(caught.value)
+        assert list_tickets(tmp_path / "data") == []
+        assert [a.call_id for a in (await query_status(child)).pending] == ["t1"]
+        await (await get_run(temporal, child.id)).approve("t1", signer=alice)
+
+    result, server, parent = await run_tree(
+        temporal, tmp_path, approving(alice, filer(test_tools)), script(), during=operator)
+    child: WorkflowHandle[Any, RunResult] = seen["child"]
+    # Listed under the child's id, with its place in the tree; the parent waits for no
+    # decision of its own.
+    assert list(seen["listed"]) == [child.id]
+    listed = seen["listed"][child.id]
+    assert [(a.call_id, a.tool) for a in listed.pending] == [("t1", "create_ticket")]
+    assert listed.tree is not None
+    assert listed.tree.line("create_ticket") == f"{parent.id} → {FILER} → create_ticket"
+    assert "is not waiting for approval in run" in seen["parent_client"]
+    assert "t1" in seen["parent_run"]
+    assert "signature" in seen["other_run"]
+    assert "accepts only signed decisions" in seen["unsigned"]
+    # Approved once, with alice's signature, by the child; the ticket created once.
+    assert (result.reason, result.steps) == ("completed", 2)
+    [ticket] = list_tickets(tmp_path / "data")
+    assert ticket["idempotency_key"].startswith(f"{child.id}/")
+    child_result = await client_result_of(child)
+    assert (child_result.reason, child_result.tool_executions) == ("completed", 1)
+    decided = [e for e in child_result.events if e.event == "approval_approved"]
+    assert len(decided) == 1 and "alice" in (decided[0].detail or ""), child_result.events
+    assert outputs(bodies(server)[2])["t1"]["data"]["already_existed"] is False
+    assert not [e for e in result.events if e.event.startswith("approval_")]
+    assert await workflow_task_failures(child) == 0
+
+
+# --- a cancel of the parent while its child waits ----------------------------------------
+
+
+async def test_a_cancel_of_the_parent_during_a_childs_approval_wait_ends_both_cancelled(
+        temporal: Client, tmp_path: Path) -> None:
+    seen: dict[str, Any] = {}
+
+    async def cancel_parent(parent: WorkflowHandle[Any, RunResult]) -> None:
+        child = await only_child(temporal, parent)
+        seen["child"] = child
+        await wait_recorded_waiting(child)
+        await (await get_run(temporal, parent.id)).cancel("wrong printer")
+
+    async def after(parent: WorkflowHandle[Any, RunResult]) -> None:
+        child: WorkflowHandle[Any, RunResult] = seen["child"]
+        seen["result"] = await asyncio.wait_for(client_result_of(child), RUN_TIMEOUT)
+        seen["status"] = await query_status(child)  # a worker answers it
+
+    parent_agent: Agent[Any] = Agent(test_tools, model="scripted-model",
+                                     allowed=["lookup_stock"], agents=[filer(test_tools)])
+    result, _, _ = await run_tree(temporal, tmp_path, parent_agent, script()[:2],
+                                  during=cancel_parent, after=after)
+    child = seen["child"]
+    assert (result.reason, result.steps, result.cancel_reason) == (
+        "cancelled", 1, "wrong printer")
+    child_result: RunResult = seen["result"]
+    assert (child_result.reason, child_result.steps, child_result.tool_executions) == (
+        "cancelled", 1, 0)
+    assert [e.event for e in child_result.events][-2:] == ["cancel_requested",
+                                                            "stopped:cancelled"]
+    # The cancel reached the child (its own cancel request), and its approval is gone.
+    assert await history_count(
+        child, EventType.EVENT_TYPE_WORKFLOW_EXECUTION_CANCEL_REQUESTED) == 1
+    assert seen["status"].pending == []
+    desc = await child.describe()
+    assert desc.typed_search_attributes.get(sa.PENDING_APPROVALS) == 0
+    assert list_tickets(tmp_path / "data") == []
+    assert await workflow_task_failures(child) == 0
