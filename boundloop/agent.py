@@ -104,7 +104,9 @@ class Agent(Generic[Deps]):
         if self.allowed is not None:
             unknown = [n for n in self.allowed if n not in available]
             if unknown:
-                raise ValueError(f"unknown tools {unknown}; available: {available}")
+                hint = ("; sub-agents are offered to the model without being listed in "
+                        "`allowed`" if set(unknown) & {a.name for a in self.agents} else "")
+                raise ValueError(f"unknown tools {unknown}; available: {available}{hint}")
             names = list(dict.fromkeys(self.allowed))
         else:
             names = available
@@ -115,6 +117,17 @@ class Agent(Generic[Deps]):
                              "sub-agent; give each its own")
         if not names and not self.agents:
             raise ValueError("the agent has no tools; give it at least one")
+        if isinstance(self.tools, Toolset):
+            # One worker serves a tree on one task queue: its toolset must hold them all.
+            served = set(available)
+            missing = sorted({f"{path}: {t}" for path, t in _tools_on(
+                self.agents, self.task_queue) if t not in served})
+            if missing:
+                raise ValueError(
+                    f"sub-agents on this agent's task queue {self.task_queue!r} call tools "
+                    f"its toolset does not serve ({', '.join(missing)}): the worker of "
+                    "the queue serves them all; give the agents one Toolset (pick each "
+                    "one's tools with `allowed`), or the sub-agent a task queue of its own")
         named = {**settings.limits.per_tool_max_calls, **settings.policy.approvers}
         strangers = [n for n in named if n not in available]
         if strangers:
@@ -241,6 +254,20 @@ async def start_session(client: Client, *,
                               policy=policy or Policy(), instructions=instructions,
                               task_queue=task_queue)
     return await agent.session(client, limits=session_limits, id=id, tenant=tenant)
+
+
+def _tools_on(agents: Sequence[AgentTool], queue: str,
+              path: str = "") -> list[tuple[str, str]]:
+    """(sub-agent path, tool) of every sub-agent on `queue`, at any depth below."""
+    found: list[tuple[str, str]] = []
+    for agent in agents:
+        if agent.task_queue != queue:
+            continue
+        here = f"{path} → {agent.name}" if path else agent.name
+        mcp = {d.name for d in agent.mcp_tools}
+        found += [(here, t) for t in agent.tools if t not in mcp]
+        found += _tools_on(agent.agents, queue, here)
+    return found
 
 
 def moved(agent: AgentTool, old: str, new: str) -> AgentTool:

@@ -178,6 +178,18 @@ async def dev_server(database: str | None = None,
 # --- the environment -------------------------------------------------------------------
 
 
+async def _tree_of(run: Run) -> list[Run]:
+    """The run and its sub-agents' runs, at every depth, that are open."""
+    runs, at = [run], 0
+    while at < len(runs):
+        status = await runs[at].status()
+        runs += [Run(runs[at].handle._client.get_workflow_handle(
+            c.workflow_id, result_type=RunResult)) for c in status.children
+            if c.state == "running"]
+        at += 1
+    return runs
+
+
 class AgentEnvironment(Generic[Deps]):
     """A scripted model and a worker for `agent`, in this process, on a dev server.
 
@@ -245,31 +257,44 @@ class AgentEnvironment(Generic[Deps]):
     async def pending(self, run: Run, call_id: str | None = None,
                       timeout: float = WAIT_SECONDS) -> Approval:
         """The call waiting for approval (the one with `call_id`, or the first), once the
-        run asks for one."""
-        found: list[Approval] = []
+        run, or one of its sub-agents at any depth, asks for one."""
+        return (await self._waiting(run, call_id, timeout))[1]
+
+    async def _waiting(self, run: Run, call_id: str | None,
+                       timeout: float) -> tuple[Run, Approval]:
+        """The run of the tree that waits (the run itself, or a sub-agent's), and its call."""
+        found: list[tuple[Run, Approval]] = []
 
         async def waiting() -> bool:
-            found[:] = [a for a in await run.pending()
+            found[:] = [(asking, a) for asking in await _tree_of(run)
+                        for a in await asking.pending()
                         if call_id is None or a.call_id == call_id]
             return bool(found)
 
-        await wait_until(waiting, timeout=timeout)
+        try:
+            await wait_until(waiting, timeout=timeout)
+        except TimeoutError:
+            which = f"call {call_id!r}" if call_id else "any call"
+            raise TimeoutError(f"no approval of {which} waits in run {run.id} or its "
+                               f"sub-agents after {timeout:g} s") from None
         return found[0]
 
     async def approve(self, run: Run, call_id: str | None = None, *,
                       approver: str = "tester", args: dict[str, Any] | None = None,
                       timeout: float = WAIT_SECONDS) -> Approval:
-        """Wait for a pending call and approve it (optionally with edited `args`);
-        returns the call as it was waiting."""
-        waiting = await self.pending(run, call_id, timeout)
-        await run.approve(waiting.call_id, approver=approver, args=args)
+        """Wait for a pending call (of the run, or of one of its sub-agents) and approve
+        it, in the run that asked (optionally with edited `args`); returns the call as it
+        was waiting."""
+        asking, waiting = await self._waiting(run, call_id, timeout)
+        await asking.approve(waiting.call_id, approver=approver, args=args)
         return waiting
 
     async def reject(self, run: Run, call_id: str | None = None, *, reason: str,
                      approver: str = "tester", timeout: float = WAIT_SECONDS) -> Approval:
-        """Wait for a pending call and reject it; the model reads `reason`."""
-        waiting = await self.pending(run, call_id, timeout)
-        await run.reject(waiting.call_id, reason=reason, approver=approver)
+        """Wait for a pending call (of the run, or of one of its sub-agents) and reject
+        it; the model reads `reason`."""
+        asking, waiting = await self._waiting(run, call_id, timeout)
+        await asking.reject(waiting.call_id, reason=reason, approver=approver)
         return waiting
 
     async def result(self, run: Run, timeout: float = WAIT_SECONDS) -> RunResult:

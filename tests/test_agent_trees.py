@@ -15,6 +15,7 @@ import openai
 import pytest
 from temporalio.client import Client, WorkflowHandle
 
+import boundloop
 from boundloop import Agent, AgentTool, OperatorPolicy, Worker
 from boundloop.budgets import set_budget, show_budget
 from boundloop.client import Run, result_of
@@ -355,3 +356,22 @@ async def test_the_tree_stream_carries_the_sub_agents_events(temporal: Client,
     assert "subagent_started" in parent and parent[-1] == "result"
     assert seen.index((("research",), "run_started")) > seen.index(((), "subagent_started"))
     assert result.reason == "completed"
+
+
+def test_an_agent_whose_toolset_lacks_a_sub_agents_tools_is_refused_when_made() -> None:
+    other = boundloop.Toolset[None]()
+
+    @other.tool()
+    def look_up(topic: str) -> str:
+        """Look a topic up."""
+        return topic
+
+    helper: Agent[Any] = Agent(other)
+    with pytest.raises(ValueError, match=r"toolset does not serve \(helper: look_up\)"):
+        Agent(test_tools, agents=[helper.as_tool("helper", "Looks up")])
+    with pytest.raises(ValueError, match="offered to the model without being listed"):
+        Agent(test_tools, allowed=["lookup_stock", "helper"],
+              agents=[Agent(test_tools).as_tool("helper", "Looks up")])
+    # On a task queue of its own, another worker serves it.
+    apart = helper.as_tool("helper", "Looks up").model_copy(update={"task_queue": "other"})
+    assert list(Agent(test_tools, agents=[apart]).agents) == [apart]

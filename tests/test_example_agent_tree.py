@@ -12,7 +12,7 @@ from pathlib import Path
 from tests.test_docs_outputs import shown_matches
 
 ROOT = Path(__file__).resolve().parent.parent
-COMMAND = "python examples/agent_tree.py"
+COMMAND = ".venv/bin/python examples/agent_tree.py"
 
 
 def shown() -> list[str]:

@@ -112,3 +112,28 @@ def test_the_testing_page_and_the_reference_name_the_environments_attributes_ali
         env = AgentEnvironment(boundloop.Agent(tools, model="m"), deps={}, script=[])
         for name in set(re.findall(r"\benv\.(\w+)", text)):
             assert name in vars(env) or hasattr(AgentEnvironment, name), name
+
+
+async def test_the_kit_approves_a_call_waiting_in_a_sub_agent(temporal: Client,
+                                                              tmp_path: Path) -> None:
+    """`env.approve(run)` finds the call a sub-agent waits on and decides it there; the
+    tree then completes and the ticket exists once."""
+    from boundloop.tools.demo import DemoDeps, list_tickets
+    from tests.support.tools import tools as test_tools
+
+    clerk = boundloop.Agent(test_tools, allowed=["create_ticket"], model="scripted-model")
+    desk = boundloop.Agent(test_tools, allowed=["lookup_stock"], model="scripted-model",
+                           agents=[clerk.as_tool("clerk", "Files tickets")])
+    ticket = {"title": "Printer jam", "description": "Tray 2 jams", "priority": "normal"}
+    script = [responses.call("clerk", {"question": "File a ticket"}, "p1"),
+              responses.call("create_ticket", ticket, "c1", number=2),
+              responses.answer("Filed.", number=3),
+              responses.answer("The clerk filed it.", number=4)]
+    async with AgentEnvironment(desk, deps=DemoDeps(data_dir=tmp_path), script=script,
+                                client=temporal) as env:
+        run = await env.start("Please file a ticket")
+        waiting = await env.approve(run, approver="duty-officer")
+        result = await env.result(run)
+    assert (waiting.tool, waiting.call_id) == ("create_ticket", "c1")
+    assert result.reason == "completed"
+    assert len(list_tickets(tmp_path)) == 1
