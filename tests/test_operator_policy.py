@@ -313,7 +313,7 @@ async def test_a_bad_policy_file_stops_the_worker_with_one_line_per_error(
         "max_result_bytes, max_history_bytes, max_identical_calls, tool_cost_budget, "
         "usd_budget, max_output_tokens, max_input_tokens, tool_timeout_seconds, "
         "model_timeout_seconds, model_answer_seconds, deadline_seconds, "
-        "approval_timeout_seconds)"], err
+        "approval_timeout_seconds, max_children, max_depth)"], err
 
 
 async def exits(worker: subprocess.Popen[bytes], log: Path, *, connects: bool = False) -> int:
