@@ -567,3 +567,26 @@ def test_a_sub_agent_that_spends_the_callers_tokens_stops_the_caller() -> None:
                                               + 1_000))
     assert shell.go() == StopReason.USAGE_LIMIT
     assert shell.kinds()[-1] == "Publish"  # no second model request
+
+
+def test_a_run_whose_tables_are_full_continues_as_new_under_constant_carry() -> None:
+    """Once the run's own share of the whole-run tables reaches carry.SEGMENT_MAX keys,
+    the next step is not begun: the run continues as new (the driver returns None),
+    asking the constant-carry patch; without that patch it goes on as it always did."""
+    def full(shell: Shell) -> Shell:
+        shell.state.steps = 1
+        shell.state.identical_calls = {f"fp{i}": 1 for i in range(carry.SEGMENT_MAX - 10)}
+        shell.state.call_ids = [f"c{i}" for i in range(10)]
+        return shell
+
+    shell = full(Shell([text("never")], limits=Limits(max_steps=10),
+                       patches={driver.CONSTANT_CARRY}))
+    assert shell.go() is None
+    assert shell.kinds() == ["AskPatch"]
+    old = full(Shell([text("12 in stock")], limits=Limits(max_steps=10)))
+    assert old.go() == StopReason.COMPLETED
+    below = Shell([text("12 in stock")], limits=Limits(max_steps=10),
+                  patches={driver.CONSTANT_CARRY})
+    below.state.steps = 1
+    below.state.identical_calls = {f"fp{i}": 1 for i in range(carry.SEGMENT_MAX - 1)}
+    assert below.go() == StopReason.COMPLETED
