@@ -137,5 +137,6 @@ def _ended_of(err: ChildWorkflowError, wf_id: str) -> tree.ChildEnded | tree.Chi
     if is_cancelled_exception(err):
         raise asyncio.CancelledError  # this run was cancelled (and the child with it)
     kind = cause.type if isinstance(cause, ApplicationError) else type(cause).__name__
-    return tree.ChildFailed("failed", f"{wf_id}: {kind}")
+    # It ran and left no RunResult (terminated, timed out): what it used is unknown.
+    return tree.ChildFailed("failed", f"{wf_id}: {kind}", use_unknown=True)
 

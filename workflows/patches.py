@@ -111,6 +111,15 @@ CUT_AT_THE_CAP = driver.CUT_AT_THE_CAP
 #: (`boundloop.core.carry`); asked on its own, when the run first continues as new or
 #: its tables are full.
 CONSTANT_CARRY = driver.CONSTANT_CARRY
+#: The patch under which a sub-agent's allowance keeps back the tool cost units of its
+#: caller's later calls of the same response (before it, they ran past the caller's
+#: tool_cost_budget when the sub-agent spent its whole allowance). Asked on its own, and
+#: only when a sub-agent starts before such calls under a tool_cost_budget.
+CHILD_KEEPS_UNITS = driver.CHILD_KEEPS_UNITS
+#: The patch under which a sub-agent that ran and left no RunResult (terminated, timed
+#: out) is charged to its caller as its whole allowance (before it, as nothing). Asked on
+#: its own, and only when such a sub-agent ends.
+CHILD_LOST_CHARGED = driver.CHILD_LOST_CHARGED
 
 
 @dataclass

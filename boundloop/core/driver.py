@@ -49,6 +49,12 @@ LOCAL_TOOLS = "local-tools"
 #: a run continues as new once its tables reach `carry.SEGMENT_MAX` keys. Asked on its
 #: own, and only when the run first continues as new (or its tables are full).
 CONSTANT_CARRY = "constant-carry"
+#: The patch under which a sub-agent's allowance keeps back the tool cost units of its
+#: caller's later calls of the same response; asked only when there are such units.
+CHILD_KEEPS_UNITS = "child-keeps-later-units"
+#: The patch under which a sub-agent that ran and left no RunResult (terminated, timed
+#: out) is charged its whole allowance; asked only when one does.
+CHILD_LOST_CHARGED = "child-lost-charged"
 #: Event names of a model attempt that failed and was sent again start with this; the
 #: failure's kind follows (`worker_lost` for an attempt lost with its request sent).
 MODEL_RETRIED = "model_retried:"
@@ -292,6 +298,8 @@ class Run:
     #: Calls of the response being run that have not started yet (a sub-agent's
     #: allowance keeps their tool executions back).
     unrun: int = 0
+    #: Their tool cost units (kept back from a sub-agent's allowance too).
+    unrun_units: int = 0
 
     def steps(self) -> Steps[StopReason | None]:
         """The run's steps until it stops (the reason) or should continue as new
@@ -543,6 +551,8 @@ class Run:
         state = self.state
         results = self.exchange.answered  # kept as they come: a stopped turn hands them on
         self.unrun = sum(isinstance(p, core.Execute) for p in plans)
+        self.unrun_units = sum(self.rules[p.call.name].cost_units for p in plans
+                               if isinstance(p, core.Execute))
         waiting: list[core.Execute] = []
         for p in plans:
             if isinstance(p, core.Execute) and p.needs_approval:
@@ -593,6 +603,7 @@ class Run:
                  ) -> Steps[tuple[Envelope, str | None] | StopReason]:
         state = self.state
         self.unrun -= 1
+        self.unrun_units -= self.rules[p.call.name].cost_units
         if p.call.name in self.agents:
             return (yield from self._run_child(step, p, self.agents[p.call.name]))
         rule = self.rules[p.call.name]
@@ -642,13 +653,17 @@ class Run:
             return _no_ref(core.reply_output(state, core.Reply(
                 call=call, fingerprint=p.fingerprint,
                 envelope=tree.blocked_by_limits(state, why))))
+        # The later calls' cost units run whatever the child spends: kept back from it.
+        later_units = self.unrun_units if self.unrun_units > 0 \
+            and state.limits.tool_cost_budget is not None \
+            and (yield from _ask(CHILD_KEEPS_UNITS)) else 0
         settings = tree.allowance(
             state, agent, processing_seconds=view.processing_seconds(),
             next_input_tokens=ctx.estimate_input_tokens(
                 conversation_bytes=state.conversation.bytes,
                 fixed_bytes=view.fixed_bytes() if state.last_tokens is None else 0,
                 last_tokens=state.last_tokens, last_bytes=state.last_bytes),
-            later_calls=self.unrun)
+            later_calls=self.unrun, later_units=later_units)
         if isinstance(settings, str):
             state.log(tree.NOT_STARTED, tool=call.name, call_id=call.call_id,
                       fp=p.fingerprint, detail=settings)
@@ -668,6 +683,9 @@ class Run:
                       f"execution{'' if n == 1 else 's'}")
         else:
             detail = f"{ended.kind}: {ended.detail}"
+            if ended.use_unknown and (yield from _ask(CHILD_LOST_CHARGED)):
+                tree.charge_allowance(state, settings)
+                detail += "; its use is unknown: charged its whole allowance"
         state.log(tree.ENDED, tool=call.name, call_id=call.call_id, fp=p.fingerprint,
                   detail=detail)
         result = core.record_outcome(state, p, core.ToolOutcome(

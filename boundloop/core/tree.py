@@ -108,6 +108,9 @@ class ChildFailed:
 
     kind: Literal["refused", "failed"]
     detail: str
+    #: It ran and left no RunResult (terminated, timed out): what it used is unknown, so
+    #: its caller is charged its whole allowance (`charge_allowance`).
+    use_unknown: bool = False
 
 
 # --- before a child starts ------------------------------------------------------------
@@ -149,7 +152,7 @@ def stricter_policy(parent: Policy, child: Policy) -> Policy:
     rules = [*parent.rules, *(r for r in child.rules if r not in parent.rules)]
     return child.model_copy(update={
         "approval": approval, "approvers": approvers, "rules": rules[:100],
-        "approver_keys": {**child.approver_keys, **parent.approver_keys},
+        "approver_keys": _stricter_keys(parent.approver_keys, child.approver_keys),
         "prices": {**child.prices, **parent.prices},
         "missing_usage": "stop" if "stop" in (parent.missing_usage, child.missing_usage)
         else "estimate",
@@ -157,14 +160,28 @@ def stricter_policy(parent: Policy, child: Policy) -> Policy:
         else "report"})
 
 
+def _stricter_keys(parent: dict[str, str], child: dict[str, str]) -> dict[str, str]:
+    """The approver keys a child's decisions are checked by: where the caller has keys,
+    only those (a key the caller does not hold would let someone it never trusted
+    decide the child's calls), narrowed to the ones the child names too; else the
+    child's own, which only tighten."""
+    if not parent:
+        return dict(child)
+    both = {name: key for name, key in child.items() if parent.get(name) == key}
+    return both or dict(parent)
+
+
 def allowance(state: LoopState, tool: AgentTool, *, processing_seconds: float,
-              next_input_tokens: int, later_calls: int) -> RunSettings | str:
+              next_input_tokens: int, later_calls: int,
+              later_units: int = 0) -> RunSettings | str:
     """The child's settings: its own, cut to what the caller has left less its reserve.
     A string says why it cannot start (nothing left of a limit).
 
     `next_input_tokens`: the caller's estimate of its next request's input (kept back
     with RESERVE_SHARE of what is left); `later_calls`: the caller's calls of this
-    response still to run after this one (their executions are kept back too)."""
+    response still to run after this one (their executions are kept back too);
+    `later_units`: their tool cost units (planned within the caller's tool_cost_budget,
+    they run whatever the child spends)."""
     lim, own = state.limits, tool.settings.limits
     tokens_left = lim.token_threshold - state.usage.total_tokens
     cap = own.max_output_tokens or lim.max_output_tokens
@@ -202,7 +219,7 @@ def allowance(state: LoopState, tool: AgentTool, *, processing_seconds: float,
         update["usd_budget"] = usd
     if lim.tool_cost_budget is not None:
         units = min(own.tool_cost_budget or lim.tool_cost_budget,
-                    lim.tool_cost_budget - state.cost_units)
+                    lim.tool_cost_budget - state.cost_units - later_units)
         if units <= 0:
             return f"no tool cost units left (tool_cost_budget {lim.tool_cost_budget})"
         update["tool_cost_budget"] = units
@@ -275,6 +292,21 @@ def charge(state: LoopState, ended: ChildEnded) -> None:
     state.cost_usd += ended.cost_usd or 0.0
     state.tool_executions += ended.tool_executions
     state.cost_units += ended.cost_units
+
+
+def charge_allowance(state: LoopState, settings: RunSettings) -> None:
+    """A child that ran and left no RunResult (terminated, timed out) may have used all
+    of its allowance: the caller is charged all of it (tokens, executions, and USD and
+    cost units where the caller has a budget of them), as a model attempt that brought
+    no answer is charged its worst case."""
+    lim = settings.limits
+    state.usage.total_tokens += lim.token_threshold
+    state.usage.estimated = True
+    state.tool_executions += lim.max_tool_executions
+    if state.limits.usd_budget is not None:
+        state.cost_usd += lim.usd_budget or 0.0
+    if state.limits.tool_cost_budget is not None:
+        state.cost_units += lim.tool_cost_budget or 0
 
 
 def over_limits(state: LoopState) -> StopReason | None:

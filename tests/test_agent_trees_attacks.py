@@ -1,0 +1,137 @@
+"""Agent trees attacked by the least trusted party at each door, on a real dev server
+with a real worker: a model whose calls spend what a sibling was promised, a starter
+with namespace access who terminates a sub-agent or adds an approver key of its own.
+Each test is a bound of docs/agent-trees.md that such a party tried to pass."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from temporalio.client import Client, WorkflowHandle
+
+from boundloop import Agent, errors
+from boundloop.client import Run, query_status
+from boundloop.contracts import RunResult, RunStatus
+from boundloop.core.limits import Limits, Policy
+from boundloop.signing import Signer
+from boundloop.tools.demo import list_tickets
+from tests.scripts import answer, call, outputs, resp
+from tests.support.tools import tools as test_tools
+from tests.test_agent_trees import bodies, run_tree, writer
+from tests.test_approvals import pending, status_when
+
+
+async def child_of(temporal: Client, parent: WorkflowHandle[Any, RunResult]
+                   ) -> WorkflowHandle[Any, RunResult]:
+    """The parent's one sub-agent run, once it started."""
+    for _ in range(400):
+        found = [w async for w in temporal.list_workflows(f"ParentWorkflowId = '{parent.id}'")]
+        if found:
+            return temporal.get_workflow_handle(found[0].id, result_type=RunResult)
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"{parent.id} started no sub-agent")
+
+
+async def test_a_sub_agent_never_spends_the_cost_units_of_its_callers_later_calls(
+        temporal: Client, tmp_path: Path) -> None:
+    """The model calls a sub-agent and, in the same response, a tool with a cost: the
+    response is within the run's tool_cost_budget when it is planned, so the tool runs
+    after the sub-agent whatever the sub-agent spent. Its allowance keeps that tool's
+    cost units back, so the tree never passes the root's budget."""
+    spender: Agent[Any] = Agent(test_tools, model="scripted-model", allowed=["echo"])
+    parent = writer(spender.as_tool("spend", "Echoes things"), allowed=("echo",),
+                    tool_cost_budget=4)
+    result, server, _ = await run_tree(temporal, tmp_path, parent, [
+        resp(call("spend", {"question": "echo twice"}, "p1"),
+             call("echo", {"x": "mine"}, "p2")),  # parent: 2 units of 4 planned
+        resp(call("echo", {"x": "a"}, "c1"), call("echo", {"x": "b"}, "c2")),  # child
+        answer("done"),  # the parent
+    ])
+    # echo costs 2 units: the parent's own call and at most one of the child's.
+    assert result.cost_units <= 4
+    child = outputs(bodies(server)[2])["p1"]
+    assert (child["error_code"], child["data"]["stop_reason"]) == ("SUBAGENT_STOPPED",
+                                                                   "budget_limit")
+    assert outputs(bodies(server)[-1])["p2"]["status"] == "success"
+
+
+async def test_a_terminated_sub_agent_is_charged_its_whole_allowance(
+        temporal: Client, tmp_path: Path) -> None:
+    """Someone with namespace access terminates a sub-agent that had spent most of its
+    allowance: it leaves no RunResult saying what it used. The caller is charged all of
+    its allowance (what it may have used), not nothing, so the next sub-agent's
+    allowance is not cut from tokens the first one spent already."""
+    threshold = 20_000
+    spent: list[int] = []
+    big = {"input_tokens": 5_000, "output_tokens": 100, "total_tokens": 5_100}
+    greedy: Agent[Any] = Agent(test_tools, model="scripted-model", allowed=["create_ticket"])
+    parent = writer(greedy.as_tool("ticketer", "Files tickets",
+                                   limits=Limits(token_threshold=15_000)),
+                    token_threshold=threshold,
+                    max_output_tokens=200, max_tool_executions=20)
+
+    async def terminate(handle: WorkflowHandle[Any, RunResult]) -> None:
+        child = await child_of(temporal, handle)
+        status = await pending(child)  # it spent 5,100 tokens and waits for approval
+        spent.append(status.total_tokens)
+        await child.terminate(reason="an operator's terminate")
+
+    result, server, _ = await run_tree(temporal, tmp_path, parent, [
+        # A long question: the child's request may hold 5,000 input tokens.
+        resp(call("ticketer", {"question": "x" * 6_000}, "p1")),
+        resp(call("create_ticket", {"title": "t", "description": "d", "priority": "low"},
+                  "c1"), usage=big),  # the child, then it is terminated
+        answer("the ticketer failed"),  # the parent
+    ], during=terminate)
+    assert spent == [5_100]
+    assert outputs(bodies(server)[2])["p1"]["error_code"] == "SUBAGENT_FAILED"
+    own = 2 * 120  # the parent's two responses
+    assert result.total_tokens >= own + spent[0]
+    assert result.usage_estimated
+    assert list_tickets(tmp_path / "data") == []
+
+
+@pytest.fixture
+def keys() -> dict[str, Signer]:
+    return {name: Signer(name, Ed25519PrivateKey.generate()) for name in ("alice", "mallory")}
+
+
+async def test_a_sub_agent_takes_no_approver_key_its_caller_does_not(
+        temporal: Client, tmp_path: Path, keys: dict[str, Signer]) -> None:
+    """The root accepts decisions signed by alice only; its sub-agent's own policy (in
+    the root's input, a starter's) names mallory's key too. A decision mallory signs for
+    the sub-agent's side effect is refused: alice decides it."""
+    alice, mallory = keys["alice"], keys["mallory"]
+    ticketer: Agent[Any] = Agent(test_tools, model="scripted-model", allowed=["create_ticket"],
+                                 policy=Policy(approver_keys={"mallory": mallory.public_key}))
+    parent = writer(ticketer.as_tool("ticketer", "Files tickets")).replace(
+        policy=Policy(approver_keys={"alice": alice.public_key}))
+    refusals: list[str] = []
+
+    async def decide(handle: WorkflowHandle[Any, RunResult]) -> None:
+        child = await child_of(temporal, handle)
+        await pending(child)
+        try:
+            await Run(child).approve("c1", signer=mallory)
+        except errors.DecisionRefused as refused:
+            refusals.append(str(refused))
+        status: RunStatus = await query_status(child)
+        if status.pending:
+            await Run(child).approve("c1", signer=alice)
+        await status_when(child, lambda s: not s.pending, "the decision")
+
+    result, _, _ = await run_tree(temporal, tmp_path, parent, [
+        resp(call("ticketer", {"question": "file one"}, "p1")),
+        resp(call("create_ticket", {"title": "t", "description": "d", "priority": "low"},
+                  "c1")),
+        answer("filed"),  # the child, after its terminal tool
+        answer("the ticket is filed"),
+    ], during=decide)
+    assert len(refusals) == 1 and "mallory" in refusals[0]
+    [ticket] = list_tickets(tmp_path / "data")
+    assert result.reason == "completed"
+    assert ticket["title"] == "t"
