@@ -8,6 +8,7 @@ the sub-agent's run (the one that asked) and the ticket is filed once."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import pty
@@ -18,28 +19,32 @@ import sys
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
 from io import StringIO
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+import pytest
 from rich.console import Console
 from temporalio.client import Client, WorkflowHandle
 
 from boundloop import Agent
-from boundloop.client import query_status, result_of
+from boundloop.client import get_run, query_status, result_of
 from boundloop.console.auth import hash_credential
 from boundloop.contracts import RunResult
 from boundloop.core.limits import Policy
 from boundloop.devserver import port_open
 from boundloop.live import render
-from boundloop.signing import new_key
+from boundloop.signing import Signer, new_key
 from boundloop.testing import free_port, wait_until
 from boundloop.tools.demo import list_tickets
 from tests.scripts import answer, call, resp
 from tests.support.tools import tools as test_tools
 from tests.test_agent_trees import run_tree
 from tests.test_cli import CLI, cli, env_for
+from tests.test_web_ui import CHROMIUM, CHROMIUM_ARGS
 
 DECIDED = ("approval_approved", "approval_rejected")
 PASSWORD = "correct horse battery staple"
@@ -105,20 +110,32 @@ async def on_a_terminal_until(args: list[str], env: dict[str, str], pattern: str
     return ANSI.sub("", shown.decode(errors="replace"))
 
 
-async def test_a_sub_agents_approval_is_seen_with_its_path_and_decided_where_it_asked(
-        temporal: Client, tmp_path: Path) -> None:
+@dataclass
+class Setup:
+    """A root agent whose `ticketing` sub-agent files tickets, signed decisions only (the
+    root's policy names alice's key; a sub-agent's is never looser than its caller's),
+    and a console process where alice signs in, her key on its host."""
+
+    root: Agent[Any]
+    env: dict[str, str]
+    url: str
+    port: int
+    console: subprocess.Popen[bytes]
+    alice: Signer
+
+
+@contextlib.contextmanager
+def setup(temporal: Client, tmp_path: Path) -> Iterator[Setup]:
     keys = tmp_path / "keys"
     keys.mkdir()
-    alice = new_key("alice", keys)
+    made = new_key("alice", keys)
     approvers = tmp_path / "approvers"
     approvers.write_text(f"alice {hash_credential(PASSWORD)}\n")
     ticketing = Agent(test_tools, model="scripted-model", allowed=["create_ticket"],
                       instructions="You file tickets.").as_tool("ticketing", "Files tickets")
-    # Signed decisions only: the root's policy names alice's key, and the sub-agent's
-    # policy is never looser than its caller's.
     root = Agent(test_tools, model="scripted-model", allowed=["lookup_stock"],
                  agents=[ticketing],
-                 policy=Policy(approver_keys={"alice": alice.public_line.split()[1]}))
+                 policy=Policy(approver_keys={"alice": made.public_line.split()[1]}))
     env = {**env_for(temporal, tmp_path), "COLUMNS": "400"}
     port = free_port()
     console = subprocess.Popen(
@@ -126,21 +143,52 @@ async def test_a_sub_agents_approval_is_seen_with_its_path_and_decided_where_it_
         env={**env, "BOUNDLOOP_CONSOLE_APPROVERS": str(approvers),
              "BOUNDLOOP_CONSOLE_KEYS": str(keys)},
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
+    try:
+        yield Setup(root=root, env=env, url=f"http://127.0.0.1:{port}", port=port,
+                    console=console, alice=Signer.from_file("alice", made.private_path))
+    finally:
+        console.terminate()
+        console.communicate(timeout=30)
+
+
+#: The root calls ticketing, whose create_ticket waits for approval; once approved, the
+#: sub-agent answers (create_ticket is terminal), then the root.
+SCRIPT = [
+    resp(call("ticketing", {"question": "Open a restock ticket for B-002"}, "p1")),
+    resp(call("create_ticket", TICKET, "t1")),
+    answer("Filed."),
+    answer("The restock ticket for B-002 is filed."),
+]
+#: The root's question (in English: the screenshots' fonts).
+QUESTION = "B-002 is out of stock: have it restocked"
+
+
+async def waiting_child(temporal: Client, handle: WorkflowHandle[Any, RunResult]) -> str:
+    """The workflow id of the root's sub-agent, once its call waits for approval."""
+    seen: list[str] = []
+
+    async def child_waits() -> bool:
+        seen[:] = [w.id async for w in temporal.list_workflows(
+            f"ParentWorkflowId = '{handle.id}'")]
+        return bool(seen) and bool(
+            (await query_status(temporal.get_workflow_handle(seen[0]))).pending)
+
+    await wait_until(child_waits, timeout=60)
+    return seen[0]
+
+
+async def test_a_sub_agents_approval_is_seen_with_its_path_and_decided_where_it_asked(
+        temporal: Client, tmp_path: Path) -> None:
+    with setup(temporal, tmp_path) as it:
+        await _seen_and_decided(temporal, tmp_path, it)
+
+
+async def _seen_and_decided(temporal: Client, tmp_path: Path, it: Setup) -> None:
+    env, url, port = it.env, it.url, it.port
     seen: dict[str, Any] = {}
 
     async def while_the_child_waits(handle: WorkflowHandle[Any, RunResult]) -> None:
-        async def child_waits() -> bool:
-            found = [w.id async for w in temporal.list_workflows(
-                f"ParentWorkflowId = '{handle.id}'")]
-            if found:
-                seen["child"] = found[0]
-                return bool((await query_status(temporal.get_workflow_handle(found[0])))
-                            .pending)
-            return False
-
-        await wait_until(child_waits, timeout=60)
-        child = seen["child"]
+        child = seen["child"] = await waiting_child(temporal, handle)
         path = f"{handle.id} → ticketing → create_ticket"
 
         # `pending`: the sub-agent's call, with its path; the run that decides it is the
@@ -253,20 +301,73 @@ async def test_a_sub_agents_approval_is_seen_with_its_path_and_decided_where_it_
         assert code == 0, err
         assert f"started by {handle.id}" in out.splitlines()
 
-    try:
-        result, _, _ = await run_tree(temporal, tmp_path, root, [
-            resp(call("ticketing", {"question": "B-002の補充チケットを作って"}, "p1")),
-            resp(call("create_ticket", TICKET, "t1")),  # the sub-agent's: waits
-            answer("Filed."),  # the sub-agent's last turn (create_ticket is terminal)
-            answer("チケットを作成しました。"),
-        ], during=while_the_child_waits, after=once_ended)
-    finally:
-        console.terminate()
-        console.communicate(timeout=30)
+    result, _, _ = await run_tree(temporal, tmp_path, it.root, SCRIPT, question=QUESTION,
+                                  during=while_the_child_waits, after=once_ended)
     assert result.reason == "completed"
     child_result = await result_of(temporal.get_workflow_handle(seen["child"],
                                                                result_type=RunResult))
     assert [(e.event, e.detail) for e in child_result.events
             if e.event in DECIDED] == [("approval_approved", "by alice")]
     assert [e.event for e in result.events if e.event in DECIDED] == []
+    assert [t["title"] for t in list_tickets(tmp_path / "data")] == ["Restock B-002"]
+
+
+async def test_the_console_follows_a_tree_in_the_browser(temporal: Client,
+                                                         tmp_path: Path) -> None:
+    """The root's page, open while its sub-agent waits: the sub-agent's row waits for
+    approval; approved elsewhere (signed with alice's key), the row turns completed
+    without a reload by hand. The sub-agent's page links its root. Screenshots as in
+    tests/test_console.py ($BOUNDLOOP_UI_SCREENSHOTS=docs/screenshots refreshes
+    docs/console.md's)."""
+    if CHROMIUM is None:
+        pytest.skip("Chromium not found")
+    playwright_api = pytest.importorskip("playwright.async_api")
+    expect = playwright_api.expect
+    shots = Path(os.environ.get("BOUNDLOOP_UI_SCREENSHOTS") or tmp_path / "shots")
+    shots.mkdir(parents=True, exist_ok=True)
+    with setup(temporal, tmp_path) as it:
+
+        async def in_the_browser(handle: WorkflowHandle[Any, RunResult]) -> None:
+            child = await waiting_child(temporal, handle)
+
+            async def up() -> bool:
+                return port_open("127.0.0.1", it.port)
+
+            await wait_until(up, timeout=60)
+            async with playwright_api.async_playwright() as p:
+                browser = await p.chromium.launch(executable_path=CHROMIUM,
+                                                  args=CHROMIUM_ARGS)
+                try:
+                    page = await (await browser.new_context(
+                        viewport={"width": 1300, "height": 900})).new_page()
+                    page.set_default_timeout(30_000)
+                    await page.goto(f"{it.url}/login?next=/approvals")
+                    await page.fill("input[name=approver]", "alice")
+                    await page.fill("input[name=credential]", PASSWORD)
+                    await page.click("button[name=signin]")
+                    path = page.locator(f'.approval[data-run="{child}"] .path')
+                    await expect(path).to_have_text(
+                        f"asked in an agent tree: {handle.id} → ticketing → create_ticket")
+
+                    await page.goto(f"{it.url}/runs/{quote(child, safe='')}")
+                    await expect(page.locator("#tree")).to_have_text(
+                        f"sub-agent run: {handle.id} → ticketing · started by {handle.id}")
+                    await page.screenshot(path=shots / "console-run-subagent.png",
+                                          full_page=True)
+                    await page.locator("#tree a").first.click()
+                    row = page.locator(f'#children tr[data-run="{child}"]')
+                    await expect(row).to_contain_text("waiting approval")
+                    await expect(row).to_contain_text("ticketing")
+                    await page.screenshot(path=shots / "console-run-tree.png",
+                                          full_page=True)
+                    run = await get_run(temporal, child)
+                    await run.approve("t1", approver="alice", signer=it.alice)
+                    await expect(row.locator(".badge")).to_have_text("completed")
+                    await expect(page.locator("#state")).to_have_text("completed")
+                finally:
+                    await browser.close()
+
+        result, _, _ = await run_tree(temporal, tmp_path, it.root, SCRIPT,
+                                      question=QUESTION, during=in_the_browser)
+    assert result.reason == "completed"
     assert [t["title"] for t in list_tickets(tmp_path / "data")] == ["Restock B-002"]
