@@ -6,6 +6,8 @@ Each test is a bound of docs/agent-trees.md that such a party tried to pass."""
 from __future__ import annotations
 
 import asyncio
+import json
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -14,14 +16,16 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from temporalio.client import Client, WorkflowHandle
 
 from boundloop import Agent, errors
+from boundloop.budgets import set_budget
 from boundloop.client import Run, query_status
 from boundloop.contracts import RunResult, RunStatus
+from boundloop.core.budget import BudgetLimits
 from boundloop.core.limits import Limits, Policy
 from boundloop.signing import Signer
 from boundloop.tools.demo import list_tickets
 from tests.scripts import answer, call, outputs, resp
 from tests.support.tools import tools as test_tools
-from tests.test_agent_trees import bodies, run_tree, writer
+from tests.test_agent_trees import bodies, researcher, run_tree, writer
 from tests.test_approvals import pending, status_when
 
 
@@ -135,3 +139,28 @@ async def test_a_sub_agent_takes_no_approver_key_its_caller_does_not(
     [ticket] = list_tickets(tmp_path / "data")
     assert result.reason == "completed"
     assert ticket["title"] == "t"
+
+
+async def test_the_shared_budgets_refusal_is_not_the_calling_models_answer(
+        temporal: Client, tmp_path: Path) -> None:
+    """A sub-agent whose request the shared budget refuses stops `budget_limit`; the
+    ledger's reason (the key, what it spent, what other runs hold) is the operator's,
+    in the sub-agent's events, never the answer the calling model reads."""
+    key = f"tenant-{uuid.uuid4().hex[:8]}"
+
+    async def budget(queue: str) -> None:
+        await set_budget(temporal, key, BudgetLimits(tokens=2_800), task_queue=queue)
+
+    # Its worst case (2,700 output tokens and its question) passes what the key has left.
+    wordy = researcher().model_copy(update={"settings": researcher().settings.model_copy(
+        update={"limits": Limits(max_output_tokens=2_700)})})
+    parent = writer(wordy).replace(budget=key, limits=Limits(max_output_tokens=200))
+    result, server, _ = await run_tree(temporal, tmp_path, parent, [
+        resp(call("research", {"question": "A-001?"}, "p1")),
+        answer("the research was refused"),
+    ], before=budget)
+    sent = outputs(bodies(server)[1])["p1"]
+    assert (sent["error_code"], sent["data"]["stop_reason"]) == ("SUBAGENT_STOPPED",
+                                                                 "budget_limit")
+    assert key not in json.dumps(sent)
+    assert result.reason == "completed"

@@ -257,12 +257,15 @@ def begin_step(state: LoopState, processing_seconds: float) -> StepPlan | StopRe
 
 def budget_refused(state: LoopState, message: str) -> StopReason:
     """The shared budget refused the step's reservation: the request was never sent, so
-    it is not a step; the ledger's reason is the run's text and event detail."""
+    it is not a step; the ledger's reason is the event detail, and the text of a run
+    that is no sub-agent."""
     state.steps -= 1
     if state.events and state.events[-1].event == "model_requested":
         state.events.pop()  # begin_step logged the request that was never sent
     state.log("budget_refused", detail=message)
-    return state.stop(StopReason.BUDGET_LIMIT, message)
+    # A sub-agent's text is its caller's model's to read: the ledger's reason (its key,
+    # what it spent and holds) stays in the event.
+    return state.stop(StopReason.BUDGET_LIMIT, message if state.tree is None else None)
 
 
 def cancelled(state: LoopState, reason: str | None, *, step_unfinished: bool) -> StopReason:
