@@ -20,7 +20,8 @@ from typing import Any
 
 import pytest
 from temporalio.api.enums.v1 import EventType
-from temporalio.client import Client, WorkflowHandle
+from temporalio.client import Client, WorkflowFailureError, WorkflowHandle
+from temporalio.exceptions import TerminatedError
 
 from boundloop import Agent, AgentTool
 from boundloop import search_attributes as sa
@@ -29,7 +30,7 @@ from boundloop.agent import DEFAULT_TASK_QUEUE
 from boundloop.client import get_run, query_status
 from boundloop.client import result_of as client_result_of
 from boundloop.contracts import TOOL_ACTIVITY, WORKFLOW_NAME, RunResult
-from boundloop.core.limits import Policy
+from boundloop.core.limits import Limits, Policy
 from boundloop.errors import DecisionRefused
 from boundloop.signing import Signer, new_key
 from boundloop.tools.demo import list_tickets
@@ -233,6 +234,59 @@ async def test_a_childs_approval_is_listed_decided_signed_and_refused_by_the_par
     assert await workflow_task_failures(child) == 0
 
 
+async def test_a_parent_and_its_child_asking_under_one_call_id_each_get_their_own_decision(
+        temporal: Client, tmp_path: Path) -> None:
+    """The parent's create_ticket waits (calls needing no approval, the filer, run
+    first) while its child's create_ticket waits too, both as call `t1`: each decision
+    reaches the run it was sent to and decides that run's call only; one bound to the
+    child's call is refused by the parent (its `t1` has other arguments)."""
+    mine = {**TICKET, "title": "Order toner", "priority": "low"}
+    seen: dict[str, Any] = {}
+
+    async def operator(parent: WorkflowHandle[Any, RunResult]) -> None:
+        child = await only_child(temporal, parent)
+        seen["child"] = child
+        await wait_recorded_waiting(child)
+        [childs] = (await query_status(child)).pending
+        [parents] = (await query_status(parent)).pending
+        seen["asked"] = [(a.call_id, a.arguments) for a in (childs, parents)]
+        with pytest.raises(DecisionRefused) as caught:
+            await (await get_run(temporal, parent.id)).approve(
+                "t1", approver="alice", fingerprint=childs.fingerprint)
+        seen["crossed"] = str(caught.value)
+        await (await get_run(temporal, child.id)).approve("t1", approver="alice")
+        seen["child_result"] = await asyncio.wait_for(client_result_of(child), RUN_TIMEOUT)
+        # The child's decision and end left the parent's own call waiting.
+        seen["still"] = [(a.call_id, a.arguments, a.status)
+                         for a in (await query_status(parent)).pending]
+        await (await get_run(temporal, parent.id)).approve("t1", approver="bob")
+
+    parent_agent: Agent[Any] = Agent(test_tools, model="scripted-model",
+                                     allowed=["create_ticket"], agents=[filer(test_tools)])
+    result, _, parent = await run_tree(temporal, tmp_path, parent_agent, [
+        resp(call("create_ticket", mine, "t1"),
+             call(FILER, {"question": "3Fのプリンタが煙を出しています"}, "p1"), rid="parent_1"),
+        resp(call("create_ticket", TICKET, "t1"), rid="child_1"),
+        answer("チケットを作成しました。", rid="child_2"),
+        answer("トナーの注文と、プリンタのチケットを作成しました。", rid="parent_2"),
+    ], during=operator)
+    child: WorkflowHandle[Any, RunResult] = seen["child"]
+    assert seen["asked"] == [("t1", TICKET), ("t1", mine)]
+    assert "changed since" in seen["crossed"], seen["crossed"]
+    assert seen["still"] == [("t1", mine, "pending")]
+    assert (result.reason, seen["child_result"].reason) == ("completed", "completed")
+    tickets = list_tickets(tmp_path / "data")
+    assert len(tickets) == 2
+    [of_child] = [t for t in tickets if t["idempotency_key"].startswith(f"{child.id}/")]
+    [of_parent] = [t for t in tickets if not t["idempotency_key"].startswith(f"{child.id}/")]
+    assert (of_child["title"], of_parent["title"]) == (TICKET["title"], mine["title"])
+    assert of_parent["idempotency_key"].startswith(f"{parent.id}/")
+    deciders = {h.id: [e.detail for e in r.events if e.event == "approval_approved"]
+                for h, r in ((child, seen["child_result"]), (parent, result))}
+    assert deciders == {child.id: ["by alice"], parent.id: ["by bob"]}
+    assert await workflow_task_failures(child) == 0
+
+
 # --- a cancel of the parent while its child waits ----------------------------------------
 
 
@@ -271,3 +325,73 @@ async def test_a_cancel_of_the_parent_during_a_childs_approval_wait_ends_both_ca
     assert desc.typed_search_attributes.get(sa.PENDING_APPROVALS) == 0
     assert list_tickets(tmp_path / "data") == []
     assert await workflow_task_failures(child) == 0
+
+
+async def test_a_cancel_of_the_root_reaches_every_level(temporal: Client,
+                                                        tmp_path: Path) -> None:
+    """root → desk → filer, the filer waiting for approval: a cancel of the root ends all
+    three `cancelled`, each having received its own cancel request; no ticket."""
+    seen: dict[str, Any] = {}
+
+    async def cancel_root(root: WorkflowHandle[Any, RunResult]) -> None:
+        desk = await only_child(temporal, root)
+        leaf = await only_child(temporal, desk)
+        seen["tree"] = [root, desk, leaf]
+        await wait_recorded_waiting(leaf)
+        await root.cancel()
+
+    async def after(root: WorkflowHandle[Any, RunResult]) -> None:
+        seen["results"] = [await asyncio.wait_for(client_result_of(h), RUN_TIMEOUT)
+                           for h in seen["tree"]]
+        seen["pending"] = (await query_status(seen["tree"][2])).pending
+
+    desk: Agent[Any] = Agent(test_tools, model="scripted-model", allowed=["lookup_stock"],
+                             agents=[filer(test_tools)])
+    # (With the default limits a grandchild's allowance is too small for one request
+    # whose output may reach 4096 tokens.)
+    root_agent: Agent[Any] = Agent(test_tools, model="scripted-model",
+                                   allowed=["lookup_stock"],
+                                   limits=Limits(token_threshold=40_000, max_output_tokens=1000),
+                                   agents=[desk.as_tool("desk", "Handles support requests")])
+    await run_tree(temporal, tmp_path, root_agent, [
+        resp(call("desk", {"question": "3Fのプリンタ"}, "p1"), rid="root_1"),
+        resp(call(FILER, {"question": "3Fのプリンタが煙を出しています"}, "d1"), rid="desk_1"),
+        resp(call("create_ticket", TICKET, "t1"), rid="filer_1"),
+    ], during=cancel_root, after=after)
+    results: list[RunResult] = seen["results"]
+    assert [(r.reason, r.steps, r.tool_executions) for r in results] == [
+        ("cancelled", 1, 0)] * 3
+    for handle in seen["tree"]:
+        assert await history_count(
+            handle, EventType.EVENT_TYPE_WORKFLOW_EXECUTION_CANCEL_REQUESTED) == 1, handle.id
+        assert await workflow_task_failures(handle) == 0
+    assert seen["pending"] == []
+    assert list_tickets(tmp_path / "data") == []
+
+
+async def test_a_terminated_parent_cancels_its_waiting_child(temporal: Client,
+                                                             tmp_path: Path) -> None:
+    """A parent that ends otherwise than by its own cancel (terminated: no code of it
+    runs) still takes its child with it: the child ends `cancelled`, its approval
+    withdrawn, no ticket."""
+    seen: dict[str, Any] = {}
+
+    async def terminate_parent(parent: WorkflowHandle[Any, RunResult]) -> None:
+        child = await only_child(temporal, parent)
+        seen["child"] = child
+        await wait_recorded_waiting(child)
+        await parent.terminate("operator: stuck tree")
+        seen["result"] = await asyncio.wait_for(client_result_of(child), RUN_TIMEOUT)
+        seen["status"] = await query_status(child)
+
+    parent_agent: Agent[Any] = Agent(test_tools, model="scripted-model",
+                                     allowed=["lookup_stock"], agents=[filer(test_tools)])
+    with pytest.raises(WorkflowFailureError) as ended:
+        await run_tree(temporal, tmp_path, parent_agent, script()[:2],
+                       during=terminate_parent)
+    assert isinstance(ended.value.cause, TerminatedError)
+    child_result: RunResult = seen["result"]
+    assert (child_result.reason, child_result.tool_executions) == ("cancelled", 0)
+    assert seen["status"].pending == []
+    assert list_tickets(tmp_path / "data") == []
+    assert await workflow_task_failures(seen["child"]) == 0

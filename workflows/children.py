@@ -84,10 +84,11 @@ class Children:
                 result_type=RunResult,
                 static_summary=f"{place.line()} · {preview(question, 100)}",
                 id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
-                # A cancel of this run reaches the child (and its children) at once and
-                # this run ends `cancelled` (the SDK's wait for the child's end would
-                # take the cancel for the child's own); a parent that closes otherwise
-                # cancels it too.
+                # A cancel of this run ends it `cancelled` at once (the SDK's wait for
+                # the child's end would take the cancel for the child's own). The child's
+                # cancel comes from the close policy as this run closes, however it
+                # closes: the request TRY_CANCEL records in the run's last workflow task
+                # is dropped by the server once the run has closed.
                 cancellation_type=ChildWorkflowCancellationType.TRY_CANCEL,
                 parent_close_policy=ParentClosePolicy.REQUEST_CANCEL,
                 search_attributes=TypedSearchAttributes(attributes) if attributes else None)
