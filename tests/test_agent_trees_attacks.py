@@ -8,10 +8,12 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import pytest_asyncio
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from temporalio.client import Client, WorkflowHandle
 
@@ -23,6 +25,7 @@ from boundloop.core.budget import BudgetLimits
 from boundloop.core.limits import Limits, Policy
 from boundloop.signing import Signer
 from boundloop.tools.demo import list_tickets
+from tests import conftest
 from tests.scripts import answer, call, outputs, resp
 from tests.support.tools import tools as test_tools
 from tests.test_agent_trees import bodies, researcher, run_tree, writer
@@ -164,3 +167,47 @@ async def test_the_shared_budgets_refusal_is_not_the_calling_models_answer(
                                                                  "budget_limit")
     assert key not in json.dumps(sent)
     assert result.reason == "completed"
+
+
+@pytest_asyncio.fixture(scope="module")
+async def low_threshold(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Client]:
+    async with conftest.continue_as_new_server(
+            tmp_path_factory.mktemp("tree-can") / "temporal.db", 12) as client:
+        yield client
+
+
+async def test_a_sub_agent_that_continues_as_new_is_charged_for_every_run(
+        low_threshold: Client, tmp_path: Path) -> None:
+    """A sub-agent long enough to continue as new keeps its place and allowance (its
+    next Temporal runs are not refused as forged: they are still its parent's child),
+    and what all its runs used is charged to its caller."""
+    steps = 5
+    child: Agent[Any] = Agent(test_tools, model="scripted-model", allowed=["lookup_stock"],
+                              limits=Limits(max_steps=steps + 2, max_tool_executions=steps))
+    parent = writer(child.as_tool("research", "Looks up stock"), max_tool_executions=20)
+    result, _, handle = await run_tree(low_threshold, tmp_path, parent, [
+        resp(call("research", {"question": "all of them"}, "p1")),
+        *(resp(call("lookup_stock", {"sku": f"A-{i:03d}"}, f"k{i}")) for i in range(steps)),
+        answer("five looked up"),  # the child
+        answer("done"),  # the parent
+    ])
+    [child_id] = {w.id async for w in low_threshold.list_workflows(
+        f"ParentWorkflowId = '{handle.id}'")}
+    runs = [w async for w in low_threshold.list_workflows(f"WorkflowId = '{child_id}'")]
+    assert len(runs) > 1, "the sub-agent continued as new"
+    assert result.reason == "completed"
+    assert result.total_tokens == (2 + steps + 1) * 120
+    assert result.tool_executions == 1 + steps
+
+
+async def test_a_sub_agent_named_like_one_of_the_runs_tools_is_refused(
+        temporal: Client, tmp_path: Path) -> None:
+    """A starter's raw input (no `Agent` to check it) names a sub-agent like a tool the
+    run calls: the call would start the sub-agent instead of the tool, out of its rules
+    and approval. The run is refused before its first request."""
+    shadow = researcher().model_copy(update={"name": "create_ticket"})
+    inp = writer(researcher()).run_input("q").model_copy(update={"agents": [shadow]})
+    with pytest.raises(Exception) as caught:
+        await run_tree(temporal, tmp_path, writer(researcher()), [answer("x")], inp=inp)
+    assert "sub-agent 'create_ticket' has the name" in str(caught.value.__cause__
+                                                          or caught.value)
