@@ -76,6 +76,8 @@ def print_tree(status: RunStatus, children: list[ChildRun]) -> None:
 async def print_closed_tree(client: Client, desc: Any) -> None:
     """A closed run's place and sub-agents as the server lists them (no worker needed;
     their spend is in the subagent_ended events above)."""
+    from temporalio.service import RPCError
+
     from boundloop import _ops as ops
 
     if desc.parent_id:  # a sub-agent's run, or a session's turn
@@ -83,7 +85,11 @@ async def print_closed_tree(client: Client, desc: Any) -> None:
                 != desc.parent_id else "")
         console.print(f"started by {safe(desc.parent_id)}{root}", highlight=False,
                       soft_wrap=True)
-    for row in await ops.child_runs(client, desc.id):
+    try:
+        rows = await ops.child_runs(client, desc.id)
+    except RPCError:  # a list the server refuses takes nothing from what status shows
+        rows = []
+    for row in rows:
         state = row["status"] + (f" · {row['reason']}" if row["reason"]
                                  and row["status"] != "completed" else "")
         console.print(f"sub-agent run: {safe(state)} · {safe(row['workflow_id'])}",
