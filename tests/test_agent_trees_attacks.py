@@ -12,20 +12,24 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import openai
 import pytest
 import pytest_asyncio
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from temporalio.client import Client, WorkflowHandle
 
-from boundloop import Agent, errors
+from boundloop import Agent, OperatorPolicy, Worker, errors
 from boundloop.budgets import set_budget
-from boundloop.client import Run, query_status
-from boundloop.contracts import RunResult, RunStatus
+from boundloop.client import Run, query_status, result_of
+from boundloop.contracts import WORKFLOW_NAME, RunResult, RunStatus
 from boundloop.core.budget import BudgetLimits
 from boundloop.core.limits import Limits, Policy
+from boundloop.core.rules import ArgumentRule
+from boundloop.scripted.server import ScriptedModelServer
 from boundloop.signing import Signer
-from boundloop.tools.demo import list_tickets
+from boundloop.tools.demo import DemoDeps, list_tickets
 from tests import conftest
+from tests.conftest import RUN_TIMEOUT
 from tests.scripts import answer, call, outputs, resp
 from tests.support.tools import tools as test_tools
 from tests.test_agent_trees import bodies, researcher, run_tree, writer
@@ -211,3 +215,40 @@ async def test_a_sub_agent_named_like_one_of_the_runs_tools_is_refused(
         await run_tree(temporal, tmp_path, writer(researcher()), [answer("x")], inp=inp)
     assert "sub-agent 'create_ticket' has the name" in str(caught.value.__cause__
                                                           or caught.value)
+
+
+async def test_a_sub_agent_is_admitted_under_an_operator_with_many_argument_rules(
+        temporal: Client, tmp_path: Path) -> None:
+    """The operator's argument rules come first in every run's admitted policy, and a
+    sub-agent's policy holds its caller's: admitted, the operator's rules came twice, so
+    with more than 50 of them every sub-agent was refused (at most 100 rules). Each rule
+    is kept once; the sub-agent runs under all of them."""
+    never = [ArgumentRule.model_validate({"tool": "lookup_stock", "action": "ask",
+                                          "when": f"sku == 'Z-{i:03d}'"}) for i in range(60)]
+    queue = f"q-{uuid.uuid4().hex[:8]}"
+    server = ScriptedModelServer([
+        resp(call("research", {"question": "A-001?"}, "p1")),
+        resp(call("lookup_stock", {"sku": "A-001"}, "k1")),
+        answer("12"),
+        answer("A-001: 12"),
+    ])
+    worker = Worker(temporal, test_tools, deps=DemoDeps(data_dir=tmp_path / "data"),
+                    model=openai.AsyncOpenAI(base_url=server.start(),
+                                             api_key="sk-test-not-real"),
+                    task_queue=queue, policy=OperatorPolicy(rules=never))
+    try:
+        async with worker:
+            handle = await temporal.start_workflow(
+                WORKFLOW_NAME, writer(researcher()).on_queue(queue).run_input("q"),
+                id=f"tree-{uuid.uuid4().hex[:10]}", task_queue=queue, result_type=RunResult)
+            result = await asyncio.wait_for(result_of(handle), timeout=RUN_TIMEOUT)
+            [child] = [w async for w in temporal.list_workflows(
+                f"ParentWorkflowId = '{handle.id}'")]
+            status = await query_status(temporal.get_workflow_handle(child.id))
+    finally:
+        server.stop()
+    ended = next(e for e in result.events if e.event == "subagent_ended")
+    assert ended.detail is not None and ended.detail.startswith("completed"), ended.detail
+    assert status.reason == "completed"
+    assert outputs(bodies(server)[3])["p1"]["status"] == "success"
+    assert result.reason == "completed"

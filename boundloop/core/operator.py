@@ -430,7 +430,10 @@ def resolve(operator: OperatorPolicy, settings: RunSettings, *, tools: Sequence[
     # so it changes nothing), the run's own rules after; strictest wins.
     floor = [ArgumentRule(tool=t, action="ask", reason="operator policy") for t in tools
              if operator.tool_policy(t).approval == "always"]
-    rules = [*floor, *(r for r in operator.rules if r.action != "allow"), *run.rules]
+    ahead = [*floor, *(r for r in operator.rules if r.action != "allow")]
+    # Each rule once: a sub-agent's policy holds its caller's admitted rules, the
+    # operator's among them (twice, they would pass the 100 a policy holds).
+    rules = [*ahead, *(r for r in run.rules if r not in ahead)]
     keys = dict(run.approver_keys) or dict(operator.approver_keys)
     try:
         policy = Policy(unknown_tool=run.unknown_tool, missing_usage=run.missing_usage,
