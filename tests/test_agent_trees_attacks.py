@@ -22,6 +22,7 @@ from boundloop import Agent, OperatorPolicy, Worker, errors
 from boundloop.budgets import set_budget
 from boundloop.client import Run, query_status, result_of
 from boundloop.contracts import WORKFLOW_NAME, RunResult, RunStatus
+from boundloop.core import tree
 from boundloop.core.budget import BudgetLimits
 from boundloop.core.limits import Limits, Policy
 from boundloop.core.rules import ArgumentRule
@@ -252,3 +253,14 @@ async def test_a_sub_agent_is_admitted_under_an_operator_with_many_argument_rule
     assert status.reason == "completed"
     assert outputs(bodies(server)[3])["p1"]["status"] == "success"
     assert result.reason == "completed"
+
+
+def test_a_sub_agents_own_approvers_hold_where_its_caller_lets_anyone_decide() -> None:
+    """The caller lets anyone decide create_ticket (an empty list); the sub-agent lets
+    only bob: only bob decides the sub-agent's calls (before, anyone did)."""
+    got = tree.stricter_policy(Policy(approvers={"create_ticket": []}),
+                               Policy(approvers={"create_ticket": ["bob"]}))
+    assert got.approvers == {"create_ticket": ["bob"]}
+    either = tree.stricter_policy(Policy(approvers={"create_ticket": ["alice"]}),
+                                  Policy(approvers={"create_ticket": []}))
+    assert either.approvers == {"create_ticket": ["alice"]}

@@ -146,9 +146,11 @@ def stricter_policy(parent: Policy, child: Policy) -> Policy:
     approval = max(parent.approval, child.approval, key=order.__getitem__)
     approvers = dict(parent.approvers)
     for tool, names in child.approvers.items():
-        # Empty means anyone: where the two lists share no one, the caller's stands.
-        both = [n for n in names if n in approvers.get(tool, names)]
-        approvers[tool] = both or approvers.get(tool, list(names))
+        # Empty (or none) means anyone: where the two lists share no one, the caller's
+        # stands.
+        theirs = approvers.get(tool) or []
+        both = [n for n in names if not theirs or n in theirs]
+        approvers[tool] = both or theirs
     rules = [*parent.rules, *(r for r in child.rules if r not in parent.rules)]
     return child.model_copy(update={
         "approval": approval, "approvers": approvers, "rules": rules[:100],
