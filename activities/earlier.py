@@ -1,4 +1,5 @@
-"""Find calls of a run's earlier Temporal runs (boundloop.core.carry).
+"""Find calls of a run's earlier Temporal runs (boundloop.core.carry), and the sub-agent
+a run started before a reset (`earlier_child`).
 
 A run that continued as new hands over, in its `WorkflowExecutionContinuedAsNew` event's
 input, the segment of the whole-run tables it touched, and names the run before it that
@@ -10,12 +11,15 @@ or the chain ends. Its result is in the run's history: a replay never reads agai
 from __future__ import annotations
 
 from collections import OrderedDict
+from dataclasses import dataclass
 
 from temporalio import activity
 from temporalio.api.enums.v1 import EventType
-from temporalio.client import WorkflowHistoryEventFilterType
+from temporalio.client import WorkflowFailureError, WorkflowHistoryEventFilterType
+from temporalio.exceptions import ApplicationError
 
-from boundloop.contracts import EARLIER_CALLS_ACTIVITY, RunInput
+from boundloop import errors
+from boundloop.contracts import EARLIER_CALLS_ACTIVITY, RunInput, RunResult
 from boundloop.core.carry import EarlierCalls, EarlierRequest, Segment, look_in
 
 #: Segments read, by (workflow id, run id): a closed run's history never changes, so a
@@ -62,3 +66,36 @@ async def earlier_calls(req: EarlierRequest) -> EarlierCalls:
         if segment is not None:
             look_in(segment, wanted, found)
     return found
+
+
+#: The activity's name (a local activity of the run workflow).
+EARLIER_CHILD_ACTIVITY = "earlier_child"
+
+
+@dataclass(frozen=True)
+class EarlierChild:
+    """A sub-agent's workflow id that its start found taken, and the calling run's."""
+
+    workflow_id: str
+    parent: str
+
+
+@activity.defn(name=EARLIER_CHILD_ACTIVITY)
+async def earlier_child(req: EarlierChild) -> RunResult | None:
+    """The RunResult of the workflow under a sub-agent's id when it is a child of the
+    calling run's workflow id: the same call's sub-agent, started by the run before a
+    reset to a point ahead of its start (the server sets a workflow's parent; a starter
+    cannot). Waits for its end (the reset's close policy cancels one still running).
+    None when another workflow took the id, or the child left no RunResult."""
+    handle = activity.client().get_workflow_handle(req.workflow_id, result_type=RunResult)
+    if (await handle.describe()).parent_id != req.parent:
+        return None
+    try:
+        value = await handle.result()
+    except WorkflowFailureError as exc:
+        cause = exc.cause
+        if isinstance(cause, ApplicationError) and cause.type == errors.RUN_STOPPED \
+                and cause.details:
+            return RunResult.model_validate(cause.details[0])
+        return None
+    return value if isinstance(value, RunResult) else RunResult.model_validate(value)

@@ -19,7 +19,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from temporalio.api.enums.v1 import EventType
+from temporalio.api.common.v1 import WorkflowExecution
+from temporalio.api.enums.v1 import EventType, WorkflowTaskFailedCause
+from temporalio.api.workflowservice.v1 import ResetWorkflowExecutionRequest
 from temporalio.client import Client, WorkflowFailureError, WorkflowHandle
 from temporalio.exceptions import TerminatedError
 
@@ -32,6 +34,7 @@ from boundloop.client import result_of as client_result_of
 from boundloop.contracts import TOOL_ACTIVITY, WORKFLOW_NAME, RunResult
 from boundloop.core.limits import Limits, Policy
 from boundloop.errors import DecisionRefused
+from boundloop.scripted.server import ScriptedModelServer
 from boundloop.signing import Signer, new_key
 from boundloop.tools.demo import list_tickets
 from tests.conftest import RUN_TIMEOUT, workflow_task_failures
@@ -285,6 +288,63 @@ async def test_a_parent_and_its_child_asking_under_one_call_id_each_get_their_ow
                 for h, r in ((child, seen["child_result"]), (parent, result))}
     assert deciders == {child.id: ["by alice"], parent.id: ["by bob"]}
     assert await workflow_task_failures(child) == 0
+
+
+async def test_a_reset_parent_takes_its_earlier_childs_outcome_and_runs_it_not_again(
+        temporal: Client, tmp_path: Path) -> None:
+    """The tree completed; the parent is reset (`temporal workflow reset`) to the
+    workflow task that started its child. The new run's start finds the child's id
+    taken by that child: it is not started again (nor its ticket filed again), and the
+    parent's model gets the child's answer, as a reset tool call gets its first result
+    (before: SUBAGENT_FAILED, "failed before it could answer", with the ticket filed)."""
+    seen: dict[str, Any] = {}
+
+    async def operator(parent: WorkflowHandle[Any, RunResult]) -> None:
+        child = await only_child(temporal, parent)
+        seen["child"] = child
+        await approve(child, await pending_call(child))
+
+    async def reset(parent: WorkflowHandle[Any, RunResult]) -> None:
+        events = [e async for e in parent.fetch_history_events()]
+        [started] = [e.start_child_workflow_execution_initiated_event_attributes
+                     for e in events if e.event_type
+                     == EventType.EVENT_TYPE_START_CHILD_WORKFLOW_EXECUTION_INITIATED]
+        new_run = await temporal.workflow_service.reset_workflow_execution(
+            ResetWorkflowExecutionRequest(
+                namespace=temporal.namespace, reason="test: run it again",
+                workflow_execution=WorkflowExecution(workflow_id=parent.id),
+                workflow_task_finish_event_id=started.workflow_task_completed_event_id,
+                request_id=uuid.uuid4().hex))
+        again = temporal.get_workflow_handle(parent.id, run_id=new_run.run_id,
+                                             result_type=RunResult)
+        seen["again"] = await asyncio.wait_for(client_result_of(again), RUN_TIMEOUT)
+        seen["again_handle"] = again
+
+    parent_agent: Agent[Any] = Agent(test_tools, model="scripted-model",
+                                     allowed=["lookup_stock"], agents=[filer(test_tools)])
+    server = ScriptedModelServer([*script(), answer("作成済みです。", rid="parent_2_again")])
+    first, _, parent = await run_tree(temporal, tmp_path, parent_agent, server,
+                                      during=operator, after=reset)
+    child: WorkflowHandle[Any, RunResult] = seen["child"]
+    again: RunResult = seen["again"]
+    assert (first.reason, again.reason) == ("completed", "completed")
+    assert len(list_tickets(tmp_path / "data")) == 1
+    assert [w.id async for w in temporal.list_workflows(
+        f"ParentWorkflowId = '{parent.id}'")] == [child.id]
+    # The reset run's model read the child's answer, as the first run's did.
+    assert len(server.requests) == 5
+    told = [outputs(bodies(server)[i])["p1"] for i in (3, 4)]
+    assert told[1] == told[0], told
+    assert told[1]["data"]["answer"] == "チケットを作成しました。"
+    ended = [e.detail for e in again.events if e.event == "subagent_ended"]
+    assert len(ended) == 1 and (ended[0] or "").startswith("completed: 240 tokens"), ended
+    # What the child used is the reset run's too.
+    assert again.total_tokens == first.total_tokens
+    # The one failed workflow task is the reset's own mark.
+    causes = [e.workflow_task_failed_event_attributes.cause
+              async for e in seen["again_handle"].fetch_history_events()
+              if e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED]
+    assert causes == [WorkflowTaskFailedCause.WORKFLOW_TASK_FAILED_CAUSE_RESET_WORKFLOW]
 
 
 # --- a cancel of the parent while its child waits ----------------------------------------

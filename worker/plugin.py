@@ -42,7 +42,7 @@ from boundloop.activities.budget import (
     budget_settle,
 )
 from boundloop.activities.conversation import ConversationCache
-from boundloop.activities.earlier import earlier_calls
+from boundloop.activities.earlier import earlier_calls, earlier_child
 from boundloop.activities.heartbeat import HEARTBEAT_EVERY
 from boundloop.activities.model import ModelActivities
 from boundloop.activities.threads import ToolThreads
@@ -183,6 +183,7 @@ class Plugin(SimplePlugin, Generic[Deps]):
         activities: list[Callable[..., Any]] = [tools.tool_execute, budget_reserve,
                                                 budget_settle, budget_release,
                                                 budget_closed_runs, earlier_calls,
+                                                earlier_child,
                                                 Admissions(policy, toolset,
                                                            self.served.approver_keys,
                                                            mcp=self.mcp).admit_run]

@@ -12,11 +12,13 @@ from typing import Any
 
 from temporalio import workflow
 from temporalio.common import (
+    RetryPolicy,
     SearchAttributePair,
     TypedSearchAttributes,
     WorkflowIDReusePolicy,
 )
 from temporalio.exceptions import (
+    ActivityError,
     ApplicationError,
     ChildWorkflowError,
     WorkflowAlreadyStartedError,
@@ -24,9 +26,13 @@ from temporalio.exceptions import (
 )
 from temporalio.workflow import ChildWorkflowCancellationType, ParentClosePolicy
 
+from boundloop.workflows import options
+from boundloop.workflows.patches import CHILD_AFTER_RESET
+
 with workflow.unsafe.imports_passed_through():
     from boundloop import errors
     from boundloop import search_attributes as sa
+    from boundloop.activities.earlier import EarlierChild, earlier_child
     from boundloop.contracts import WORKFLOW_NAME, ChildRun, RunInput, RunResult, run_input
     from boundloop.core import driver, tree
     from boundloop.core.canonical import preview
@@ -96,10 +102,15 @@ class Children:
         except ChildWorkflowError as err:
             ended = _ended_of(err, wf_id)
         except WorkflowAlreadyStartedError:
-            # Another workflow took the id first (a starter with namespace access): that
-            # one is not this run's sub-agent, and no sub-agent of this call ran.
-            ended = tree.ChildFailed("failed", f"{wf_id}: the workflow id was already "
-                                               "used by a workflow this run did not start")
+            earlier = (await _earlier_child(wf_id) if workflow.patched(CHILD_AFTER_RESET)
+                       else None)
+            # This call's own sub-agent, started before a reset of this run: what it
+            # did stands (its side effects too), so its outcome is the call's.
+            # Otherwise another workflow took the id first (a starter with namespace
+            # access): no sub-agent of this call ran.
+            ended = _ended(earlier, wf_id) if earlier is not None else tree.ChildFailed(
+                "failed", f"{wf_id}: the workflow id was already used by a workflow this "
+                          "run did not start")
         if isinstance(ended, tree.ChildEnded):
             elapsed = (workflow.now() - began).total_seconds()
             self._add_waited(max(0.0, elapsed - ended.processing_seconds))
@@ -112,6 +123,21 @@ class Children:
              "cost_usd": ended.cost_usd} if isinstance(ended, tree.ChildEnded)
             else {"state": "failed"}))
         self.runs[self.runs.index(record)] = done
+
+
+async def _earlier_child(wf_id: str) -> RunResult | None:
+    """The RunResult of this run's own child under `wf_id`, if the workflow there is one
+    (`earlier_child`, a local activity: in history, a replay does not ask again)."""
+    try:
+        return await workflow.execute_local_activity(
+            earlier_child, EarlierChild(workflow_id=wf_id, parent=workflow.info().workflow_id),
+            start_to_close_timeout=options.EARLIER_CALLS_TIMEOUT,
+            retry_policy=RetryPolicy(maximum_attempts=3),  # then: a failed call
+            summary=f"earlier sub-agent · {preview(wf_id, 100)}")
+    except ActivityError as err:
+        if is_cancelled_exception(err):
+            raise asyncio.CancelledError from None
+        return None
 
 
 def _ended(result: RunResult, wf_id: str) -> tree.ChildEnded:
