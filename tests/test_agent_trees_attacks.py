@@ -32,6 +32,7 @@ from boundloop.tools.demo import DemoDeps, list_tickets
 from tests import conftest
 from tests.conftest import RUN_TIMEOUT
 from tests.scripts import answer, call, outputs, resp
+from tests.support.tools import marks
 from tests.support.tools import tools as test_tools
 from tests.test_agent_trees import bodies, researcher, run_tree, writer
 from tests.test_approvals import pending, status_when
@@ -264,3 +265,28 @@ def test_a_sub_agents_own_approvers_hold_where_its_caller_lets_anyone_decide() -
     either = tree.stricter_policy(Policy(approvers={"create_ticket": ["alice"]}),
                                   Policy(approvers={"create_ticket": []}))
     assert either.approvers == {"create_ticket": ["alice"]}
+
+
+async def test_a_sub_agents_own_rules_are_never_dropped_to_fit_its_callers(
+        temporal: Client, tmp_path: Path) -> None:
+    """The caller holds 100 argument rules, the most a policy holds; the sub-agent's own
+    policy denies delete_record. Cut to 100, the sub-agent's deny was dropped and its
+    delete ran. A sub-agent whose rules do not fit beside its caller's is not started."""
+    many = [ArgumentRule.model_validate({"tool": "lookup_stock", "action": "ask",
+                                         "when": f"sku == 'Z-{i:03d}'"}) for i in range(100)]
+    deny = ArgumentRule.model_validate({"tool": "delete_record", "action": "deny"})
+    cleaner: Agent[Any] = Agent(test_tools, model="scripted-model", allowed=["delete_record"],
+                                policy=Policy(rules=[deny]))
+    parent = writer(cleaner.as_tool("cleaner", "Deletes records"),
+                    allowed=("lookup_stock",)).replace(
+        policy=Policy(rules=many, unknown_tool="report"))
+    result, server, _ = await run_tree(temporal, tmp_path, parent, [
+        resp(call("cleaner", {"question": "delete r1"}, "p1")),
+        # The child's, had it started; the parent's model is told the tool is unknown.
+        resp(call("delete_record", {"record": "r1"}, "d1")),
+        answer("the cleaner did not start"),
+    ])
+    assert marks(tmp_path / "data") == []
+    sent = outputs(bodies(server)[1])["p1"]
+    assert sent["error_code"] == "SUBAGENT_NOT_STARTED"
+    assert result.reason == "completed"

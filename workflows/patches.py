@@ -120,6 +120,10 @@ CHILD_KEEPS_UNITS = driver.CHILD_KEEPS_UNITS
 #: out) is charged to its caller as its whole allowance (before it, as nothing). Asked on
 #: its own, and only when such a sub-agent ends.
 CHILD_LOST_CHARGED = driver.CHILD_LOST_CHARGED
+#: The patch under which a sub-agent whose argument rules do not fit beside its caller's
+#: in one policy is not started (before it, its own rules were cut to fit and its calls
+#: ran without them). Asked on its own, and only when they do not fit.
+CHILD_RULES_WHOLE = driver.CHILD_RULES_WHOLE
 #: The patch under which a sub-agent's start that finds its workflow id taken by this
 #: run's own child (started before a reset of the run) takes that child's RunResult, as
 #: a tool's store hands back its first result (before it: the call failed as

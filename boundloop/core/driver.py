@@ -55,6 +55,9 @@ CHILD_KEEPS_UNITS = "child-keeps-later-units"
 #: The patch under which a sub-agent that ran and left no RunResult (terminated, timed
 #: out) is charged its whole allowance; asked only when one does.
 CHILD_LOST_CHARGED = "child-lost-charged"
+#: The patch under which a sub-agent whose argument rules do not fit beside its
+#: caller's is not started (before it, its own were cut); asked only when they do not.
+CHILD_RULES_WHOLE = "child-rules-whole"
 #: Event names of a model attempt that failed and was sent again start with this; the
 #: failure's kind follows (`worker_lost` for an attempt lost with its request sent).
 MODEL_RETRIED = "model_retried:"
@@ -653,6 +656,12 @@ class Run:
             return _no_ref(core.reply_output(state, core.Reply(
                 call=call, fingerprint=p.fingerprint,
                 envelope=tree.blocked_by_limits(state, why))))
+        crowded = tree.rules_crowded(state.policy, agent.settings.policy)
+        if crowded is not None and (yield from _ask(CHILD_RULES_WHOLE)):
+            state.log(tree.NOT_STARTED, tool=call.name, call_id=call.call_id,
+                      fp=p.fingerprint, detail=crowded)
+            return _no_ref(core.reply_output(state, core.Reply(
+                call=call, fingerprint=p.fingerprint, envelope=tree.crowded(agent.name))))
         # The later calls' cost units run whatever the child spends: kept back from it.
         later_units = self.unrun_units if self.unrun_units > 0 \
             and state.limits.tool_cost_budget is not None \

@@ -46,6 +46,8 @@ NOT_STARTED = "subagent_not_started"
 #: The event of a child run that stops before a request whose worst case would pass
 #: what is left of its allowance.
 ALLOWANCE_SPENT = "allowance_spent"
+#: The most argument rules one policy holds (`Policy.rules`).
+MAX_RULES = 100
 
 ToolName = Annotated[str, Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
 
@@ -137,6 +139,24 @@ def blocked_by_limits(state: LoopState, why: str) -> Envelope:
                        "Answer the user with the results you have.")
 
 
+def rules_crowded(parent: Policy, child: Policy) -> str | None:
+    """Why the child's argument rules do not fit beside its caller's in one policy
+    (`Policy.rules` holds at most MAX_RULES), or None. Cut to fit, the child's own would
+    be the ones dropped: it would call tools its own rules ask for or deny."""
+    count = len(parent.rules) + sum(r not in parent.rules for r in child.rules)
+    if count <= MAX_RULES:
+        return None
+    return (f"its argument rules and this run's are {count} together; a policy holds "
+            f"{MAX_RULES}")
+
+
+def crowded(name: str) -> Envelope:
+    """The model's output for a sub-agent whose rules do not fit beside the caller's."""
+    return env.blocked("SUBAGENT_NOT_STARTED",
+                       f"The {name} agent was not started: its policy cannot be joined "
+                       "to this run's. Answer the user with the results you have.")
+
+
 def stricter_policy(parent: Policy, child: Policy) -> Policy:
     """The child's policy, never looser than its caller's: the stricter approval mode,
     the caller's argument rules too, the approvers both allow for a tool both name, the
@@ -153,7 +173,7 @@ def stricter_policy(parent: Policy, child: Policy) -> Policy:
         approvers[tool] = both or theirs
     rules = [*parent.rules, *(r for r in child.rules if r not in parent.rules)]
     return child.model_copy(update={
-        "approval": approval, "approvers": approvers, "rules": rules[:100],
+        "approval": approval, "approvers": approvers, "rules": rules[:MAX_RULES],
         "approver_keys": _stricter_keys(parent.approver_keys, child.approver_keys),
         "prices": {**child.prices, **parent.prices},
         "missing_usage": "stop" if "stop" in (parent.missing_usage, child.missing_usage)
