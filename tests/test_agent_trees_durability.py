@@ -455,3 +455,32 @@ async def test_a_terminated_parent_cancels_its_waiting_child(temporal: Client,
     assert seen["status"].pending == []
     assert list_tickets(tmp_path / "data") == []
     assert await workflow_task_failures(seen["child"]) == 0
+
+
+async def test_a_cancel_of_the_child_alone_reaches_the_parents_model_as_a_stop(
+        temporal: Client, tmp_path: Path) -> None:
+    """An operator cancels the waiting child, not its parent: the child ends `cancelled`
+    (its approval withdrawn, no ticket); the parent goes on, and its model reads the
+    child's stop as such (SUBAGENT_STOPPED, stop_reason cancelled), never as an answer."""
+    seen: dict[str, Any] = {}
+
+    async def cancel_child(parent: WorkflowHandle[Any, RunResult]) -> None:
+        child = await only_child(temporal, parent)
+        seen["child"] = child
+        await wait_recorded_waiting(child)
+        await (await get_run(temporal, child.id)).cancel("not this printer")
+
+    parent_agent: Agent[Any] = Agent(test_tools, model="scripted-model",
+                                     allowed=["lookup_stock"], agents=[filer(test_tools)])
+    result, server, _ = await run_tree(temporal, tmp_path, parent_agent, [
+        *script()[:2], answer("チケットは作成されませんでした。", rid="parent_2")],
+        during=cancel_child)
+    child_result = await client_result_of(seen["child"])
+    assert (child_result.reason, child_result.cancel_reason) == ("cancelled",
+                                                                 "not this printer")
+    assert result.reason == "completed"
+    sub = outputs(bodies(server)[2])["p1"]
+    assert (sub["status"], sub["error_code"]) == ("permanent_error", "SUBAGENT_STOPPED")
+    assert (sub["data"]["stop_reason"], sub["data"]["completed"]) == ("cancelled", False)
+    assert list_tickets(tmp_path / "data") == []
+    assert await workflow_task_failures(seen["child"]) == 0
