@@ -290,3 +290,31 @@ async def test_a_sub_agents_own_rules_are_never_dropped_to_fit_its_callers(
     sent = outputs(bodies(server)[1])["p1"]
     assert sent["error_code"] == "SUBAGENT_NOT_STARTED"
     assert result.reason == "completed"
+
+
+async def test_sub_agents_whose_usage_is_unknown_are_charged_their_allowance(
+        temporal: Client, tmp_path: Path) -> None:
+    """The provider answers each sub-agent without usage: each stops `usage_unknown`
+    with that response uncounted, so its caller was charged nothing for it and gave the
+    next sibling the same tokens again (three allowances of 5,000 from 6,000). A
+    sub-agent whose usage is unknown is charged its whole allowance (the most that
+    response could have used), so the siblings' allowances stay within the root's."""
+    threshold = 6_000
+    parent = writer(researcher(), token_threshold=threshold, max_output_tokens=200,
+                    max_tool_executions=20)
+    statuses: list[RunStatus] = []
+
+    async def parent_status(handle: WorkflowHandle[Any, RunResult]) -> None:
+        statuses.append(await query_status(handle))
+
+    result, _, _ = await run_tree(temporal, tmp_path, parent, [
+        resp(*(call("research", {"question": f"調べて {i}"}, f"p{i}") for i in range(3))),
+        # Each child that starts, then the parent: none with usage.
+        *(answer(f"答え {i}", usage=None) for i in range(4)),
+    ], after=parent_status)
+    started = statuses[0].children
+    assert started and all(c.state == "usage_unknown" for c in started)
+    # What the children could have used, with the parent's one counted response.
+    allowed = 120 + sum(c.token_allowance for c in started)
+    assert allowed <= threshold
+    assert result.total_tokens >= allowed

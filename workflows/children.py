@@ -147,7 +147,7 @@ def _ended(result: RunResult, wf_id: str) -> tree.ChildEnded:
         output_tokens=result.output_tokens, total_tokens=result.total_tokens,
         cost_usd=result.cost_usd, cost_units=result.cost_units,
         usage_estimated=result.usage_estimated, workflow_id=wf_id,
-        processing_seconds=result.processing_seconds)
+        processing_seconds=result.processing_seconds, usage_unknown=result.usage_unknown)
 
 
 def _ended_of(err: ChildWorkflowError, wf_id: str) -> tree.ChildEnded | tree.ChildFailed:

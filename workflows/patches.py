@@ -124,6 +124,11 @@ CHILD_LOST_CHARGED = driver.CHILD_LOST_CHARGED
 #: in one policy is not started (before it, its own rules were cut to fit and its calls
 #: ran without them). Asked on its own, and only when they do not fit.
 CHILD_RULES_WHOLE = driver.CHILD_RULES_WHOLE
+#: The patch under which a sub-agent with a response whose usage it could neither read
+#: nor estimate (it stopped `usage_unknown`, or on a fault) is charged its whole
+#: allowance (before it, only what it counted: the next sibling got the rest again).
+#: Asked on its own, and only when such a sub-agent ends.
+CHILD_UNCOUNTED_CHARGED = driver.CHILD_UNCOUNTED_CHARGED
 #: The patch under which a sub-agent's start that finds its workflow id taken by this
 #: run's own child (started before a reset of the run) takes that child's RunResult, as
 #: a tool's store hands back its first result (before it: the call failed as

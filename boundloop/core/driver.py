@@ -58,6 +58,9 @@ CHILD_LOST_CHARGED = "child-lost-charged"
 #: The patch under which a sub-agent whose argument rules do not fit beside its
 #: caller's is not started (before it, its own were cut); asked only when they do not.
 CHILD_RULES_WHOLE = "child-rules-whole"
+#: The patch under which a sub-agent with a response it could not count (no usage) is
+#: charged its whole allowance; asked only when one ends so.
+CHILD_UNCOUNTED_CHARGED = "child-uncounted-charged"
 #: Event names of a model attempt that failed and was sent again start with this; the
 #: failure's kind follows (`worker_lost` for an attempt lost with its request sent).
 MODEL_RETRIED = "model_retried:"
@@ -690,6 +693,9 @@ class Run:
             n = ended.tool_executions
             detail = (f"{ended.reason.value}: {ended.total_tokens} tokens, {n} tool "
                       f"execution{'' if n == 1 else 's'}")
+            if ended.uncounted and (yield from _ask(CHILD_UNCOUNTED_CHARGED)):
+                tree.charge_uncounted(state, ended, settings)
+                detail += "; a response without usage: charged its whole allowance"
         else:
             detail = f"{ended.kind}: {ended.detail}"
             if ended.use_unknown and (yield from _ask(CHILD_LOST_CHARGED)):

@@ -100,6 +100,16 @@ class ChildEnded:
     workflow_id: str
     #: Its processing time (approval waits excluded).
     processing_seconds: float = 0.0
+    #: A response of it came without usage (RunResult.usage_unknown).
+    usage_unknown: bool = False
+
+    @property
+    def uncounted(self) -> bool:
+        """A response's usage was neither given nor estimated: it stopped on it
+        (`usage_unknown`, or a fault: `protocol_error`), or it never estimated."""
+        return self.usage_unknown and (
+            self.reason in (StopReason.USAGE_UNKNOWN, StopReason.PROTOCOL_ERROR)
+            or not self.usage_estimated)
 
 
 @dataclass(frozen=True)
@@ -329,6 +339,17 @@ def charge_allowance(state: LoopState, settings: RunSettings) -> None:
         state.cost_usd += lim.usd_budget or 0.0
     if state.limits.tool_cost_budget is not None:
         state.cost_units += lim.tool_cost_budget or 0
+
+
+def charge_uncounted(state: LoopState, ended: ChildEnded, settings: RunSettings) -> None:
+    """A child with a response it could not count (`ChildEnded.uncounted`) may have
+    used, in it, all that was left of its allowance (its worst case was within it): the
+    caller is charged the whole allowance, not only what the child counted."""
+    lim = settings.limits
+    state.usage.total_tokens += max(0, lim.token_threshold - ended.total_tokens)
+    state.usage.estimated = True
+    if state.limits.usd_budget is not None and lim.usd_budget is not None:
+        state.cost_usd += max(0.0, lim.usd_budget - (ended.cost_usd or 0.0))
 
 
 def over_limits(state: LoopState) -> StopReason | None:
