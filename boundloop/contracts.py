@@ -20,8 +20,8 @@ from boundloop.core.budget import (
     Reservation,
 )
 from boundloop.core.carry import Segment
-from boundloop.core.context import Trim
-from boundloop.core.conversation import ConversationMeta, Item
+from boundloop.core.context import Summarize, Trim
+from boundloop.core.conversation import ConversationMeta, Item, SummaryRef
 from boundloop.core.conversation import ConversationRef as ConversationRef  # re-exported
 from boundloop.core.limits import Limits, PromptText, RunSettings
 from boundloop.core.loop import Approval, Event, Grant, LoopState, ModelAttempt, ToolChoice
@@ -150,6 +150,12 @@ class ModelRequest(BaseModel):
     #: Under the `trim` context strategy: how to fit the request to the context window
     #: (the activity sends old tool outputs as stubs; boundloop.core.context).
     trim: Trim | None = Field(default=None, exclude_if=_none)
+    #: Under the `summarize` context strategy: the summary to send in place of the
+    #: conversation's oldest items (its text is a summary request's result in history).
+    summary: SummaryRef | None = Field(default=None, exclude_if=_none)
+    #: This is a summary request: the activity asks the model for a summary of the
+    #: conversation's oldest part (boundloop.core.context), not for the step's answer.
+    summarize: Summarize | None = Field(default=None, exclude_if=_none)
 
 
 class ToolRequest(BaseModel):
@@ -268,6 +274,9 @@ class RunStatus(BaseModel):
     #: events across continue-as-new; the older ones are in its earlier runs' histories
     #: and its stream). `events[i]` is the run's event number `events_dropped + i`.
     events_dropped: int = Field(default=0, exclude_if=lambda v: not v)
+    #: Summaries the run wrote of its conversation's oldest part (the `summarize` context
+    #: strategy; each one a `context_summarized` event).
+    summarized: int = Field(default=0, exclude_if=lambda v: not v)
 
 
 # --- shared budgets (workflows/budget.py) ----------------------------------------------

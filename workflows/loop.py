@@ -152,6 +152,8 @@ class BoundLoopWorkflow:
             case driver.BuildModelRequest(plan):
                 workflow.logger.info("step started", extra={"step": plan.step})
                 return self._calls.build_model_request(plan)
+            case driver.BuildSummaryRequest(plan, summarize):
+                return self._calls.build_summary_request(plan, summarize)
             case driver.ReserveBudget():
                 return await self._budget.reserve(command)
             case driver.RequestModel(plan):
@@ -274,7 +276,7 @@ class BoundLoopWorkflow:
             model=self._state.settings.model, limits=self._state.limits,
             grants=list(self._state.grants), run=workflow.info().first_execution_run_id,
             context_tokens=ctx.estimate(self._state, self._fixed_bytes),
-            events_dropped=self._state.events_dropped)
+            events_dropped=self._state.events_dropped, summarized=self._state.summaries)
 
     # --- helpers -------------------------------------------------------------------
 

@@ -1,0 +1,303 @@
+"""The `summarize` context strategy through the real workflow (dev server, a worker whose
+operator policy allows it, the scripted model over HTTP): a request that would not fit
+its window is sent after one summary request, whose summary replaces the oldest part of
+the conversation in every request from then on; the summary is charged to the run like
+a step's usage; the guarantees kept in the run's state (the identical-call limit) still
+see calls made before it; a provider's refusal as too long summarizes once.
+
+The scripted step turns report no usage (`missing_usage: estimate`), so the estimate is
+the request's own bytes: the summary happens at a step the bytes decide (the sixth).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import uuid
+from io import StringIO
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+from rich.console import Console
+from temporalio.api.enums.v1 import EventType
+from temporalio.client import Client, WorkflowHandle
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.worker import Replayer
+
+from boundloop import OperatorPolicy, Plugin, PolicyRefused, Worker
+from boundloop.budgets import set_budget, show_budget
+from boundloop.client import query_status, result_of
+from boundloop.contracts import (
+    MODEL_ACTIVITY,
+    WORKFLOW_NAME,
+    BudgetView,
+    ModelRequest,
+    RunInput,
+    RunResult,
+)
+from boundloop.core import context as ctx
+from boundloop.core.budget import BudgetLimits
+from boundloop.core.limits import Limits, Policy, RunSettings
+from boundloop.live import render
+from boundloop.scripted.server import ScriptedModelServer
+from boundloop.tools.demo import DemoDeps
+from tests.conftest import RUN_TIMEOUT, workflow_task_failures
+from tests.scripts import answer, call, chat, chat_call, resp
+from tests.support.tools import tools as test_tools
+
+#: Tool calls: each output is about 950 bytes (300 × "あ" and more).
+CALLS = 6
+#: 1500 tokens: five outputs fit at 4 bytes a token, six do not.
+WINDOW = 1500
+KEEP = 2
+#: The step before whose request the conversation is summarized (after c5's output).
+AT = 6
+SUMMARY = "要約: 在庫の大きな結果を c1〜c3 で三つ集めた。"
+#: The tokens (estimated) of the steps before the summary are fewer; with the summary's
+#: 1,000 they are more.
+THRESHOLD = 4000
+#: What the summary request reports.
+SUMMARY_USAGE = {"input_tokens": 900, "output_tokens": 100, "total_tokens": 1000}
+
+
+def script(api: str, *, repeat_first: bool = False) -> list[dict[str, Any]]:
+    """c1..c5, the summary, c6 (or c1's call again), the answer."""
+    def turn(args: dict[str, Any], call_id: str) -> dict[str, Any]:
+        if api == "chat":
+            return chat(calls=[chat_call("huge", args, call_id)], usage=None)
+        return resp(call("huge", args, call_id), usage=None, rid=f"r-{call_id}")
+
+    def said(text: str, usage: Any = None) -> dict[str, Any]:
+        if api == "chat":
+            return chat(text, usage=None if usage is None else {
+                "prompt_tokens": usage["input_tokens"],
+                "completion_tokens": usage["output_tokens"],
+                "total_tokens": usage["total_tokens"]})
+        return answer(text, usage=usage)
+
+    calls = [turn({"chars": 300 + i}, f"c{i}") for i in range(1, CALLS + 1)]
+    if repeat_first:
+        calls[-1] = turn({"chars": 301}, "again")
+    return [*calls[:AT - 1], said(SUMMARY, SUMMARY_USAGE), *calls[AT - 1:], said("集めました。")]
+
+
+def output_ids(body: dict[str, Any], api: str) -> list[str]:
+    if api == "chat":
+        return [m["tool_call_id"] for m in body["messages"] if m.get("role") == "tool"]
+    return [i["call_id"] for i in body["input"] if i.get("type") == "function_call_output"]
+
+
+def first_message(body: dict[str, Any], api: str) -> Any:
+    if api == "chat":
+        return next(m["content"] for m in body["messages"] if m["role"] != "system")
+    return body["input"][0]["content"]
+
+
+#: The ledger's view of the run's shared budget, once the run released it.
+LEDGER: dict[str, BudgetView] = {}
+
+
+async def run(temporal: Client, tmp_path: Path, api: str, turns: list[dict[str, Any]], *,
+              policy: Policy, operator: OperatorPolicy, limits: Limits | None = None,
+              budget: str | None = None, cache: int = 512,
+              ) -> tuple[RunResult, ScriptedModelServer, Any, WorkflowHandle[Any, Any]]:
+    server = ScriptedModelServer(turns)
+    queue = f"sum-{uuid.uuid4().hex[:8]}"
+    client = openai.AsyncOpenAI(base_url=server.start(), api_key="sk-test-not-real")
+    settings = RunSettings(model="scripted-model", api=api,  # type: ignore[arg-type]
+                           limits=limits or Limits(
+                               max_steps=CALLS + 3, max_tool_executions=CALLS + 2,
+                               max_input_tokens=WINDOW, token_threshold=10**6),
+                           policy=policy, budget=budget)
+    inp = RunInput(question="大きな結果を集めて", tools=["huge"], settings=settings)
+    try:
+        async with Worker(temporal, test_tools, deps=DemoDeps(data_dir=tmp_path),
+                          model=client, task_queue=queue, policy=operator,
+                          conversation_cache=cache):
+            if budget is not None:
+                await set_budget(temporal, budget, BudgetLimits(tokens=10**7), task_queue=queue)
+            handle = await temporal.start_workflow(
+                WORKFLOW_NAME, inp, id=f"sum-{queue}", task_queue=queue,
+                result_type=RunResult)
+            result = await asyncio.wait_for(result_of(handle), RUN_TIMEOUT)
+            status = await query_status(handle)
+            if budget is not None:
+                LEDGER[budget] = await asyncio.wait_for(released(temporal, budget), RUN_TIMEOUT)
+    finally:
+        server.stop()
+    assert await workflow_task_failures(handle, temporal) == 0
+    return result, server, status, handle
+
+
+async def released(temporal: Client, key: str) -> BudgetView:
+    while True:
+        view = await show_budget(temporal, key)
+        if view is not None and not view.holders:
+            return view
+        await asyncio.sleep(0.05)
+
+
+SUMMARIZES = Policy(missing_usage="estimate", context="summarize", context_keep=KEEP)
+ALLOWS = OperatorPolicy(context=["trim", "summarize"], context_keep=KEEP)
+
+
+async def model_requests(handle: WorkflowHandle[Any, Any]) -> list[ModelRequest]:
+    """Every model activity the run scheduled, in order (its history)."""
+    history = await handle.fetch_history()
+    found: list[ModelRequest] = []
+    for event in history.events:
+        if event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
+            attrs = event.activity_task_scheduled_event_attributes
+            if attrs.activity_type.name == MODEL_ACTIVITY:
+                [req] = pydantic_data_converter.payload_converter.from_payloads(
+                    list(attrs.input.payloads), [ModelRequest])
+                found.append(req)
+    replayer = Replayer(workflows=[], data_converter=pydantic_data_converter,
+                        plugins=[Plugin(test_tools, deps=None)])
+    assert (await replayer.replay_workflow(history)).replay_failure is None
+    return found
+
+
+@pytest.mark.parametrize(("api", "cache"), [("responses", 512), ("chat", 512),
+                                            ("responses", 0)])
+async def test_a_summary_replaces_the_oldest_part_and_the_newest_outputs_stay(
+        temporal: Client, tmp_path: Path, api: str, cache: int) -> None:
+    """With a cold cache (0), every request and the summary read the run's history."""
+    result, server, status, handle = await run(temporal, tmp_path, api, script(api),
+                                               policy=SUMMARIZES, operator=ALLOWS,
+                                               cache=cache)
+    # Every request valid in its API's rules (the server checks each one).
+    assert server.violations == []
+    assert (result.reason, result.steps, result.tool_executions) == (
+        "completed", CALLS + 1, CALLS)
+    [event] = [e for e in result.events if e.event == ctx.SUMMARIZED_EVENT]
+    found = re.match(r"(\d+) tokens before, (\d+) after \(estimated\)", event.detail or "")
+    assert found is not None, event.detail
+    before, after = int(found[1]), int(found[2])
+    assert before > WINDOW >= after and event.step == AT
+    assert status.summarized == 1
+    bodies = [r.body for r in server.requests]
+    assert len(bodies) == CALLS + 2  # the steps and one summary request
+    asked = bodies[AT - 1]
+    # The summary request: its own instructions, no tools, the oldest part as a
+    # transcript (c1..c3; the newest two outputs, c4's and c5's, stay whole).
+    if api == "chat":
+        assert asked["messages"][0] == {"role": "system", "content": ctx.SUMMARY_INSTRUCTIONS}
+    else:
+        assert asked["instructions"] == ctx.SUMMARY_INSTRUCTIONS
+    assert "tools" not in asked
+    transcript = first_message(asked, api)
+    assert all(f"call c{i}" in transcript for i in (1, 2, 3))
+    assert "c4" not in transcript and "大きな結果を集めて" in transcript
+    # Every request after it: the summary first, then the newest part whole.
+    for body, ids in ((bodies[AT], ["c4", "c5"]), (bodies[-1], ["c4", "c5", "c6"])):
+        assert first_message(body, api) == ctx.SUMMARY_HEADING + SUMMARY
+        assert output_ids(body, api) == ids
+        text = json.dumps(body, ensure_ascii=False)
+        assert '"c1"' not in text and "あ" * 304 in text
+    # One summary activity in history (a replay of it asks nothing again).
+    reqs = await model_requests(handle)
+    assert [r.summarize is not None for r in reqs].count(True) == 1
+    assert reqs[AT].summary is not None and reqs[AT].summary.count == 7
+    # `watch` and the console show the count with the context line.
+    frame = StringIO()
+    Console(file=frame, width=100).print(render("run", status))
+    assert "summarized 1×" in frame.getvalue()
+
+
+async def test_the_summary_counts_against_the_runs_token_threshold(
+        temporal: Client, tmp_path: Path) -> None:
+    """The summary request reports 1,000 tokens: a threshold the plain steps stay under
+    stops the run right after the summary, before the step's request is sent."""
+    limits = Limits(max_steps=CALLS + 3, max_tool_executions=CALLS + 2,
+                    max_input_tokens=WINDOW, token_threshold=THRESHOLD)
+    result, server, _, _ = await run(temporal, tmp_path, "responses", script("responses"),
+                                     policy=SUMMARIZES, operator=ALLOWS, limits=limits)
+    assert result.reason == "usage_limit"
+    assert [e.event for e in result.events][-2:] == [ctx.SUMMARIZED_EVENT,
+                                                     "stopped:usage_limit"]
+    assert len(server.requests) == AT and result.steps == AT - 1
+    assert result.input_tokens >= SUMMARY_USAGE["input_tokens"]
+    assert result.total_tokens >= THRESHOLD
+
+
+async def test_the_summary_is_charged_to_the_shared_budget(temporal: Client,
+                                                           tmp_path: Path) -> None:
+    """A run spending from a shared budget: the ledger's spent tokens are the run's
+    totals, the summary's 1,000 with them."""
+    key = f"sum-{uuid.uuid4().hex[:6]}"
+    limits = Limits(max_steps=CALLS + 3, max_tool_executions=CALLS + 2,
+                    max_input_tokens=WINDOW + 100, max_output_tokens=100,
+                    token_threshold=10**6)
+    result, server, _, _ = await run(temporal, tmp_path, "responses", script("responses"),
+                                     policy=SUMMARIZES, operator=ALLOWS, limits=limits,
+                                     budget=key)
+    assert server.violations == []
+    assert result.reason == "completed"
+    assert ctx.SUMMARIZED_EVENT in [e.event for e in result.events]
+    view = LEDGER[key]
+    assert view.spent.tokens == result.total_tokens > SUMMARY_USAGE["total_tokens"]
+
+
+async def test_the_identical_call_limit_fires_on_a_call_made_before_the_summary(
+        temporal: Client, tmp_path: Path) -> None:
+    """After the summary the model repeats c1's call (its output is no longer in the
+    conversation): with max_identical_calls 1 it is blocked, as without a summary."""
+    limits = Limits(max_steps=CALLS + 3, max_tool_executions=CALLS + 2,
+                    max_input_tokens=WINDOW, token_threshold=10**6, max_identical_calls=1)
+    result, server, _, _ = await run(temporal, tmp_path, "responses",
+                                     script("responses", repeat_first=True),
+                                     policy=SUMMARIZES, operator=ALLOWS, limits=limits)
+    assert server.violations == []
+    assert result.reason == "max_identical_calls"
+    events = [(e.event, e.call_id) for e in result.events]
+    assert events.index((ctx.SUMMARIZED_EVENT, None)) < events.index(
+        ("blocked_identical", "again"))
+    assert result.tool_executions == CALLS - 1
+
+
+async def test_a_run_may_not_summarize_where_the_operator_does_not_allow_it(
+        temporal: Client, tmp_path: Path) -> None:
+    with pytest.raises(PolicyRefused) as refused:
+        await run(temporal, tmp_path, "responses", script("responses"), policy=SUMMARIZES,
+                  operator=OperatorPolicy(context="trim"))
+    assert refused.value.lines() == [
+        "policy.context: the run asked summarize; the operator's policy: trim (runs may "
+        "not summarize their conversation)"]
+
+
+async def test_a_providers_refusal_as_too_long_summarizes_once(
+        temporal: Client, tmp_path: Path) -> None:
+    """The estimate lets the sixth request through (a wide window), the provider refuses
+    it as too long: one summary, the same step sent again and answered. A second refusal
+    after the summary ends the run context_exhausted."""
+    too_long = {"status": 400, "body": {"error": {
+        "message": "This model's maximum context length is 1500 tokens.",
+        "type": "invalid_request_error", "param": "input",
+        "code": "context_length_exceeded"}}}
+    turns = script("responses")
+    turns.insert(AT - 1, too_long)
+    wide = Limits(max_steps=CALLS + 3, max_tool_executions=CALLS + 2,
+                  max_input_tokens=100_000, token_threshold=10**6)
+    # A wide window asks no summary of its own; the refused request's does (keep 2:
+    # the same cut as a 1500-token window would make).
+    result, server, _, _ = await run(temporal, tmp_path, "responses", turns,
+                                     policy=SUMMARIZES, operator=ALLOWS, limits=wide)
+    assert (result.reason, result.steps) == ("completed", CALLS + 1)
+    names = [e.event for e in result.events]
+    assert names.count(ctx.SUMMARIZED_EVENT) == 1
+    assert names.index("model_retried:context_length_exceeded") \
+        < names.index(ctx.SUMMARIZED_EVENT)
+    assert output_ids(server.requests[AT + 1].body, "responses") == ["c4", "c5"]
+    turns = script("responses")
+    turns[AT:AT] = [too_long]
+    turns.insert(AT - 1, too_long)
+    result, server, _, _ = await run(temporal, tmp_path, "responses", turns,
+                                     policy=SUMMARIZES, operator=ALLOWS, limits=wide)
+    assert result.reason == "context_exhausted"
+    names = [e.event for e in result.events]
+    assert names.count(ctx.SUMMARIZED_EVENT) == 1
+    assert names[-2:] == ["model_failed:context_length_exceeded", "stopped:context_exhausted"]
