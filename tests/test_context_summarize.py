@@ -301,3 +301,63 @@ async def test_a_providers_refusal_as_too_long_summarizes_once(
     names = [e.event for e in result.events]
     assert names.count(ctx.SUMMARIZED_EVENT) == 1
     assert names[-2:] == ["model_failed:context_length_exceeded", "stopped:context_exhausted"]
+
+
+async def test_a_worker_killed_during_and_after_the_summary_request_summarizes_once(
+        tmp_path: Path) -> None:
+    """Worker processes, SIGKILL: once while the summary request is out (its attempt is
+    lost and sent again, with the same idempotency key), once while the step after it is
+    out (the next worker replays the run: the summary is the activity's result in
+    history, never asked again). One summary, one event, the run completes."""
+    from tests.test_crash import WAIT, cluster, until
+
+    policy = tmp_path / "policy.toml"
+    policy.write_text(f'context = "summarize"\ncontext_keep = {KEEP}\n', encoding="utf-8")
+    turns = script("responses")
+    held = answer("never delivered", usage=None, delay_seconds=WAIT)  # its worker dies
+    turns[AT - 1:AT - 1] = [held]  # the summary's first attempt
+    turns[AT + 1:AT + 1] = [held]  # the step's first attempt after the summary
+    async with cluster(tmp_path, tools_target="tests.support.tools:tools") as c:
+        worker = c.start_worker(policy_file=policy)
+        handle = await c.start_run(turns, tools=["huge"], policy=SUMMARIZES, limits=Limits(
+            max_steps=CALLS + 3, max_tool_executions=CALLS + 2, max_input_tokens=WINDOW,
+            token_threshold=10**6, model_timeout_seconds=3.0))
+        for arrived in (AT, AT + 2):  # the summary's first attempt, the step's after it
+            async def out(n: int = arrived) -> bool:
+                return len(c.model.requests) >= n
+
+            await until(out, f"model request {arrived}")
+            c.kill(worker)
+            worker = c.start_worker(policy_file=policy)
+        result = await asyncio.wait_for(result_of(handle), WAIT)
+        history = await handle.fetch_history()
+        assert c.model.violations == []
+        assert await workflow_task_failures(handle) == 0
+
+    assert (result.reason, result.steps, result.tool_executions) == (
+        "completed", CALLS + 1, CALLS)
+    assert [e.event for e in result.events].count(ctx.SUMMARIZED_EVENT) == 1
+    summaries = [r for r in c.model.requests if r.body.get("instructions")
+                 == ctx.SUMMARY_INSTRUCTIONS]
+    # Sent twice (the first attempt's worker died), under one idempotency key.
+    assert len(summaries) == 2
+    assert len({r.headers.get("idempotency-key") for r in summaries}) == 1
+    assert len(c.model.requests) == len(turns)
+    # In history: one summary activity completed; every request after it sends it.
+    scheduled: dict[int, ModelRequest] = {}
+    completed = []
+    for event in history.events:
+        if event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
+            attrs = event.activity_task_scheduled_event_attributes
+            if attrs.activity_type.name == MODEL_ACTIVITY:
+                [req] = pydantic_data_converter.payload_converter.from_payloads(
+                    list(attrs.input.payloads), [ModelRequest])
+                scheduled[event.event_id] = req
+        elif event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED:
+            done = event.activity_task_completed_event_attributes.scheduled_event_id
+            if done in scheduled:
+                completed.append(scheduled[done])
+    assert [r.summarize is not None for r in completed].count(True) == 1
+    assert all(r.summary is not None for r in completed[AT:])
+    assert first_message(c.model.requests[-1].body, "responses") \
+        == ctx.SUMMARY_HEADING + SUMMARY

@@ -294,3 +294,12 @@ def test_a_run_that_stops_or_trims_never_summarizes() -> None:
                             policy=policy)
         shell.go()
         assert shell.summaries == [] and driver.AskPatch(driver.SUMMARIZE) not in shell.commands
+
+
+def test_an_answer_after_a_summary_that_looks_like_a_tool_call_is_still_flagged() -> None:
+    """The summary is never the answer, and the answer after it is checked as any is."""
+    as_text = json.dumps({"name": "lookup_stock", "arguments": {"sku": "A-001"}})
+    shell = summarizing([calls(("lookup_stock", {"sku": "A-001"})), text(as_text)])
+    assert shell.go() == StopReason.COMPLETED and len(shell.summaries) == 1
+    assert (shell.state.text, shell.state.answer_looks_like_tool_call) == (as_text, True)
+    assert "answer_looks_like_tool_call" in shell.events()
