@@ -15,12 +15,14 @@ import asyncio
 import json
 import re
 import uuid
+from collections.abc import AsyncIterator
 from io import StringIO
 from pathlib import Path
 from typing import Any
 
 import openai
 import pytest
+import pytest_asyncio
 from rich.console import Console
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowHandle
@@ -44,7 +46,7 @@ from boundloop.core.limits import Limits, Policy, RunSettings
 from boundloop.live import render
 from boundloop.scripted.server import ScriptedModelServer
 from boundloop.tools.demo import DemoDeps
-from tests.conftest import RUN_TIMEOUT, workflow_task_failures
+from tests.conftest import RUN_TIMEOUT, continue_as_new_server, workflow_task_failures
 from tests.scripts import answer, call, chat, chat_call, resp
 from tests.support.tools import tools as test_tools
 
@@ -361,3 +363,38 @@ async def test_a_worker_killed_during_and_after_the_summary_request_summarizes_o
     assert all(r.summary is not None for r in completed[AT:])
     assert first_message(c.model.requests[-1].body, "responses") \
         == ctx.SUMMARY_HEADING + SUMMARY
+
+
+@pytest_asyncio.fixture(scope="module")
+async def low_threshold(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Client]:
+    """A dev server that suggests continue-as-new every dozen events: about every step."""
+    async with continue_as_new_server(
+            tmp_path_factory.mktemp("sum-can") / "temporal.db", 12) as client:
+        yield client
+
+
+@pytest.mark.parametrize("cache", [512, 0])
+async def test_a_summary_written_in_an_earlier_temporal_run_is_sent_by_the_next(
+        low_threshold: Client, tmp_path: Path, cache: int) -> None:
+    """The run continues as new between steps: the summary request's result is in one
+    Temporal run's history, the requests of the runs after it send it (with a cold cache
+    (0) read from that earlier run's history)."""
+    result, server, _, handle = await run(low_threshold, tmp_path, "responses",
+                                          script("responses"), policy=SUMMARIZES,
+                                          operator=ALLOWS, cache=cache)
+    assert server.violations == []
+    assert (result.reason, result.steps) == ("completed", CALLS + 1)
+    assert [e.event for e in result.events].count(ctx.SUMMARIZED_EVENT) == 1
+    for body in (server.requests[AT].body, server.requests[-1].body):
+        assert first_message(body, "responses") == ctx.SUMMARY_HEADING + SUMMARY
+    query = f"WorkflowId = '{handle.id}'"
+    runs = [wf.run_id async for wf in low_threshold.list_workflows(query)]
+    summarized_in, sent_by = set(), set()
+    for run_id in runs:
+        requests = await model_requests(low_threshold.get_workflow_handle(handle.id,
+                                                                          run_id=run_id))
+        if any(r.summarize is not None for r in requests):
+            summarized_in.add(run_id)
+        if any(r.summary is not None and r.summarize is None for r in requests):
+            sent_by.add(run_id)
+    assert len(summarized_in) == 1 and sent_by - summarized_in, (summarized_in, sent_by)
