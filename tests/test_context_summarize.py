@@ -180,6 +180,10 @@ async def test_a_summary_replaces_the_oldest_part_and_the_newest_outputs_stay(
     assert found is not None, event.detail
     before, after = int(found[1]), int(found[2])
     assert before > WINDOW >= after and event.step == AT
+    if api == "responses":  # the guide's worked example, as it says it
+        guide = " ".join((Path(__file__).parent.parent / "docs" / "guide.md").read_text(
+            encoding="utf-8").split())
+        assert f"`{event.detail}`" in guide, event.detail
     assert status.summarized == 1
     bodies = [r.body for r in server.requests]
     assert len(bodies) == CALLS + 2  # the steps and one summary request
