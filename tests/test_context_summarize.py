@@ -65,7 +65,8 @@ THRESHOLD = 4000
 SUMMARY_USAGE = {"input_tokens": 900, "output_tokens": 100, "total_tokens": 1000}
 
 
-def script(api: str, *, repeat_first: bool = False) -> list[dict[str, Any]]:
+def script(api: str, *, repeat_first: bool = False,
+           summary_usage: dict[str, int] = SUMMARY_USAGE) -> list[dict[str, Any]]:
     """c1..c5, the summary, c6 (or c1's call again), the answer."""
     def turn(args: dict[str, Any], call_id: str) -> dict[str, Any]:
         if api == "chat":
@@ -83,7 +84,7 @@ def script(api: str, *, repeat_first: bool = False) -> list[dict[str, Any]]:
     calls = [turn({"chars": 300 + i}, f"c{i}") for i in range(1, CALLS + 1)]
     if repeat_first:
         calls[-1] = turn({"chars": 301}, "again")
-    return [*calls[:AT - 1], said(SUMMARY, SUMMARY_USAGE), *calls[AT - 1:], said("集めました。")]
+    return [*calls[:AT - 1], said(SUMMARY, summary_usage), *calls[AT - 1:], said("集めました。")]
 
 
 def output_ids(body: dict[str, Any], api: str) -> list[str]:
@@ -232,20 +233,26 @@ async def test_the_summary_counts_against_the_runs_token_threshold(
 
 async def test_the_summary_is_charged_to_the_shared_budget(temporal: Client,
                                                            tmp_path: Path) -> None:
-    """A run spending from a shared budget: the ledger's spent tokens are the run's
-    totals, the summary's 1,000 with them."""
-    key = f"sum-{uuid.uuid4().hex[:6]}"
+    """Runs spending from a shared budget: the ledger's spent tokens are the run's totals,
+    the summary's with them. The same run with a summary reporting 1,000 tokens more
+    spends 1,000 tokens more."""
     limits = Limits(max_steps=CALLS + 3, max_tool_executions=CALLS + 2,
                     max_input_tokens=WINDOW + 100, max_output_tokens=100,
                     token_threshold=10**6)
-    result, server, _, _ = await run(temporal, tmp_path, "responses", script("responses"),
-                                     policy=SUMMARIZES, operator=ALLOWS, limits=limits,
-                                     budget=key)
-    assert server.violations == []
-    assert result.reason == "completed"
-    assert ctx.SUMMARIZED_EVENT in [e.event for e in result.events]
-    view = LEDGER[key]
-    assert view.spent.tokens == result.total_tokens > SUMMARY_USAGE["total_tokens"]
+    spent = []
+    for total in (1000, 2000):
+        key = f"sum-{uuid.uuid4().hex[:6]}"
+        usage = {"input_tokens": total - 100, "output_tokens": 100, "total_tokens": total}
+        result, server, _, _ = await run(temporal, tmp_path, "responses",
+                                         script("responses", summary_usage=usage),
+                                         policy=SUMMARIZES, operator=ALLOWS, limits=limits,
+                                         budget=key)
+        assert server.violations == []
+        assert result.reason == "completed"
+        assert ctx.SUMMARIZED_EVENT in [e.event for e in result.events]
+        assert LEDGER[key].spent.tokens == result.total_tokens
+        spent.append(result.total_tokens)
+    assert spent[1] - spent[0] == 1000
 
 
 async def test_the_identical_call_limit_fires_on_a_call_made_before_the_summary(
