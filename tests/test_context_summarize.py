@@ -270,6 +270,10 @@ async def test_the_identical_call_limit_fires_on_a_call_made_before_the_summary(
     assert events.index((ctx.SUMMARIZED_EVENT, None)) < events.index(
         ("blocked_identical", "again"))
     assert result.tool_executions == CALLS - 1
+    # The model is told where that result went.
+    blocked = next(i for i in server.requests[-1].body["input"]
+                   if i.get("type") == "function_call_output" and i["call_id"] == "again")
+    assert "(or in the summary of the earlier conversation)" in blocked["output"]
 
 
 async def test_a_run_may_not_summarize_where_the_operator_does_not_allow_it(

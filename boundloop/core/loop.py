@@ -607,8 +607,9 @@ def _refused_repeat(state: LoopState, call: FunctionCall, fp: str) -> Reply | No
     state.pending_limit = state.pending_limit or StopReason.MAX_IDENTICAL_CALLS
     return Reply(call=call, fingerprint=fp, envelope=env.blocked(
         "IDENTICAL_CALL_LIMIT",
-        f"This exact call was already made {made} times; its result is above. Do not "
-        "call it again: answer the user with the results you have."))
+        f"This exact call was already made {made} times; its result is above"
+        f"{' (or in the summary of the earlier conversation)' if state.summary else ''}. "
+        "Do not call it again: answer the user with the results you have."))
 
 
 def _count_refusal(state: LoopState, event: str, call: FunctionCall, fp: str,
