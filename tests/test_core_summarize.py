@@ -168,6 +168,7 @@ def test_an_empty_summary_ends_context_exhausted() -> None:
     assert ctx.note_summarized(s, summary_turn(10, summary=" "), spec()) \
         == StopReason.CONTEXT_EXHAUSTED
     assert s.summary is None
+    assert s.usage.total_tokens == USAGE.total_tokens  # charged all the same
 
 
 # --- the driver ----------------------------------------------------------------------
@@ -303,3 +304,13 @@ def test_an_answer_after_a_summary_that_looks_like_a_tool_call_is_still_flagged(
     assert shell.go() == StopReason.COMPLETED and len(shell.summaries) == 1
     assert (shell.state.text, shell.state.answer_looks_like_tool_call) == (as_text, True)
     assert "answer_looks_like_tool_call" in shell.events()
+
+
+def test_a_malformed_summary_answer_is_a_protocol_error() -> None:
+    s = state(Limits(max_input_tokens=1000))
+    s.steps = 1
+    s.log("model_requested")
+    malformed = summary_turn(10).model_copy(update={"fault": "unknown item type"})
+    assert ctx.note_summarized(s, malformed, spec()) == StopReason.PROTOCOL_ERROR
+    assert [e.event for e in s.events] == ["protocol_fault", "stopped:protocol_error"]
+    assert s.summary is None and s.steps == 0

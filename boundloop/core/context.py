@@ -254,7 +254,6 @@ def note_trimmed(state: LoopState, trimmed: Trimmed | None) -> None:
     state.trimmed_outputs = trimmed.outputs
 
 
-
 # --- the `summarize` strategy --------------------------------------------------------
 
 #: The event logged when a summary replaced the oldest part of the conversation.
@@ -315,6 +314,7 @@ def summary_item(text: str) -> Item:
 
 
 def text_digest(text: str) -> str:
+    """What a SummaryRef checks its summary's text by."""
     return sha256_hex(text)[:32]
 
 
@@ -416,10 +416,31 @@ def summarized_turn(items: list[Item], cut: int, turn: Turn, spec: Summarize,
 
 
 def note_summarized(state: LoopState, turn: Turn, spec: Summarize) -> StopReason | None:
-    """After the summary request answered: the summary replaces the oldest part of the
-    conversation in every request from now on (recorded, with the event), and its usage
-    counts in the run's totals as a step's does, under the same limits."""
+    """After the summary request answered: its usage counts in the run's totals as a
+    step's does, under the same limits; the summary replaces the oldest part of the
+    conversation in every request from now on (recorded, with the event). A stop here
+    leaves the step's own request unsent."""
     done = turn.summarized
+    usage = turn.usage
+    if usage is None:
+        state.usage.unknown_steps += 1
+        if state.policy.missing_usage == "stop":
+            unsent(state)
+            return state.stop(StopReason.USAGE_UNKNOWN)
+        usage = estimate_usage(done.input_bytes if done is not None else 0,
+                               turn.output_bytes)
+        state.usage.estimated = True
+    state.usage.input_tokens += usage.input_tokens
+    state.usage.output_tokens += usage.output_tokens
+    state.usage.total_tokens += usage.total_tokens
+    price = state.policy.prices.get(state.settings.model)
+    if price is not None:
+        state.cost_usd += (usage.input_tokens * price.input_usd_per_mtok
+                           + usage.output_tokens * price.output_usd_per_mtok) / 1_000_000
+    if turn.fault is not None:  # malformed, as a step's answer would be
+        unsent(state)
+        state.log("protocol_fault", detail=f"the summary request: {turn.fault}")
+        return state.stop(StopReason.PROTOCOL_ERROR)
     if done is None or not turn.text.strip():
         unsent(state)
         state.log(EVENT, detail="the summary request brought no summary: the request "
@@ -433,21 +454,6 @@ def note_summarized(state: LoopState, turn: Turn, spec: Summarize) -> StopReason
         f"{done.tokens_before} tokens before, {done.tokens_after} after (estimated): the "
         f"oldest {done.count} items of the conversation replaced by a summary, context "
         f"window {spec.window}"))
-    usage = turn.usage
-    if usage is None:
-        state.usage.unknown_steps += 1
-        if state.policy.missing_usage == "stop":
-            unsent(state)
-            return state.stop(StopReason.USAGE_UNKNOWN)
-        usage = estimate_usage(done.input_bytes, turn.output_bytes)
-        state.usage.estimated = True
-    state.usage.input_tokens += usage.input_tokens
-    state.usage.output_tokens += usage.output_tokens
-    state.usage.total_tokens += usage.total_tokens
-    price = state.policy.prices.get(state.settings.model)
-    if price is not None:
-        state.cost_usd += (usage.input_tokens * price.input_usd_per_mtok
-                           + usage.output_tokens * price.output_usd_per_mtok) / 1_000_000
     if state.usage.total_tokens >= state.limits.token_threshold:
         unsent(state)
         return state.stop(StopReason.USAGE_LIMIT)
