@@ -289,6 +289,16 @@ def test_a_request_that_still_would_not_fit_after_the_summary_is_never_sent() ->
     assert shell.state.steps == 1
 
 
+def test_a_summary_is_settled_when_the_run_stops_before_the_steps_request() -> None:
+    shell = summarizing([calls(("lookup_stock", {"sku": "A-001"})), text("never")],
+                        budget="team")
+    shell.leave = 2000  # still over the window after it: context_exhausted
+    assert shell.go() == StopReason.CONTEXT_EXHAUSTED
+    settle = [c for c in shell.commands if isinstance(c, driver.SettleBudget)]
+    assert [(c.step, c.amount.tokens) for c in settle] == [
+        (1, USAGE.total_tokens), (2, USAGE.total_tokens)]
+
+
 def test_a_run_that_stops_or_trims_never_summarizes() -> None:
     for policy in (Policy(approval="never"), Policy(approval="never", context="trim")):
         shell = summarizing([calls(("lookup_stock", {"sku": "A-001"})), text("done")],

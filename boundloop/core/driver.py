@@ -324,6 +324,8 @@ class Run:
                 if stop is not None:
                     return stop
                 over = ctx.check(state, view.fixed_bytes)
+                if over is not None:  # the run stops: the summary's spending is settled
+                    yield from self._settle_abandoned(plan.step)
             # Under `trim` the model activity fits the request (it has the items).
             if over is not None and not ctx.trims(state) \
                     and (yield from _ask(CONTEXT_WINDOW)):
@@ -386,6 +388,7 @@ class Run:
         assert isinstance(size, int)
         too_large = core.check_payload(state, "model_request", size)
         if too_large is not None:
+            yield from self._settle_abandoned(plan.step)  # a summary's, if any
             return too_large
         # Until the model returns (a cancel raises through): a cancel while the shared
         # budget reserves leaves the step unsent, so unfinished too.
