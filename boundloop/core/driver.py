@@ -319,7 +319,7 @@ class Run:
             if isinstance(plan, StopReason):
                 return plan
             over = ctx.check(state, view.fixed_bytes)  # the `stop` context strategy
-            if over is not None and ctx.summarizes(state) and (yield from _ask(SUMMARIZE)):
+            if over is not None and self._summarizes() and (yield from _ask(SUMMARIZE)):
                 stop = yield from self._summarize(plan)
                 if stop is not None:
                     return stop
@@ -477,7 +477,7 @@ class Run:
                     yield from self._settle_abandoned(step)
                     raise
                 continue
-            if failure.kind == mf.CONTEXT_LENGTH_EXCEEDED and ctx.summarizes(state) \
+            if failure.kind == mf.CONTEXT_LENGTH_EXCEEDED and self._summarizes() \
                     and not self.summarizing and self.summarized_step != step \
                     and (yield from _ask(SUMMARIZE)):
                 # Under `summarize`, once a step: the step's request is sent again after
@@ -513,14 +513,8 @@ class Run:
         if refused is not None:
             ex.model_in_flight = False
             return refused
-        turn: Turn | StopReason | TooLong
         self.summarizing = True
-        if self.charged:
-            turn = yield from self._charged_attempts(plan)
-        else:
-            sent = yield RequestModel(plan)
-            assert isinstance(sent, Answered | StopReason)
-            turn = sent.turn if isinstance(sent, Answered) else sent
+        turn = yield from self._charged_attempts(plan)
         self.summarizing = False
         ex.model_in_flight = False
         assert not isinstance(turn, TooLong)  # only a step's own request
@@ -535,6 +529,11 @@ class Run:
         if stop is not None:
             yield from self._settle_abandoned(step)
         return stop
+
+    def _summarizes(self) -> bool:
+        """The run summarizes (its attempts are charged: every run since the `summarize`
+        strategy exists is)."""
+        return self.charged and ctx.summarizes(self.state)
 
     def failed(self, failure: mf.ModelFailure) -> Steps[StopReason]:
         """A failed model request's stop: `context_exhausted` when the provider refused
