@@ -15,7 +15,7 @@ import asyncio
 import json
 import re
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from io import StringIO
 from pathlib import Path
 from typing import Any
@@ -105,7 +105,8 @@ LEDGER: dict[str, BudgetView] = {}
 
 async def run(temporal: Client, tmp_path: Path, api: str, turns: list[dict[str, Any]], *,
               policy: Policy, operator: OperatorPolicy, limits: Limits | None = None,
-              budget: str | None = None, cache: int = 512,
+              budget: str | None = None, cache: int = 512, tools: list[str] | None = None,
+              during: Callable[[WorkflowHandle[Any, Any]], Awaitable[None]] | None = None,
               ) -> tuple[RunResult, ScriptedModelServer, Any, WorkflowHandle[Any, Any]]:
     server = ScriptedModelServer(turns)
     queue = f"sum-{uuid.uuid4().hex[:8]}"
@@ -115,7 +116,7 @@ async def run(temporal: Client, tmp_path: Path, api: str, turns: list[dict[str, 
                                max_steps=CALLS + 3, max_tool_executions=CALLS + 2,
                                max_input_tokens=WINDOW, token_threshold=10**6),
                            policy=policy, budget=budget)
-    inp = RunInput(question="大きな結果を集めて", tools=["huge"], settings=settings)
+    inp = RunInput(question="大きな結果を集めて", tools=tools or ["huge"], settings=settings)
     try:
         async with Worker(temporal, test_tools, deps=DemoDeps(data_dir=tmp_path),
                           model=client, task_queue=queue, policy=operator,
@@ -125,6 +126,8 @@ async def run(temporal: Client, tmp_path: Path, api: str, turns: list[dict[str, 
             handle = await temporal.start_workflow(
                 WORKFLOW_NAME, inp, id=f"sum-{queue}", task_queue=queue,
                 result_type=RunResult)
+            if during is not None:
+                await during(handle)
             result = await asyncio.wait_for(result_of(handle), RUN_TIMEOUT)
             status = await query_status(handle)
             if budget is not None:
@@ -413,3 +416,42 @@ async def test_a_summary_written_in_an_earlier_temporal_run_is_sent_by_the_next(
         if any(r.summary is not None and r.summarize is None for r in requests):
             sent_by.add(run_id)
     assert len(summarized_in) == 1 and sent_by - summarized_in, (summarized_in, sent_by)
+
+
+async def test_status_of_an_open_run_counts_its_summaries(temporal: Client,
+                                                          tmp_path: Path) -> None:
+    """After the summary the model asks for a ticket (approval): while the run waits,
+    `boundloop status` shows the next request's estimate and the summaries."""
+    from boundloop.client import decide
+    from boundloop.contracts import Decision
+    from tests.test_cli import cli, env_for
+
+    ticket = {"title": "在庫", "description": "大きな結果", "priority": "low"}
+    turns = script("responses")
+    turns[AT] = resp(call("create_ticket", ticket, "t1"), usage=None, rid="r-t1")
+    window = WINDOW + 150  # room for create_ticket's declaration: summarized at step AT
+    limits = Limits(max_steps=CALLS + 3, max_tool_executions=CALLS + 2,
+                    max_input_tokens=window, token_threshold=10**6)
+    printed: list[str] = []
+
+    async def waiting(handle: WorkflowHandle[Any, Any]) -> None:
+        while True:
+            st = await query_status(handle)
+            if st.status == "waiting_approval":
+                break
+            await asyncio.sleep(0.05)
+        code, out, err = await cli("status", handle.id, env=env_for(temporal, tmp_path))
+        assert code == 0, err
+        printed.append(out)
+        assert await asyncio.wait_for(decide(handle, Decision(
+            call_id="t1", approve=True, approver="alice")), RUN_TIMEOUT) == "approved"
+
+    result, server, _, _ = await run(temporal, tmp_path, "responses", turns,
+                                          policy=SUMMARIZES, operator=ALLOWS, limits=limits,
+                                          tools=["huge", "create_ticket"], during=waiting)
+    assert server.violations == [] and result.reason == "completed"
+    [event] = [e for e in result.events if e.event == ctx.SUMMARIZED_EVENT]
+    assert event.step == AT
+    [line] = [x for x in printed[0].splitlines() if x.startswith("context:")]
+    assert line.endswith(f"input tokens (estimated) of a {window}-token window, the "
+                         "conversation summarized 1×"), line

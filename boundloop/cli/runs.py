@@ -233,7 +233,7 @@ def status(run_id: Annotated[str, typer.Argument(help="Workflow id")],
             if st.context_tokens is not None and window is not None:
                 console.print(f"context: the next request ~{st.context_tokens} input tokens "
                               f"(estimated) of a {window}-token window" + (
-                                  f", after {st.summarized} summaries of the conversation"
+                                  f", the conversation summarized {st.summarized}×"
                                   if st.summarized else ""), highlight=False)
             if st.events_dropped:
                 console.print(f"({st.events_dropped} earlier events: in the run's earlier "
