@@ -26,7 +26,11 @@ from boundloop.core.limits import Limits, Policy, RunSettings
 from boundloop.core.loop import LoopState, ToolOutcome
 from boundloop.core.reasons import StopReason
 from boundloop.core.turn import Summarized, Turn, Usage
-from boundloop.scripted.validation import validate_chat_request, validate_responses_request
+from boundloop.scripted.validation import (
+    reasoning_requirements,
+    validate_chat_request,
+    validate_responses_request,
+)
 from tests.test_core_driver import USAGE, Shell, calls, text
 
 
@@ -49,7 +53,7 @@ def said(answer: str) -> Item:
 
 
 #: A session-like conversation: a question, a turn with reasoning and a call, a turn of
-#: two calls, an answer, a second question and a call.
+#: two calls, an answer, a second question and a turn with reasoning and a call.
 ITEMS: list[Item] = [
     user_message("q1"),                               # 0
     reasoning("r1"), fc("c1"),                        # 1, 2
@@ -58,17 +62,19 @@ ITEMS: list[Item] = [
     out("c2"), out("c3"),                             # 6, 7
     said("answer"),                                   # 8
     user_message("q2"),                               # 9
-    fc("c4"),                                         # 10
-    out("c4"),                                        # 11
+    reasoning("r4"), fc("c4"),                        # 10, 11
+    out("c4"),                                        # 12
 ]
+#: The calls the provider served with a reasoning item that must come back with them.
+REASONED = {**reasoning_requirements(ITEMS[1:3]), **reasoning_requirements(ITEMS[10:12])}
 
 
 def test_the_cut_falls_between_turns_and_never_parts_a_call_from_its_output() -> None:
     # After the question; after c1's output; after both outputs of the two-call turn (not
     # between them); after the answer (a user message follows); after the second
     # question; at the end. Never after the reasoning, a call, or the first of two outputs.
-    assert ctx.cut_points(ITEMS) == [1, 4, 8, 9, 10, 12]
-    assert ctx.cut_points(ITEMS, start=4) == [8, 9, 10, 12]
+    assert ctx.cut_points(ITEMS) == [1, 4, 8, 9, 10, 13]
+    assert ctx.cut_points(ITEMS, start=4) == [8, 9, 10, 13]
 
 
 @pytest.mark.parametrize("cut", ctx.cut_points(ITEMS))
@@ -78,7 +84,8 @@ def test_every_cut_leaves_a_conversation_both_apis_accept(cut: int) -> None:
     ref = SummaryRef(key="k", count=cut, digest=ctx.text_digest("s"), removed=0)
     sent = ctx.with_summary(ITEMS, ref, "s")
     assert sent[0] == ctx.summary_item("s") and sent[1:] == ITEMS[cut:]
-    assert validate_responses_request({"model": "m", "input": sent}) == []
+    assert validate_responses_request({"model": "m", "input": sent},
+                                      required_reasoning=REASONED) == []
     assert validate_chat_request({"model": "m", "messages": to_chat_messages(sent, "i")}) == []
 
 
@@ -93,7 +100,7 @@ def test_the_cut_keeps_the_newest_outputs_whole() -> None:
     # keep 2: c3's and c4's outputs stay, so the cut is before c2's and c3's turn.
     assert ctx.summary_cut(ITEMS, None, None, spec(keep=2)) == 4
     assert ctx.summary_cut(ITEMS, None, None, spec(keep=1)) == 10
-    assert ctx.summary_cut(ITEMS, None, None, spec(keep=0)) == 12
+    assert ctx.summary_cut(ITEMS, None, None, spec(keep=0)) == 13
     # Fewer outputs than `keep`: every one stays; only the question may go.
     assert ctx.summary_cut(ITEMS, None, None, spec(keep=9)) == 1
     # A second summary starts after the first one's cut; none is left before the limit.
