@@ -47,7 +47,7 @@ from boundloop.live import render
 from boundloop.scripted.server import ScriptedModelServer
 from boundloop.tools.demo import DemoDeps
 from tests.conftest import RUN_TIMEOUT, continue_as_new_server, workflow_task_failures
-from tests.scripts import answer, call, chat, chat_call, resp
+from tests.scripts import answer, call, chat, chat_call, reasoning, resp
 from tests.support.tools import tools as test_tools
 
 #: Tool calls: each output is about 950 bytes (300 × "あ" and more).
@@ -67,11 +67,15 @@ SUMMARY_USAGE = {"input_tokens": 900, "output_tokens": 100, "total_tokens": 1000
 
 def script(api: str, *, repeat_first: bool = False,
            summary_usage: dict[str, int] = SUMMARY_USAGE) -> list[dict[str, Any]]:
-    """c1..c5, the summary, c6 (or c1's call again), the answer."""
+    """c1..c5, the summary, c6 (or c1's call again), the answer; on the Responses API
+    each call comes with a reasoning item."""
     def turn(args: dict[str, Any], call_id: str) -> dict[str, Any]:
         if api == "chat":
             return chat(calls=[chat_call("huge", args, call_id)], usage=None)
-        return resp(call("huge", args, call_id), usage=None, rid=f"r-{call_id}")
+        # With a reasoning item: the server then refuses any request that sends the
+        # call without it (the cut never parts them).
+        return resp(reasoning(f"rs-{call_id}"), call("huge", args, call_id), usage=None,
+                    rid=f"r-{call_id}")
 
     def said(text: str, usage: Any = None) -> dict[str, Any]:
         if api == "chat":
@@ -184,10 +188,11 @@ async def test_a_summary_replaces_the_oldest_part_and_the_newest_outputs_stay(
     assert found is not None, event.detail
     before, after = int(found[1]), int(found[2])
     assert before > WINDOW >= after and event.step == AT
-    if api == "responses":  # the guide's worked example, as it says it
-        guide = " ".join((Path(__file__).parent.parent / "docs" / "guide.md").read_text(
-            encoding="utf-8").split())
-        assert f"`{event.detail}`" in guide, event.detail
+    # The guide's worked example, as it says it (the Responses API's figures briefly).
+    guide = " ".join((Path(__file__).parent.parent / "docs" / "guide.md").read_text(
+        encoding="utf-8").split())
+    shown = f"`{event.detail}`" if api == "chat" else f"`{before} tokens before, {after} after`"
+    assert shown in guide, event.detail
     assert status.summarized == 1
     bodies = [r.body for r in server.requests]
     assert len(bodies) == CALLS + 2  # the steps and one summary request
@@ -211,7 +216,9 @@ async def test_a_summary_replaces_the_oldest_part_and_the_newest_outputs_stay(
     # One summary activity in history (a replay of it asks nothing again).
     reqs = await model_requests(handle)
     assert [r.summarize is not None for r in reqs].count(True) == 1
-    assert reqs[AT].summary is not None and reqs[AT].summary.count == 7
+    # The question and c1..c3 with their calls (and on Responses their reasoning items).
+    assert reqs[AT].summary is not None
+    assert reqs[AT].summary.count == (7 if api == "chat" else 10)
     # `watch` and the console show the count with the context line.
     frame = StringIO()
     Console(file=frame, width=100).print(render("run", status))
