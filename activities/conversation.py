@@ -40,6 +40,7 @@ from boundloop.contracts import (
     ModelRequest,
 )
 from boundloop.contracts import ToolRequest as _ToolRequest
+from boundloop.core.context import text_digest
 from boundloop.core.conversation import ConversationMeta, Item, meta_of
 from boundloop.core.loop import ToolOutcome
 from boundloop.core.turn import Turn
@@ -145,6 +146,7 @@ async def _read_run(client: Client, workflow_id: str, run_id: str,
     run = _RunHistory()
     models: dict[int, list[Item]] = {}  # scheduled event id -> the request's new items
     tools: dict[int, str] = {}
+    summaries: dict[int, str] = {}  # scheduled event id -> a summary request's key
     async for event in handle.fetch_history_events():
         run.bytes_read += event.ByteSize()
         if event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
@@ -156,6 +158,11 @@ async def _read_run(client: Client, workflow_id: str, run_id: str,
             elif name == MODEL_ACTIVITY:
                 [req] = await converter.decode(list(attrs.input.payloads), [ModelRequest])
                 assert isinstance(req, ModelRequest)
+                if req.summarize is not None:
+                    # A summary request adds nothing to the conversation: its answer is
+                    # the summary later requests send, found by its key like an output.
+                    summaries[event.event_id] = req.summarize.key
+                    continue
                 if before_step is not None and req.step >= before_step:
                     break
                 if not models:
@@ -171,6 +178,10 @@ async def _read_run(client: Client, workflow_id: str, run_id: str,
                 # scheduled again or never answered, and sent nothing.
                 run.items.extend(models[done.scheduled_event_id])
                 run.items.extend(turn.items)
+            elif done.scheduled_event_id in summaries:
+                [turn] = await converter.decode(list(done.result.payloads), [Turn])
+                assert isinstance(turn, Turn)
+                run.outputs[summaries[done.scheduled_event_id]] = turn.text
             elif done.scheduled_event_id in tools:
                 [outcome] = await converter.decode(list(done.result.payloads), [ToolOutcome])
                 assert isinstance(outcome, ToolOutcome)
@@ -233,6 +244,26 @@ async def from_history(client: Client, workflow_id: str, run_id: str,
     if items is None:
         raise _mismatch(f"run {run_id}: a referenced tool output is missing;")
     return earlier + items, outputs
+
+
+async def summary_text(cache: ConversationCache, client: Client, req: ModelRequest,
+                       workflow_id: str, run_id: str) -> str | None:
+    """The text of the summary `req` sends in place of the conversation's oldest items
+    (None: it sends none): the cache's, else the summary request's result in this run's
+    history or an earlier run's, checked against the workflow's digest."""
+    ref = req.summary
+    if ref is None:
+        return None
+    text = cache.output(ref.key)
+    if text is None:
+        _, outputs = await from_history(client, workflow_id, run_id, req.step, req.base,
+                                        cache)
+        text = outputs.get(ref.key)
+        if text is not None:
+            cache.put_output(ref.key, text)
+    if text is None or text_digest(text) != ref.digest:
+        raise _mismatch(f"model step {req.step}: the summary {ref.key}")
+    return text
 
 
 async def rebuild(cache: ConversationCache, client: Client, req: ModelRequest,

@@ -25,10 +25,11 @@ from temporalio.contrib.workflow_streams import WorkflowStreamClient
 from temporalio.exceptions import ApplicationError, ApplicationErrorCategory
 
 from boundloop import errors
-from boundloop.activities.conversation import ConversationCache, rebuild
+from boundloop.activities.conversation import ConversationCache, rebuild, summary_text
 from boundloop.activities.heartbeat import heartbeating
 from boundloop.activities.model_errors import to_application_error
 from boundloop.contracts import MODEL_ACTIVITY, STREAM_TOPIC, ModelRequest, Reset, TextDelta
+from boundloop.core import context as ctx
 from boundloop.core import model_failures as mf
 from boundloop.core.canonical import json_bytes
 from boundloop.core.context import trim_items
@@ -82,10 +83,12 @@ def _tools_not_served(missing: list[str], progress: _Progress) -> ApplicationErr
                             category=ApplicationErrorCategory.BENIGN)
 
 
-def model_idempotency_key(workflow_id: str, step: int) -> str:
-    """The step's key, ASCII as an HTTP header must be: what is not (a workflow id in
-    Japanese) is percent-encoded, so an ASCII id's key reads as it is."""
-    return urllib.parse.quote(f"{workflow_id}/model/step-{step}", safe="/-_.~:@!$&'()*+,;=")
+def model_idempotency_key(workflow_id: str, step: int, summary: bool = False) -> str:
+    """The step's key (its summary request's: another), ASCII as an HTTP header must
+    be: what is not (a workflow id in Japanese) is percent-encoded, so an ASCII id's key
+    reads as it is."""
+    key = f"{workflow_id}/model/step-{step}" + ("/summary" if summary else "")
+    return urllib.parse.quote(key, safe="/-_.~:@!$&'()*+,;=")
 
 
 class ModelActivities:
@@ -122,7 +125,16 @@ class ModelActivities:
             "rebuilt_from_history": rebuilt})
         timeout = req.timeout_seconds or (
             info.start_to_close_timeout.total_seconds() if info.start_to_close_timeout else 60.0)
-        sent, trimmed = _fit(req, items, progress)
+        summary = await summary_text(self.cache, activity.client(), req, wf_id, run_id)
+        if req.summarize is not None:
+            if rebuilt and req.prior.count:  # the step's request finds it here
+                self.cache.put(wf_id, req.prior, items[:req.prior.count])
+            turn = await self._summarize(req, req.summarize, items, summary, wf_id,
+                                         timeout, progress)
+            return turn.model_copy(update={
+                "worker_queue": self.cache.queue,
+                "cached": self.cache.queue is not None and req.prior.count > 0 and not rebuilt})
+        sent, trimmed = _fit(req, ctx.with_summary(items, req.summary, summary), progress)
         streamed: Streamed | None = None
         try:
             # `timeout` bounds each wait for the provider (silence); `answer_seconds` the
@@ -131,7 +143,7 @@ class ModelActivities:
                 body, streamed = await self._send(req, wf_id, sent, timeout, progress)
         except TimeoutError:
             raise _answer_too_long(req, progress) from None
-        turn = parse_chat(body, req.step) if req.api == "chat" else parse_responses(body)
+        turn = _parse(req, body)
         size = json_bytes(turn.model_dump(mode="json"))
         if size > MAX_TURN_BYTES:
             raise ApplicationError(
@@ -147,6 +159,36 @@ class ModelActivities:
             "cached": self.cache.queue is not None and req.prior.count > 0 and not rebuilt,
             "trimmed": trimmed})
 
+    async def _summarize(self, req: ModelRequest, spec: ctx.Summarize, items: list[Any],
+                         previous: str | None, workflow_id: str, timeout: float,
+                         progress: _Progress) -> Turn:
+        """A summary request (the `summarize` context strategy): the oldest part of the
+        conversation as sent (the current summary and the items up to the cut) as one
+        transcript, the model's summary of it back, with what it replaces. The cut keeps
+        the newest `spec.keep` tool outputs and never parts a call from its output."""
+        cut = ctx.summary_cut(items, req.summary, previous, spec)
+        if cut is None:
+            failure = ModelFailure(kind=mf.CONTEXT_LENGTH_EXCEEDED, detail=(
+                f"no summary lets the request fit the context window {spec.window}: "
+                f"the oldest part that may be summarized (all but the newest {spec.keep} "
+                "tool outputs) is too large to summarize, or what stays is too large"))
+            raise ApplicationError(failure.detail, failure.model_dump(), *progress.details(),
+                                   type=errors.MODEL_REQUEST_REJECTED, non_retryable=True)
+        start = req.summary.count if req.summary is not None else 0
+        head = [ctx.summary_item(previous)] if previous is not None else []
+        sent = ctx.summary_input([*head, *items[start:cut]])
+        try:
+            async with asyncio.timeout(req.answer_seconds):
+                body, _ = await self._send(req, workflow_id, sent, timeout, progress,
+                                           instructions=ctx.SUMMARY_INSTRUCTIONS)
+        except TimeoutError:
+            raise _answer_too_long(req, progress) from None
+        turn = _parse(req, body)
+        self.cache.put_output(spec.key, turn.text)
+        activity.logger.info("conversation summarized", extra={
+            "step": req.step, "items": cut, "summary_bytes": len(turn.text.encode())})
+        return ctx.summarized_turn(items, cut, turn, spec, json_bytes(sent))
+
     def _definitions(self, req: ModelRequest) -> list[dict[str, Any]]:
         """The function definitions of the run's tools, in its order: the tools the run
         describes itself (MCP tools, and tools a deploy took from this worker since the
@@ -159,12 +201,15 @@ class ModelActivities:
         return [mcp[n].openai_tool(req.api) if n in mcp else next(own) for n in req.tools]
 
     async def _send(self, req: ModelRequest, workflow_id: str, items: list[Any],
-                    seconds: float, progress: _Progress) -> tuple[Any, Streamed | None]:
+                    seconds: float, progress: _Progress, instructions: str | None = None,
+                    ) -> tuple[Any, Streamed | None]:
         """POST the request with the SDK's client (auth, base URL, error types) and return
         the parsed JSON body. The body is built here and sent as-is: the SDK's per-item
         type transform of `input` costs O(conversation) on the event loop each step
         (docs/benchmarks.md)."""
-        headers = {"Idempotency-Key": model_idempotency_key(workflow_id, req.step)}
+        headers = {"Idempotency-Key": model_idempotency_key(
+            workflow_id, req.step, summary=req.summarize is not None)}
+        instructions = instructions or req.instructions
         missing = self._registry.unknown([n for n in req.tools
                                           if n not in {d.name for d in req.mcp_tools}])
         if missing:
@@ -173,12 +218,12 @@ class ModelActivities:
         body: dict[str, Any] = {"model": req.model}
         if req.api == "chat":
             path = "/chat/completions"
-            body["messages"] = to_chat_messages(items, req.instructions)
+            body["messages"] = to_chat_messages(items, instructions)
         else:
             path = "/responses"
             body.update(input=items, store=False, include=["reasoning.encrypted_content"])
-            if req.instructions:
-                body["instructions"] = req.instructions
+            if instructions:
+                body["instructions"] = instructions
         if tools:
             body.update(tools=tools, tool_choice=req.tool_choice)
         if req.max_output_tokens is not None:
@@ -239,6 +284,10 @@ class ModelActivities:
             finally:
                 await raw.aclose()
         return fold.result(), Streamed(attempt=attempt, publisher=text.publisher_id)
+
+
+def _parse(req: ModelRequest, body: Any) -> Turn:
+    return parse_chat(body, req.step) if req.api == "chat" else parse_responses(body)
 
 
 def _fit(req: ModelRequest, items: list[Any], progress: _Progress

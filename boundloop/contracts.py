@@ -20,8 +20,8 @@ from boundloop.core.budget import (
     Reservation,
 )
 from boundloop.core.carry import Segment
-from boundloop.core.context import Trim
-from boundloop.core.conversation import ConversationMeta, Item
+from boundloop.core.context import Summarize, Trim
+from boundloop.core.conversation import ConversationMeta, Item, SummaryRef
 from boundloop.core.conversation import ConversationRef as ConversationRef  # re-exported
 from boundloop.core.limits import Limits, PromptText, RunSettings
 from boundloop.core.loop import Approval, Event, Grant, LoopState, ModelAttempt, ToolChoice
@@ -161,6 +161,12 @@ class ModelRequest(BaseModel):
     #: Under the `trim` context strategy: how to fit the request to the context window
     #: (the activity sends old tool outputs as stubs; boundloop.core.context).
     trim: Trim | None = Field(default=None, exclude_if=_none)
+    #: Under the `summarize` context strategy: the summary to send in place of the
+    #: conversation's oldest items (its text is a summary request's result in history).
+    summary: SummaryRef | None = Field(default=None, exclude_if=_none)
+    #: This is a summary request: the activity asks the model for a summary of the
+    #: conversation's oldest part (boundloop.core.context), not for the step's answer.
+    summarize: Summarize | None = Field(default=None, exclude_if=_none)
 
 
 class ToolRequest(BaseModel):
@@ -302,6 +308,9 @@ class RunStatus(BaseModel):
     #: The sub-agents this Temporal run started, in order (the earlier ones of a run that
     #: continued as new are in its event log: subagent_started / subagent_ended).
     children: list[ChildRun] = Field(default_factory=list, exclude_if=_empty)
+    #: Summaries the run wrote of its conversation's oldest part (the `summarize` context
+    #: strategy; each one a `context_summarized` event).
+    summarized: int = Field(default=0, exclude_if=lambda v: not v)
 
 
 # --- shared budgets (workflows/budget.py) ----------------------------------------------

@@ -47,7 +47,8 @@ def render(workflow_id: str, st: RunStatus, answer: str = "") -> Panel:
     window = lim.max_input_tokens if lim else None
     if st.context_tokens is not None and window is not None:
         # The next request's input, estimated, against the model's context window.
-        table.add_row("context", f"~{st.context_tokens} / {window} tokens")
+        table.add_row("context", f"~{st.context_tokens} / {window} tokens" + (
+            f" · summarized {st.summarized}×" if st.summarized else ""))
     if st.cost_usd is not None:
         table.add_row("cost", f"${st.cost_usd:.6f}")
     if st.tree is not None:  # a sub-agent's run: where it is in its tree

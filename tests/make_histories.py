@@ -243,6 +243,7 @@ POLICIES: dict[str, Policy] = {
     # An argument rule asks for approval of a call its tool does not declare (approved).
     "rule_asked": Policy(rules=[ArgumentRule(tool="lookup_stock", when='sku == "B-002"',
                                              action="ask")]),
+    "summarized": Policy(context="summarize", context_keep=1),
 }
 RUNS["rule_asked"] = ([
     resp(call("lookup_stock", {"sku": "B-002"}, "u1"), rid="ur1"),
@@ -275,6 +276,7 @@ max_steps = 10
 }
 # The budget key derived from the run's tenant search attribute (the admission is given
 # the run's search attributes): the run reserves from tenant-acme's ledger.
+OPERATOR_POLICIES["summarized"] = 'context = "summarize"\ncontext_keep = 1\n'
 OPERATOR_POLICIES["tenant_budget"] = """\
 [prices.scripted-model]
 input_usd_per_mtok = 1.0
@@ -322,11 +324,23 @@ RUNS["charged_retry"] = ([
 RUNS["cancelled_in_request"] = ([
     {**answer("never seen", rid="nr1"), "delay_seconds": 4.0},
 ], cancel_in_request)
+# A run under the `summarize` context strategy: the second response reports 1,990 tokens,
+# so the third request would not fit its 2,000-token window; one summary request (the
+# context-summarize marker) replaces the question and the first call, then the third
+# request is sent and answered.
+RUNS["summarized"] = ([
+    resp(call("lookup_stock", {"sku": "A-001"}, "m1"), rid="mr1"),
+    resp(call("lookup_stock", {"sku": "B-002"}, "m2"), rid="mr2",
+         usage={"input_tokens": 1970, "output_tokens": 20, "total_tokens": 1990}),
+    answer("要約: A-001の在庫を調べた。", rid="mr3"),
+    answer("A-001とB-002を調べました。", rid="mr4"),
+], nothing)
 #: name -> the run's limits, for the histories that need others than the defaults.
 LIMITS: dict[str, Limits] = {
     "approval_timed_out": Limits(approval_timeout_seconds=1.0),
     "context_exhausted": Limits(max_input_tokens=20, max_output_tokens=10),
     "charged_retry": Limits(model_timeout_seconds=1.0),
+    "summarized": Limits(max_input_tokens=2000),
 }
 
 

@@ -169,6 +169,18 @@ def test_the_histories_of_0_4_are_the_runs_they_are_named_after(
     assert E.EVENT_TYPE_WORKFLOW_TASK_FAILED not in events
 
 
+def test_the_summarized_history_is_a_run_that_summarized_once() -> None:
+    """Recorded for the next release (0.5): three steps and one summary request (four
+    model activities); markers: the bundle, admit_run, the two local lookups and
+    context-summarize."""
+    history = load("v0.5/summarized")
+    assert final_result(history)["reason"] == "completed"
+    events = kinds(history)
+    assert events.count(E.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED) == 4
+    assert events.count(E.EVENT_TYPE_MARKER_RECORDED) == 5
+    assert E.EVENT_TYPE_WORKFLOW_TASK_FAILED not in events
+
+
 def updates(history: WorkflowHistory) -> list[str]:
     return [e.workflow_execution_update_accepted_event_attributes.accepted_request.input.name
             for e in history.events

@@ -102,7 +102,20 @@ class Calls:
             # stops the run with `tool_unavailable`; a run that never calls it goes on).
             mcp_tools=self.tools.described_tools(state.allowed_tools),
             trim=ctx.trim_request(state, self.tools.fixed_bytes(state, self.instructions))
-            if ctx.trims(state) else None)
+            if ctx.trims(state) else None, summary=state.summary)
+        return payload_bytes(self.request)
+
+    def build_summary_request(self, plan: core.StepPlan, summarize: ctx.Summarize) -> int:
+        """Build the step's summary request (the `summarize` context strategy): the
+        conversation by reference as the step's request has it, no tools, no stream;
+        the activity sends the oldest part to summarize. Its payload bytes."""
+        state = self.state
+        self.request = ModelRequest(
+            step=plan.step, model=state.settings.model, api=state.settings.api, tools=[],
+            tool_choice="none", prior=self.ex.sent, new_items=self.wire_items(),
+            expected=state.conversation, base=self.base,
+            max_output_tokens=summarize.summary_tokens, summary=state.summary,
+            summarize=summarize)
         return payload_bytes(self.request)
 
     async def send_model_request(self, plan: core.StepPlan) -> driver.Answered | StopReason:
@@ -149,7 +162,8 @@ class Calls:
                 schedule_to_close_timeout=timedelta(seconds=max(c.remaining, 1.0)),
                 heartbeat_timeout=options.HEARTBEAT_TIMEOUT,
                 **self.routes.route(options.MODEL_ONCE),
-                summary=f"model step {step} · {self.state.settings.model}")
+                summary=f"{'summary' if req.summarize else 'model step'} {step} · "
+                        f"{self.state.settings.model}")
         except ActivityError as err:
             if req.stream:  # its text is void, and so is any that arrives later
                 self.show.topic.publish(Reset(step=step, attempt=f"{err.activity_id}.1"))

@@ -157,6 +157,8 @@ class BoundLoopWorkflow:
             case driver.BuildModelRequest(plan):
                 workflow.logger.info("step started", extra={"step": plan.step})
                 return self._calls.build_model_request(plan)
+            case driver.BuildSummaryRequest(plan, summarize):
+                return self._calls.build_summary_request(plan, summarize)
             case driver.ReserveBudget():
                 return await self._budget.reserve(command)
             case driver.RequestModel(plan):
@@ -282,7 +284,7 @@ class BoundLoopWorkflow:
             grants=list(self._state.grants), run=workflow.info().first_execution_run_id,
             context_tokens=ctx.estimate(self._state, self._fixed_bytes),
             events_dropped=self._state.events_dropped, tree=self._state.tree,
-            children=list(self._children.runs))
+            children=list(self._children.runs), summarized=self._state.summaries)
 
     # --- helpers -------------------------------------------------------------------
 

@@ -107,6 +107,12 @@ CONTEXT_WINDOW = driver.CONTEXT_WINDOW
 #: it, such a response reported `completed` was the answer. Asked on its own, and only
 #: when a response reached the cap.
 CUT_AT_THE_CAP = driver.CUT_AT_THE_CAP
+#: The patch under which a run under the `summarize` context strategy makes one summary
+#: request before a request that would not fit its window (or that the provider refused
+#: as too long), and sends the summary in place of the conversation's oldest part from
+#: then on (`core.context`, `driver.Run._summarize`). Asked on its own, and only when a
+#: run first summarizes.
+SUMMARIZE = driver.SUMMARIZE
 #: The patch under which continue-as-new hands over a state of constant size
 #: (`boundloop.core.carry`); asked on its own, when the run first continues as new or
 #: its tables are full.

@@ -277,7 +277,9 @@ def status(run_id: Annotated[str, typer.Argument(help="Workflow id")],
             window = st.limits.max_input_tokens if st.limits is not None else None
             if st.context_tokens is not None and window is not None:
                 console.print(f"context: the next request ~{st.context_tokens} input tokens "
-                              f"(estimated) of a {window}-token window", highlight=False)
+                              f"(estimated) of a {window}-token window" + (
+                                  f", the conversation summarized {st.summarized}×"
+                                  if st.summarized else ""), highlight=False)
             if st.events_dropped:
                 console.print(f"({st.events_dropped} earlier events: in the run's earlier "
                               "histories and its stream)", highlight=False)

@@ -23,12 +23,12 @@ from collections.abc import Callable
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from boundloop.core.canonical import json_bytes
-from boundloop.core.conversation import Item
-from boundloop.core.loop import LoopState
+from boundloop.core.canonical import json_bytes, sha256_hex
+from boundloop.core.conversation import Item, SummaryRef, user_message
+from boundloop.core.loop import LoopState, estimate_usage
 from boundloop.core.mcp_tools import MCPToolDeclaration
 from boundloop.core.reasons import StopReason
-from boundloop.core.turn import Trimmed
+from boundloop.core.turn import Summarized, Trimmed, Turn
 
 #: UTF-8 bytes counted as one token.
 BYTES_PER_TOKEN = 4
@@ -70,10 +70,12 @@ def estimate(state: LoopState, fixed_bytes: Callable[[], int]) -> int | None:
     context window. `fixed_bytes` is called only when no usage is known yet."""
     if state.limits.max_input_tokens is None:
         return None
+    # Under `summarize`, what is sent: the summary in place of the oldest items.
+    removed = state.summary.removed if state.summary is not None else 0
     return estimate_input_tokens(
-        conversation_bytes=state.conversation.bytes,
+        conversation_bytes=state.conversation.bytes - removed,
         fixed_bytes=fixed_bytes() if state.last_tokens is None else 0,
-        last_tokens=state.last_tokens, last_bytes=state.last_bytes)
+        last_tokens=state.last_tokens, last_bytes=state.last_bytes - removed)
 
 
 def check(state: LoopState, fixed_bytes: Callable[[], int]) -> str | None:
@@ -89,12 +91,22 @@ def check(state: LoopState, fixed_bytes: Callable[[], int]) -> str | None:
 def exhausted(state: LoopState, detail: str) -> StopReason:
     """Stop the run before a request that would not fit (`check`, under the `stop`
     strategy): it was never sent, so it is not a step."""
-    state.steps -= 1
-    if state.events and state.events[-1].event == "model_requested":
-        state.events.pop()  # begin_step logged the request that is not sent
+    unsent(state)
     state.log(EVENT, detail=detail)
     return state.stop(StopReason.CONTEXT_EXHAUSTED)
 
+
+def unsent(state: LoopState) -> None:
+    """The step begun is not sent: not a step, and its `model_requested` event goes (the
+    newest one, before any event of a summary written for it)."""
+    for i in range(len(state.events) - 1, -1, -1):
+        event = state.events[i]
+        if event.step != state.steps:
+            break
+        if event.event == "model_requested":
+            del state.events[i]
+            break
+    state.steps -= 1
 
 
 # --- the `trim` strategy -------------------------------------------------------------
@@ -240,3 +252,213 @@ def note_trimmed(state: LoopState, trimmed: Trimmed | None) -> None:
         f"({trimmed.outputs} in all): estimated {trimmed.tokens_before} -> "
         f"{trimmed.tokens_after} input tokens, context window {window}"))
     state.trimmed_outputs = trimmed.outputs
+
+
+# --- the `summarize` strategy --------------------------------------------------------
+
+#: The event logged when a summary replaced the oldest part of the conversation.
+SUMMARIZED_EVENT = "context_summarized"
+#: A summary may take at most this share of the window (1 / SUMMARY_SHARE).
+SUMMARY_SHARE = 4
+#: What the summary request asks of the model (its instructions).
+SUMMARY_INSTRUCTIONS = (
+    "You compact the earlier part of a conversation between a user, an assistant and "
+    "the assistant's tools, so that the assistant can continue the task from your "
+    "summary and the newer messages alone. Write a concise summary of the transcript "
+    "you are given: what the user asked, what was done, every fact, number, name and id "
+    "from the tool results that may still matter, and what remains to do. Plain text, "
+    "no preamble.")
+#: How the summary opens in the conversation sent.
+SUMMARY_HEADING = "Summary of the earlier part of this conversation:\n"
+
+
+class Summarize(BaseModel):
+    """A summary request (the `summarize` strategy): `key` names its result, the summary
+    may take `summary_tokens`, and the cut keeps the newest `keep` tool outputs whole; the
+    cut is chosen so the step's request (`fixed_bytes` beside the conversation, room for
+    `max_output_tokens`) fits `window` with the summary in place of the oldest items."""
+
+    key: str
+    window: int
+    max_output_tokens: int | None = None
+    summary_tokens: int
+    keep: int
+    fixed_bytes: int
+    tokens_before: int
+
+
+def summarizes(state: LoopState) -> bool:
+    """The run summarizes the oldest part of its conversation to fit its context window
+    (the `summarize` strategy)."""
+    return state.policy.context == "summarize" and state.limits.max_input_tokens is not None
+
+
+def summarize_request(state: LoopState, key: str, fixed_bytes: int) -> Summarize:
+    """The summary request of the run's next step: its summary may take a quarter of the
+    window, never more than a response may (max_output_tokens)."""
+    window = state.limits.max_input_tokens
+    assert window is not None
+    cap = max(1, window // SUMMARY_SHARE)
+    if state.limits.max_output_tokens is not None:
+        cap = min(cap, state.limits.max_output_tokens)
+    before = estimate(state, lambda: fixed_bytes) or 0
+    return Summarize(key=key, window=window, max_output_tokens=state.limits.max_output_tokens,
+                     summary_tokens=cap, keep=state.policy.context_keep,
+                     fixed_bytes=fixed_bytes, tokens_before=before)
+
+
+def summary_item(text: str) -> Item:
+    """The summary as the conversation sends it: a user message (valid first in both
+    APIs, and before a model turn)."""
+    return user_message(SUMMARY_HEADING + text)
+
+
+def text_digest(text: str) -> str:
+    """What a SummaryRef checks its summary's text by."""
+    return sha256_hex(text)[:32]
+
+
+def with_summary(items: list[Item], ref: SummaryRef | None, text: str | None) -> list[Item]:
+    """The conversation as sent: the summary in place of its oldest `ref.count` items."""
+    if ref is None:
+        return items
+    assert text is not None
+    return [summary_item(text), *items[ref.count:]]
+
+
+def _is_user(item: Item) -> bool:
+    return item.get("type", "message") == "message" and item.get("role") == "user"
+
+
+def cut_points(items: list[Item], start: int = 0) -> list[int]:
+    """Where the conversation may be cut (items[:c] summarized, items[c:] kept), for c
+    after `start`: every call before the cut has its output before it and every call
+    after has its output after (a function call never loses its output); the cut falls
+    between model turns (after a tool output or a user message, or before a user
+    message), so reasoning items stay with their calls."""
+    points: list[int] = []
+    open_calls: set[str] = set()
+    for c in range(1, len(items) + 1):
+        item = items[c - 1]
+        kind = item.get("type")
+        if kind == "function_call":
+            open_calls.add(str(item.get("call_id")))
+        elif kind == "function_call_output":
+            open_calls.discard(str(item.get("call_id")))
+        nxt = items[c] if c < len(items) else None
+        between = kind == "function_call_output" or _is_user(item) or (
+            nxt is not None and _is_user(nxt))
+        if c > start and not open_calls and between and (
+                nxt is None or nxt.get("type") != "function_call_output"):
+            points.append(c)
+    return points
+
+
+def transcript(items: list[Item]) -> str:
+    """The items to summarize as plain text (the summary request sends them as one user
+    message, so it is valid on both APIs whatever it holds); reasoning items are
+    encrypted and left out."""
+    lines: list[str] = []
+    for item in items:
+        kind = item.get("type", "message")
+        if kind == "message":
+            content = item.get("content")
+            text = content if isinstance(content, str) else "".join(
+                str(p.get("text", "")) for p in content or [] if isinstance(p, dict))
+            lines.append(f"[{item.get('role', 'user')}] {text}")
+        elif kind == "function_call":
+            lines.append(f"[assistant called {item.get('name')} "
+                         f"(call {item.get('call_id')})] {item.get('arguments')}")
+        elif kind == "function_call_output":
+            lines.append(f"[tool result of call {item.get('call_id')}] {item.get('output')}")
+    return "\n\n".join(lines)
+
+
+def summary_input(items: list[Item]) -> list[Item]:
+    """The summary request's conversation: the transcript as one user message."""
+    return [user_message("Summarize this transcript:\n\n" + transcript(items))]
+
+
+def summary_cut(items: list[Item], ref: SummaryRef | None, previous: str | None,
+                spec: Summarize) -> int | None:
+    """Where to cut the conversation for a summary: as late as keeps the newest
+    `spec.keep` tool outputs whole and lets the summary request (the current summary and
+    the items up to the cut) fit the window; None when there is none, or when even then
+    the step's request would not fit with a summary of `spec.summary_tokens`."""
+    start = ref.count if ref is not None else 0
+    outputs = [i for i, item in enumerate(items) if item.get("type") == "function_call_output"]
+    keep = min(spec.keep, len(outputs))
+    limit = outputs[-keep] if keep else len(items)
+    head = [summary_item(previous)] if ref is not None and previous is not None else []
+    for c in reversed([c for c in cut_points(items, start) if c <= limit]):
+        asked = _tokens(len(SUMMARY_INSTRUCTIONS.encode("utf-8"))
+                        + json_bytes(summary_input([*head, *items[start:c]])))
+        if asked + spec.summary_tokens > spec.window:
+            continue
+        # A later cut keeps less: if this one leaves no room, no cut does.
+        room = spec.summary_tokens * BYTES_PER_TOKEN
+        after = _tokens(spec.fixed_bytes + json_bytes(
+            [summary_item(""), *items[c:]]) + room)
+        if over_window(after, spec.max_output_tokens, spec.window) is not None:
+            return None
+        return c
+    return None
+
+
+def summarized_turn(items: list[Item], cut: int, turn: Turn, spec: Summarize,
+                    input_bytes: int) -> Turn:
+    """The summary request's answer, with what its summary replaces (`Turn.summarized`)."""
+    sent = [summary_item(turn.text), *items[cut:]]
+    size = json_bytes(sent)
+    return turn.model_copy(update={"summarized": Summarized(
+        count=cut, removed=json_bytes(items) - size, tokens_before=spec.tokens_before,
+        tokens_after=_tokens(spec.fixed_bytes + size), input_bytes=input_bytes)})
+
+
+def note_summarized(state: LoopState, turn: Turn, spec: Summarize) -> StopReason | None:
+    """After the summary request answered: its usage counts in the run's totals as a
+    step's does, under the same limits; the summary replaces the oldest part of the
+    conversation in every request from now on (recorded, with the event). A stop here
+    leaves the step's own request unsent."""
+    done = turn.summarized
+    usage = turn.usage
+    if usage is None:
+        state.usage.unknown_steps += 1
+        if state.policy.missing_usage == "stop":
+            unsent(state)
+            return state.stop(StopReason.USAGE_UNKNOWN)
+        usage = estimate_usage(done.input_bytes if done is not None else 0,
+                               turn.output_bytes)
+        state.usage.estimated = True
+    state.usage.input_tokens += usage.input_tokens
+    state.usage.output_tokens += usage.output_tokens
+    state.usage.total_tokens += usage.total_tokens
+    price = state.policy.prices.get(state.settings.model)
+    if price is not None:
+        state.cost_usd += (usage.input_tokens * price.input_usd_per_mtok
+                           + usage.output_tokens * price.output_usd_per_mtok) / 1_000_000
+    if turn.fault is not None:  # malformed, as a step's answer would be
+        unsent(state)
+        state.log("protocol_fault", detail=f"the summary request: {turn.fault}")
+        return state.stop(StopReason.PROTOCOL_ERROR)
+    if done is None or not turn.text.strip():
+        unsent(state)
+        state.log(EVENT, detail="the summary request brought no summary: the request "
+                                "was not sent")
+        return state.stop(StopReason.CONTEXT_EXHAUSTED)
+    state.summary = SummaryRef(key=spec.key, count=done.count, digest=text_digest(turn.text),
+                               removed=done.removed)
+    state.summaries += 1
+    state.last_tokens = None  # the next estimate is what is sent, by its bytes
+    state.log(SUMMARIZED_EVENT, detail=(
+        f"{done.tokens_before} tokens before, {done.tokens_after} after (estimated): the "
+        f"oldest {done.count} items of the conversation replaced by a summary, context "
+        f"window {spec.window}"))
+    if state.usage.total_tokens >= state.limits.token_threshold:
+        unsent(state)
+        return state.stop(StopReason.USAGE_LIMIT)
+    budget = state.limits.usd_budget
+    if budget is not None and state.cost_usd >= budget:
+        unsent(state)
+        return state.stop(StopReason.BUDGET_LIMIT)
+    return None

@@ -45,6 +45,21 @@ class ConversationRef(BaseModel):
     meta: ConversationMeta
 
 
+class SummaryRef(BaseModel):
+    """The conversation's oldest `count` items replaced by a summary (the `summarize`
+    context strategy) in every request sent from then on. The summary's text is the
+    result of the model activity that wrote it, in history, found by `key`; `digest`
+    checks it, and `removed` is how many bytes shorter the conversation sent is than the
+    whole one (the context estimate counts what is sent)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    key: str
+    count: int
+    digest: str
+    removed: int
+
+
 def meta_of(items: list[Item]) -> ConversationMeta:
     return ConversationMeta().extend(items)
 

@@ -38,6 +38,10 @@ from boundloop.core.turn import FunctionCall, Turn
 #: The patch under which a run stops `context_exhausted` before a request that would not
 #: fit its context window; asked only when the run stops so (workflows/loop.py).
 CONTEXT_WINDOW = "context-window"
+#: The patch under which a run under the `summarize` context strategy makes a summary
+#: request before a request that would not fit its window, or that the provider refused
+#: as too long (`Run._summarize`); asked only when a run first summarizes.
+SUMMARIZE = "context-summarize"
 #: The patch under which a response that used every output token its request allowed
 #: ends the run `incomplete`; asked only when a response reached the cap.
 CUT_AT_THE_CAP = "cut-at-the-output-cap"
@@ -108,6 +112,15 @@ class BuildModelRequest:
     """Build the step's model request (the shell's wire types): -> its payload bytes."""
 
     plan: core.StepPlan
+
+
+@dataclass(frozen=True)
+class BuildSummaryRequest:
+    """Build the request that summarizes the conversation's oldest part (the `summarize`
+    context strategy), which the next model attempts send: -> its payload bytes."""
+
+    plan: core.StepPlan
+    summarize: ctx.Summarize
 
 
 @dataclass(frozen=True)
@@ -231,7 +244,7 @@ class RunChild:
 
 Command = (AskPatch | Publish | ReserveBudget | SettleBudget | BuildModelRequest
            | RequestModel | AttemptModel | Sleep | BuildToolRequest | RunTool | AwaitDecision
-           | LookUpEarlier | RunChild)
+           | LookUpEarlier | RunChild | BuildSummaryRequest)
 
 _T = TypeVar("_T")
 #: A generator of commands returning `_T`.
@@ -306,6 +319,13 @@ class Run:
     unrun: int = 0
     #: Their tool cost units (kept back from a sub-agent's allowance too).
     unrun_units: int = 0
+    #: The step that last wrote a summary (one a step at most), and whether the attempts
+    #: out are the summary request's.
+    summarized_step: int = 0
+    summarizing: bool = False
+    #: The step whose request the shared budget holds a reservation for (a summary and
+    #: the step's own request share the step's reservation and settlement).
+    reserved_step: int = 0
 
     def steps(self) -> Steps[StopReason | None]:
         """The run's steps until it stops (the reason) or should continue as new
@@ -330,6 +350,13 @@ class Run:
             if isinstance(plan, StopReason):
                 return plan
             over = ctx.check(state, view.fixed_bytes)  # the `stop` context strategy
+            if over is not None and self._summarizes() and (yield from _ask(SUMMARIZE)):
+                stop = yield from self._summarize(plan)
+                if stop is not None:
+                    return stop
+                over = ctx.check(state, view.fixed_bytes)
+                if over is not None:  # the run stops: the summary's spending is settled
+                    yield from self._settle_abandoned(plan.step)
             # Under `trim` the model activity fits the request (it has the items).
             if over is not None and not ctx.trims(state) \
                     and (yield from _ask(CONTEXT_WINDOW)):
@@ -339,7 +366,11 @@ class Run:
                 return spent
             yield Publish()
             answered = yield from self._request_model(plan)
-            if isinstance(answered, StopReason):
+            if isinstance(answered, TooLong):  # refused as too long: summarize, send again
+                stop = yield from self._summarize(plan)
+                answered = stop if stop is not None else (yield from self._request_model(plan))
+            if isinstance(answered, StopReason | TooLong):
+                assert not isinstance(answered, TooLong)  # once a step
                 return answered
             turn = answered.turn
             state.conversation = state.conversation.extend(turn.items)
@@ -385,12 +416,13 @@ class Run:
 
     # --- model ---------------------------------------------------------------------
 
-    def _request_model(self, plan: core.StepPlan) -> Steps[Answered | StopReason]:
+    def _request_model(self, plan: core.StepPlan) -> Steps[Answered | StopReason | TooLong]:
         state, ex = self.state, self.exchange
         size = yield BuildModelRequest(plan)
         assert isinstance(size, int)
         too_large = core.check_payload(state, "model_request", size)
         if too_large is not None:
+            yield from self._settle_abandoned(plan.step)  # a summary's, if any
             return too_large
         # Until the model returns (a cancel raises through): a cancel while the shared
         # budget reserves leaves the step unsent, so unfinished too.
@@ -399,23 +431,24 @@ class Run:
         if refused is not None:
             ex.model_in_flight = False
             return refused
-        answered: Answered | StopReason
+        answered: Answered | StopReason | TooLong
         if self.charged:
             turn = yield from self._charged_attempts(plan)
-            answered = turn if isinstance(turn, StopReason) else Answered(turn, self.abandoned)
+            answered = turn if isinstance(turn, StopReason | TooLong) \
+                else Answered(turn, self.abandoned)
             self.abandoned = Amount()
         else:
             sent = yield RequestModel(plan)
             assert isinstance(sent, Answered | StopReason)
             answered = sent
         ex.model_in_flight = False
-        if isinstance(answered, StopReason):
+        if isinstance(answered, StopReason | TooLong):
             return answered
         ex.unsent, ex.refs = [], {}
         state.log("model_returned")
         return answered
 
-    def _charged_attempts(self, plan: core.StepPlan) -> Steps[Turn | StopReason]:
+    def _charged_attempts(self, plan: core.StepPlan) -> Steps[Turn | StopReason | TooLong]:
         """The request's attempts under the charged-model-attempts patch. A provider
         failure, a timeout of the activity's own (silence: model_timeout_seconds; the
         whole answer: model_answer_seconds) and a wedged worker count against
@@ -478,9 +511,63 @@ class Run:
                     yield from self._settle_abandoned(step)
                     raise
                 continue
+            if failure.kind == mf.CONTEXT_LENGTH_EXCEEDED and self._summarizes() \
+                    and not self.summarizing and self.summarized_step != step \
+                    and (yield from _ask(SUMMARIZE)):
+                # Under `summarize`, once a step: the step's request is sent again after
+                # a summary (the charge stays with the step).
+                state.log(f"{MODEL_RETRIED}{failure.kind}", detail=(
+                    f"{failure.detail}{charged}; the conversation is summarized first"))
+                return TooLong(failure)
             state.log(f"{mf.EVENT_PREFIX}{failure.kind}", detail=failure.detail + charged)
             yield from self._settle_abandoned(step)
             return state.stop((yield from self.failed(failure)))
+
+    def _summarize(self, plan: core.StepPlan) -> Steps[StopReason | None]:
+        """The `summarize` context strategy, once a step: one model request (under the
+        run's limits, its budget reservation and its totals, as a step's request) writes
+        a summary of the conversation's oldest part, which every request from then on
+        sends in its place. The summary is that activity's result in history: a replay
+        or a crash never writes it twice."""
+        state, ex, step = self.state, self.exchange, plan.step
+        self.summarized_step = step
+        spec = ctx.summarize_request(state, f"{self.key_scope}/step-{step}/summary",
+                                     self.view.fixed_bytes())
+        size = yield BuildSummaryRequest(plan, spec)
+        assert isinstance(size, int)
+        too_large = core.check_payload(state, "model_request", size)
+        if too_large is not None:
+            return too_large
+        ex.model_in_flight = True
+        # The step's reservation covers the summary and the step's request after it
+        # (which fits the window); both are settled with the step.
+        refused = yield from self._reserve_budget(step, more=shared.worst_case(
+            state.policy.prices.get(state.settings.model), spec.window,
+            state.limits.max_output_tokens or 0))
+        if refused is not None:
+            ex.model_in_flight = False
+            return refused
+        self.summarizing = True
+        turn = yield from self._charged_attempts(plan)
+        self.summarizing = False
+        ex.model_in_flight = False
+        assert not isinstance(turn, TooLong)  # only a step's own request
+        if isinstance(turn, StopReason):
+            return turn
+        before = (state.usage.total_tokens, state.cost_usd)
+        stop = ctx.note_summarized(state, turn, spec)
+        # Settled with the step's own request (or now, when the run stops here).
+        self.abandoned = self.abandoned + shared.settlement(
+            ex.reserved, state.usage.total_tokens - before[0], state.cost_usd - before[1],
+            turn.usage is not None or state.usage.estimated)
+        if stop is not None:
+            yield from self._settle_abandoned(step)
+        return stop
+
+    def _summarizes(self) -> bool:
+        """The run summarizes (its attempts are charged: every run since the `summarize`
+        strategy exists is)."""
+        return self.charged and ctx.summarizes(self.state)
 
     def failed(self, failure: mf.ModelFailure) -> Steps[StopReason]:
         """A failed model request's stop: `context_exhausted` when the provider refused
@@ -527,24 +614,28 @@ class Run:
             if self.state.settings.budget is not None:
                 yield SettleBudget(step, taken)
 
-    def _reserve_budget(self, step: int) -> Steps[StopReason | None]:
-        """Reserve this request's worst case from the run's shared budget, if it names
-        one; a refusal stops the run before the request is sent."""
+    def _reserve_budget(self, step: int, more: Amount | None = None
+                        ) -> Steps[StopReason | None]:
+        """Reserve this request's worst case (and `more`) from the run's shared budget, if
+        it names one; a refusal stops the run before the request is sent."""
         state, key = self.state, self.state.settings.budget
         cap = state.limits.max_output_tokens
         if key is None or cap is None:  # settings validation: a budget comes with a cap
+            return None
+        if self.reserved_step == step:  # held already: a summary reserved for the step
             return None
         price = state.policy.prices.get(state.settings.model)
         input_tokens = shared.input_tokens_bound(
             conversation_bytes=state.conversation.bytes, fixed_bytes=self.view.fixed_bytes(),
             last_tokens=state.last_tokens, last_bytes=state.last_bytes)
-        amount = shared.worst_case(price, input_tokens, cap)
+        amount = shared.worst_case(price, input_tokens, cap) + (more or Amount())
         grant = yield ReserveBudget(key=key, step=step, amount=amount,
                                     priced=price is not None)
         assert isinstance(grant, Grant)
         if not grant.granted:
             return core.budget_refused(state, grant.message)
         self.exchange.reserved = amount
+        self.reserved_step = step
         return None
 
     # --- tools ---------------------------------------------------------------------
@@ -669,12 +760,14 @@ class Run:
         later_units = self.unrun_units if self.unrun_units > 0 \
             and state.limits.tool_cost_budget is not None \
             and (yield from _ask(CHILD_KEEPS_UNITS)) else 0
+        removed = state.summary.removed if state.summary is not None else 0
         settings = tree.allowance(
             state, agent, processing_seconds=view.processing_seconds(),
             next_input_tokens=ctx.estimate_input_tokens(
-                conversation_bytes=state.conversation.bytes,
+                # What the next request sends: a summary in place of the oldest items.
+                conversation_bytes=state.conversation.bytes - removed,
                 fixed_bytes=view.fixed_bytes() if state.last_tokens is None else 0,
-                last_tokens=state.last_tokens, last_bytes=state.last_bytes),
+                last_tokens=state.last_tokens, last_bytes=state.last_bytes - removed),
             later_calls=self.unrun, later_units=later_units)
         if isinstance(settings, str):
             state.log(tree.NOT_STARTED, tool=call.name, call_id=call.call_id,
@@ -710,6 +803,14 @@ class Run:
             return result
         over = tree.over_limits(state)
         return over if over is not None else (result, None)
+
+
+@dataclass(frozen=True)
+class TooLong:
+    """The provider refused the step's request as over the model's context window, and
+    the run summarizes before sending it again (the `summarize` strategy)."""
+
+    failure: mf.ModelFailure
 
 
 def _ask(patch: str) -> Steps[bool]:

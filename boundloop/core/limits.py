@@ -192,8 +192,13 @@ class Policy(BaseModel):
       `context_keep` replaced by a short stub (the next requests keep those stubs until
       the window is reached again), and gives the model
       the `recall_output` tool to read one again (it ends `context_exhausted` when even
-      that does not fit). The operator's policy says whether runs may trim.
-    - context_keep: under "trim", the newest tool outputs always sent verbatim.
+      that does not fit); "summarize" first makes one model request, under the run's
+      limits and budget, that writes a summary of the oldest part of the conversation,
+      which every request from then on sends in its place (it ends `context_exhausted`
+      when even then the request does not fit). The operator's policy says whether runs
+      may trim or summarize.
+    - context_keep: under "trim" and "summarize", the newest tool outputs always sent
+      verbatim.
     - rules: argument rules (boundloop.core.rules) added by the run: `ask` or `deny` only,
       since they join the operator's and the strictest match wins (docs/approvals.md).
     """
@@ -208,7 +213,8 @@ class Policy(BaseModel):
     prices: dict[str, Price] = Field(default_factory=dict)
     rules: list[ArgumentRule] = Field(default_factory=list, max_length=100,
                                       exclude_if=lambda v: not v)
-    context: Literal["stop", "trim"] = Field(default="stop", exclude_if=lambda v: v == "stop")
+    context: Literal["stop", "trim", "summarize"] = Field(default="stop",
+                                                          exclude_if=lambda v: v == "stop")
     context_keep: int = Field(default=3, ge=0, le=1000, exclude_if=lambda v: v == 3)
 
     @model_validator(mode="after")

@@ -18,7 +18,12 @@ from boundloop.core import envelope as env
 from boundloop.core import rules as argument_rules
 from boundloop.core.answer_shape import looks_like_tool_call
 from boundloop.core.canonical import preview
-from boundloop.core.conversation import ConversationMeta, Item, function_call_output
+from boundloop.core.conversation import (
+    ConversationMeta,
+    Item,
+    SummaryRef,
+    function_call_output,
+)
 from boundloop.core.envelope import Envelope, ToolStatus
 from boundloop.core.fingerprint import fingerprint, invalid_fingerprint
 from boundloop.core.limits import Limits, Policy, RunSettings, fits_payload
@@ -192,6 +197,10 @@ class LoopState(BaseModel):
     #: Under the `trim` context strategy: the oldest tool outputs the last request sent
     #: as stubs (boundloop.core.context.trim_items; the next sends at least as many).
     trimmed_outputs: int = Field(default=0, exclude_if=lambda v: not v)
+    #: Under the `summarize` context strategy: the summary every request sends in place
+    #: of the conversation's oldest items, and how many summaries the run wrote.
+    summary: SummaryRef | None = Field(default=None, exclude_if=lambda v: v is None)
+    summaries: int = Field(default=0, exclude_if=lambda v: not v)
     #: Events of the log no longer carried (the oldest; in the earlier runs' histories).
     events_dropped: int = Field(default=0, exclude_if=lambda v: not v)
     #: Of a sub-agent's run: where it is in its tree (its model requests then never pass
@@ -607,8 +616,9 @@ def _refused_repeat(state: LoopState, call: FunctionCall, fp: str) -> Reply | No
     state.pending_limit = state.pending_limit or StopReason.MAX_IDENTICAL_CALLS
     return Reply(call=call, fingerprint=fp, envelope=env.blocked(
         "IDENTICAL_CALL_LIMIT",
-        f"This exact call was already made {made} times; its result is above. Do not "
-        "call it again: answer the user with the results you have."))
+        f"This exact call was already made {made} times; its result is above"
+        f"{' (or in the summary of the earlier conversation)' if state.summary else ''}. "
+        "Do not call it again: answer the user with the results you have."))
 
 
 def _count_refusal(state: LoopState, event: str, call: FunctionCall, fp: str,

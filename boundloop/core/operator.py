@@ -42,6 +42,8 @@ __all__ = ["IN_CLEAR", "Admission", "BudgetRule", "OperatorLimits", "OperatorPol
 
 ToolGlob = Annotated[str, Field(pattern=TOOL_PATTERN)]
 PositiveTokens = Annotated[int, Field(strict=True, gt=0, le=MAX_COUNT)]
+#: A context strategy (limits.Policy.context).
+ContextStrategy = Literal["stop", "trim", "summarize"]
 #: The Limits fields that take a ceiling: the numeric ones.
 _NUMERIC = [name for name in Limits.model_fields if name != "per_tool_max_calls"]
 _INTEGERS = {"max_steps", "max_tool_executions", "token_threshold", "max_result_bytes",
@@ -169,10 +171,12 @@ class OperatorPolicy(BaseModel):
     #: that model gets it as `max_input_tokens`, and may only lower it.
     context_windows: dict[str, PositiveTokens] = Field(default_factory=dict)
     #: The context strategies runs may use: "stop" (only stop before a request that
-    #: would not fit) or "trim" (runs may also trim old tool outputs, or keep "stop").
-    context: Literal["stop", "trim"] = "stop"
-    #: Under "trim": the fewest newest tool outputs a run keeps verbatim (a run may keep
-    #: more, never fewer).
+    #: would not fit), "trim" (runs may also trim old tool outputs, or keep "stop"),
+    #: "summarize" (runs may also summarize the oldest part of the conversation), or a
+    #: list of them (["trim", "summarize"]: either).
+    context: ContextStrategy | list[ContextStrategy] = "stop"
+    #: Under "trim" and "summarize": the fewest newest tool outputs a run keeps verbatim
+    #: (a run may keep more, never fewer).
     context_keep: int = Field(default=3, ge=0, le=1000)
     budget: BudgetRule = Field(default_factory=BudgetRule)
     limits: OperatorLimits = Field(default_factory=OperatorLimits)
@@ -362,10 +366,13 @@ def resolve(operator: OperatorPolicy, settings: RunSettings, *, tools: Sequence[
         refusals.append(Refusal(field="policy.approval", asked="never",
                                 operator=f"approval required for {', '.join(asking)}"))
 
-    if run.context == "trim" and operator.context != "trim":
-        refusals.append(Refusal(field="policy.context", asked="trim",
-                                operator="stop (runs may not trim their conversation)"))
-    elif run.context == "trim" and run.context_keep < operator.context_keep:
+    strategies = [operator.context] if isinstance(operator.context, str) \
+        else operator.context
+    if run.context != "stop" and run.context not in strategies:
+        refusals.append(Refusal(field="policy.context", asked=run.context, operator=(
+            f"{', '.join(strategies) or 'stop'} (runs may not {run.context} their "
+            "conversation)")))
+    elif run.context != "stop" and run.context_keep < operator.context_keep:
         refusals.append(Refusal(field="policy.context_keep", asked=str(run.context_keep),
                                 operator=f"at least {operator.context_keep}"))
 

@@ -75,6 +75,21 @@ class Trimmed(BaseModel):
     tokens_after: int
 
 
+class Summarized(BaseModel):
+    """What a summary request (the `summarize` context strategy) replaced: the
+    conversation's oldest `count` items by the summary, which makes the conversation
+    sent `removed` bytes shorter; the next request's input tokens estimated before and
+    after; the summary request's own bytes (its usage estimate when none is reported)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    count: int
+    removed: int
+    tokens_before: int
+    tokens_after: int
+    input_bytes: int
+
+
 class Turn(BaseModel):
     """One model response, normalised.
 
@@ -118,6 +133,9 @@ class Turn(BaseModel):
     # Set by the model activity when the request was sent with old tool outputs
     # replaced by stubs (the `trim` context strategy: boundloop.core.context).
     trimmed: Trimmed | None = Field(default=None, exclude_if=lambda v: v is None)
+    # Set by the model activity on the answer of a summary request (the `summarize`
+    # context strategy): its text is the summary, not a step's answer.
+    summarized: Summarized | None = Field(default=None, exclude_if=lambda v: v is None)
 
     @model_validator(mode="after")
     def _text_from_items(self) -> Turn:
