@@ -364,6 +364,7 @@ async def test_a_cancel_of_the_parent_during_a_childs_approval_wait_ends_both_ca
         child: WorkflowHandle[Any, RunResult] = seen["child"]
         seen["result"] = await asyncio.wait_for(client_result_of(child), RUN_TIMEOUT)
         seen["status"] = await query_status(child)  # a worker answers it
+        seen["children"] = (await query_status(parent)).children
 
     parent_agent: Agent[Any] = Agent(test_tools, model="scripted-model",
                                      allowed=["lookup_stock"], agents=[filer(test_tools)])
@@ -381,6 +382,8 @@ async def test_a_cancel_of_the_parent_during_a_childs_approval_wait_ends_both_ca
     assert await history_count(
         child, EventType.EVENT_TYPE_WORKFLOW_EXECUTION_CANCEL_REQUESTED) == 1
     assert seen["status"].pending == []
+    # The parent's `status` says its sub-agent ended so, not `running` for good.
+    assert [(c.workflow_id, c.state) for c in seen["children"]] == [(child.id, "cancelled")]
     desc = await child.describe()
     assert desc.typed_search_attributes.get(sa.PENDING_APPROVALS) == 0
     assert list_tickets(tmp_path / "data") == []

@@ -37,6 +37,7 @@ with workflow.unsafe.imports_passed_through():
     from boundloop.core import driver, tree
     from boundloop.core.canonical import preview
     from boundloop.core.place import child_place
+    from boundloop.core.reasons import StopReason
 
 #: The attributes each run writes of itself: a starter does not set a session's turns'
 #: or a run's sub-agents' (nor Temporal's own, `Temporal*`, which only the server sets).
@@ -83,34 +84,15 @@ class Children:
                           usd_allowance=settings.limits.usd_budget)
         self.runs.append(record)
         began = workflow.now()
-        attributes = starter_text_attributes()
         try:
-            result = await workflow.execute_child_workflow(
-                WORKFLOW_NAME, inp, id=wf_id, task_queue=agent.task_queue,
-                result_type=RunResult,
-                static_summary=f"{place.line()} · {preview(question, 100)}",
-                id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
-                # A cancel of this run ends it `cancelled` at once (the SDK's wait for
-                # the child's end would take the cancel for the child's own). The child's
-                # cancel comes from the close policy as this run closes, however it
-                # closes: the request TRY_CANCEL records in the run's last workflow task
-                # is dropped by the server once the run has closed.
-                cancellation_type=ChildWorkflowCancellationType.TRY_CANCEL,
-                parent_close_policy=ParentClosePolicy.REQUEST_CANCEL,
-                search_attributes=TypedSearchAttributes(attributes) if attributes else None)
-            ended: tree.ChildEnded | tree.ChildFailed = _ended(result, wf_id)
-        except ChildWorkflowError as err:
-            ended = _ended_of(err, wf_id)
-        except WorkflowAlreadyStartedError:
-            earlier = (await _earlier_child(wf_id) if workflow.patched(CHILD_AFTER_RESET)
-                       else None)
-            # This call's own sub-agent, started before a reset of this run: what it
-            # did stands (its side effects too), so its outcome is the call's.
-            # Otherwise another workflow took the id first (a starter with namespace
-            # access): no sub-agent of this call ran.
-            ended = _ended(earlier, wf_id) if earlier is not None else tree.ChildFailed(
-                "failed", f"{wf_id}: the workflow id was already used by a workflow this "
-                          "run did not start")
+            ended = await _outcome(wf_id, inp, agent.task_queue,
+                                   f"{place.line()} · {preview(question, 100)}")
+        except asyncio.CancelledError:
+            # This run was cancelled, and its close cancels the child: its `status`
+            # says so, not `running` for good.
+            self.runs[self.runs.index(record)] = record.model_copy(
+                update={"state": StopReason.CANCELLED.value})
+            raise
         if isinstance(ended, tree.ChildEnded):
             elapsed = (workflow.now() - began).total_seconds()
             self._add_waited(max(0.0, elapsed - ended.processing_seconds))
@@ -123,6 +105,40 @@ class Children:
              "cost_usd": ended.cost_usd} if isinstance(ended, tree.ChildEnded)
             else {"state": "failed"}))
         self.runs[self.runs.index(record)] = done
+
+
+async def _outcome(wf_id: str, inp: RunInput, task_queue: str, summary: str
+                   ) -> tree.ChildEnded | tree.ChildFailed:
+    """Start the sub-agent's run under `wf_id` and wait for its end."""
+    attributes = starter_text_attributes()
+    try:
+        result = await workflow.execute_child_workflow(
+            WORKFLOW_NAME, inp, id=wf_id, task_queue=task_queue,
+            result_type=RunResult,
+            static_summary=summary,
+            id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
+            # A cancel of this run ends it `cancelled` at once (the SDK's wait for
+            # the child's end would take the cancel for the child's own). The child's
+            # cancel comes from the close policy as this run closes, however it
+            # closes: the request TRY_CANCEL records in the run's last workflow task
+            # is dropped by the server once the run has closed.
+            cancellation_type=ChildWorkflowCancellationType.TRY_CANCEL,
+            parent_close_policy=ParentClosePolicy.REQUEST_CANCEL,
+            search_attributes=TypedSearchAttributes(attributes) if attributes else None)
+        ended: tree.ChildEnded | tree.ChildFailed = _ended(result, wf_id)
+    except ChildWorkflowError as err:
+        ended = _ended_of(err, wf_id)
+    except WorkflowAlreadyStartedError:
+        earlier = (await _earlier_child(wf_id) if workflow.patched(CHILD_AFTER_RESET)
+                   else None)
+        # This call's own sub-agent, started before a reset of this run: what it
+        # did stands (its side effects too), so its outcome is the call's.
+        # Otherwise another workflow took the id first (a starter with namespace
+        # access): no sub-agent of this call ran.
+        ended = _ended(earlier, wf_id) if earlier is not None else tree.ChildFailed(
+            "failed", f"{wf_id}: the workflow id was already used by a workflow this "
+                      "run did not start")
+    return ended
 
 
 async def _earlier_child(wf_id: str) -> RunResult | None:
