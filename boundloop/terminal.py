@@ -21,7 +21,7 @@ from boundloop.exit_codes import ExitCode
 from boundloop.visible import escape_of, has_invisible, invisible
 
 if TYPE_CHECKING:  # the run's types: loaded by whoever has a RunResult to print
-    from boundloop.contracts import RunResult
+    from boundloop.contracts import RunResult, RunStatus
     from boundloop.settings import Settings
 
 # Piped output keeps long run ids whole (tables would cut them at 80 columns).
@@ -142,3 +142,18 @@ def exit_code(result: RunResult) -> ExitCode:
     if result.reason == StopReason.CONTEXT_EXHAUSTED:
         return ExitCode.CONTEXT_EXHAUSTED
     return ExitCode.OK if result.reason == StopReason.COMPLETED else ExitCode.STOPPED
+
+
+def print_grants(status: RunStatus) -> None:
+    """The approvals remembered for the rest of the run, one line each."""
+    for g in status.grants:
+        console.print(f"remembered: {safe(g.text)} (approved by {safe(g.approver)} on "
+                      f"`{safe(g.call_id)}`; this {g.scope} only)")
+
+
+def print_stuck(rows: list[dict[str, Any]]) -> None:
+    """Under the table, each stuck run's cause and fix (too long for a column)."""
+    for r in rows:
+        if r["stuck"]:
+            console.print(f"[red]stuck:[/] {safe(r['workflow_id'])}: {safe(r['stuck'])}",
+                          soft_wrap=True)
