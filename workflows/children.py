@@ -27,7 +27,6 @@ from temporalio.exceptions import (
 from temporalio.workflow import ChildWorkflowCancellationType, ParentClosePolicy
 
 from boundloop.workflows import options
-from boundloop.workflows.patches import CHILD_AFTER_RESET
 
 with workflow.unsafe.imports_passed_through():
     from boundloop import errors
@@ -129,8 +128,7 @@ async def _outcome(wf_id: str, inp: RunInput, task_queue: str, summary: str
     except ChildWorkflowError as err:
         ended = _ended_of(err, wf_id)
     except WorkflowAlreadyStartedError:
-        earlier = (await _earlier_child(wf_id) if workflow.patched(CHILD_AFTER_RESET)
-                   else None)
+        earlier = await _earlier_child(wf_id)
         # This call's own sub-agent, started before a reset of this run: what it
         # did stands (its side effects too), so its outcome is the call's.
         # Otherwise another workflow took the id first (a starter with namespace

@@ -117,29 +117,6 @@ SUMMARIZE = driver.SUMMARIZE
 #: (`boundloop.core.carry`); asked on its own, when the run first continues as new or
 #: its tables are full.
 CONSTANT_CARRY = driver.CONSTANT_CARRY
-#: The patch under which a sub-agent's allowance keeps back the tool cost units of its
-#: caller's later calls of the same response (before it, they ran past the caller's
-#: tool_cost_budget when the sub-agent spent its whole allowance). Asked on its own, and
-#: only when a sub-agent starts before such calls under a tool_cost_budget.
-CHILD_KEEPS_UNITS = driver.CHILD_KEEPS_UNITS
-#: The patch under which a sub-agent that ran and left no RunResult (terminated, timed
-#: out) is charged to its caller as its whole allowance (before it, as nothing). Asked on
-#: its own, and only when such a sub-agent ends.
-CHILD_LOST_CHARGED = driver.CHILD_LOST_CHARGED
-#: The patch under which a sub-agent whose argument rules do not fit beside its caller's
-#: in one policy is not started (before it, its own rules were cut to fit and its calls
-#: ran without them). Asked on its own, and only when they do not fit.
-CHILD_RULES_WHOLE = driver.CHILD_RULES_WHOLE
-#: The patch under which a sub-agent with a response whose usage it could neither read
-#: nor estimate (it stopped `usage_unknown`, or on a fault) is charged its whole
-#: allowance (before it, only what it counted: the next sibling got the rest again).
-#: Asked on its own, and only when such a sub-agent ends.
-CHILD_UNCOUNTED_CHARGED = driver.CHILD_UNCOUNTED_CHARGED
-#: The patch under which a sub-agent's start that finds its workflow id taken by this
-#: run's own child (started before a reset of the run) takes that child's RunResult, as
-#: a tool's store hands back its first result (before it: the call failed as
-#: SUBAGENT_FAILED). Asked on its own, and only when a start finds its id taken.
-CHILD_AFTER_RESET = "child-after-reset"
 
 
 @dataclass

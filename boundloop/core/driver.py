@@ -53,18 +53,6 @@ LOCAL_TOOLS = "local-tools"
 #: a run continues as new once its tables reach `carry.SEGMENT_MAX` keys. Asked on its
 #: own, and only when the run first continues as new (or its tables are full).
 CONSTANT_CARRY = "constant-carry"
-#: The patch under which a sub-agent's allowance keeps back the tool cost units of its
-#: caller's later calls of the same response; asked only when there are such units.
-CHILD_KEEPS_UNITS = "child-keeps-later-units"
-#: The patch under which a sub-agent that ran and left no RunResult (terminated, timed
-#: out) is charged its whole allowance; asked only when one does.
-CHILD_LOST_CHARGED = "child-lost-charged"
-#: The patch under which a sub-agent whose argument rules do not fit beside its
-#: caller's is not started (before it, its own were cut); asked only when they do not.
-CHILD_RULES_WHOLE = "child-rules-whole"
-#: The patch under which a sub-agent with a response it could not count (no usage) is
-#: charged its whole allowance; asked only when one ends so.
-CHILD_UNCOUNTED_CHARGED = "child-uncounted-charged"
 #: Event names of a model attempt that failed and was sent again start with this; the
 #: failure's kind follows (`worker_lost` for an attempt lost with its request sent).
 MODEL_RETRIED = "model_retried:"
@@ -751,15 +739,13 @@ class Run:
                 call=call, fingerprint=p.fingerprint,
                 envelope=tree.blocked_by_limits(state, why))))
         crowded = tree.rules_crowded(state.policy, agent.settings.policy)
-        if crowded is not None and (yield from _ask(CHILD_RULES_WHOLE)):
+        if crowded is not None:
             state.log(tree.NOT_STARTED, tool=call.name, call_id=call.call_id,
                       fp=p.fingerprint, detail=crowded)
             return _no_ref(core.reply_output(state, core.Reply(
                 call=call, fingerprint=p.fingerprint, envelope=tree.crowded(agent.name))))
         # The later calls' cost units run whatever the child spends: kept back from it.
-        later_units = self.unrun_units if self.unrun_units > 0 \
-            and state.limits.tool_cost_budget is not None \
-            and (yield from _ask(CHILD_KEEPS_UNITS)) else 0
+        later_units = self.unrun_units if state.limits.tool_cost_budget is not None else 0
         removed = state.summary.removed if state.summary is not None else 0
         settings = tree.allowance(
             state, agent, processing_seconds=view.processing_seconds(),
@@ -786,12 +772,12 @@ class Run:
             n = ended.tool_executions
             detail = (f"{ended.reason.value}: {ended.total_tokens} tokens, {n} tool "
                       f"execution{'' if n == 1 else 's'}")
-            if ended.uncounted and (yield from _ask(CHILD_UNCOUNTED_CHARGED)):
+            if ended.uncounted:
                 tree.charge_uncounted(state, ended, settings)
                 detail += "; a response without usage: charged its whole allowance"
         else:
             detail = f"{ended.kind}: {ended.detail}"
-            if ended.use_unknown and (yield from _ask(CHILD_LOST_CHARGED)):
+            if ended.use_unknown:
                 tree.charge_allowance(state, settings)
                 detail += "; its use is unknown: charged its whole allowance"
         state.log(tree.ENDED, tool=call.name, call_id=call.call_id, fp=p.fingerprint,
