@@ -163,6 +163,58 @@ async def test_worker_killed_while_a_childs_tool_runs_repeats_no_side_effect(
         assert await workflow_task_failures(child) == 0
 
 
+async def test_worker_killed_while_a_child_waits_keeps_its_approval_for_the_workers_keys(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Worker processes holding alice's key (BOUNDLOOP_APPROVER_KEYS, no key in any
+    policy): the filer waits for approval, its worker is SIGKILLed; on a new worker the
+    child still waits, takes only a decision signed by alice, and files one ticket; the
+    child was started once and the tree completes."""
+    alice_key = new_key("alice", tmp_path)
+    keys_file = tmp_path / "approvers.keys"
+    keys_file.write_text(f"alice {Signer.from_file('alice', alice_key.private_path).public_key}\n",
+                         encoding="utf-8")
+    monkeypatch.setenv("BOUNDLOOP_APPROVER_KEYS", str(keys_file))
+    alice = Signer.from_file("alice", alice_key.private_path)
+    async with cluster(tmp_path) as c:
+        assert c.client is not None
+        for turn in script():
+            c.model.append(turn)
+        first = c.start_worker()
+        parent_agent: Agent[Any] = Agent(["lookup_stock"], model="scripted-model",
+                                         task_queue=c.queue,
+                                         agents=[filer(["create_ticket"], c.queue)])
+        parent = await c.client.start_workflow(
+            WORKFLOW_NAME, parent_agent.run_input("プリンタの件、チケットにして"),
+            id=f"tree-wait-{uuid.uuid4().hex[:10]}", task_queue=c.queue,
+            result_type=RunResult)
+        child = await only_child(c.client, parent)
+        call_id = await pending_call(child)
+        c.kill(first)
+        c.start_worker()
+        run = await get_run(c.client, child.id)
+        with pytest.raises(DecisionRefused) as unsigned:
+            await run.approve(call_id, approver="alice")
+        assert list_tickets(c.data_dir) == []
+        await run.approve(call_id, signer=alice)
+        result = await result_of(parent)
+
+        assert "accepts only signed decisions" in str(unsigned.value)
+        assert result.reason == "completed"
+        [ticket] = list_tickets(c.data_dir)
+        assert ticket["idempotency_key"].startswith(f"{child.id}/")
+        assert [w.id async for w in c.client.list_workflows(
+            f"ParentWorkflowId = '{parent.id}'")] == [child.id]
+        assert await history_count(
+            parent, EventType.EVENT_TYPE_START_CHILD_WORKFLOW_EXECUTION_INITIATED) == 1
+        decided = [e.detail for e in (await result_of(child)).events
+                   if e.event == "approval_approved"]
+        assert decided == ["by alice"], decided
+        assert len(c.model.requests) == 4
+        assert c.model.violations == []
+        assert await workflow_task_failures(parent) == 0
+        assert await workflow_task_failures(child) == 0
+
+
 # --- a child's approval --------------------------------------------------------------------
 
 
