@@ -1,14 +1,21 @@
 """Agent trees under crashes, approvals and cancels, on a real dev server: a sub-agent's
 run is a child workflow of the same loop, with the same guarantees (docs/agent-trees.md).
 
-- kill -9 of the worker process while a child's side-effecting tool runs: the side
-  effect happened once (the tickets store), the child was started once, the tree ends;
+- kill -9 of the worker process while a child's side-effecting tool runs, or while it
+  waits for approval: the side effect happens once (the tickets store), the child is
+  started once, the tree ends;
 - a child's approval is the child's: listed with its place in the tree, decided with a
-  signature bound to the child's run, refused by the parent;
-- a cancel of the parent while its child waits for approval ends both `cancelled`, the
-  child's approval withdrawn and its tool never run.
+  signature bound to the child's run, refused by the parent, even when both wait on
+  the same call id;
+- a cancel of the parent (or of the root, two levels up, or a terminate) while a child
+  waits for approval ends each `cancelled`, the child's approval withdrawn and its tool
+  never run; a cancel of the child alone reaches the parent's model as a stop;
+- a reset of the parent to before its child's start takes the child's outcome and does
+  not start it again.
 
-(A child cut short reaching the parent's model as such: tests/test_agent_trees.py.)
+Worker processes (the kill -9 cases) share tests/test_crash.py's cluster; the others
+run an in-process worker (tests/test_agent_trees.py's run_tree). A child cut short
+reaching the parent's model as such: tests/test_agent_trees.py.
 """
 
 from __future__ import annotations
