@@ -260,6 +260,8 @@ class RunResult(BaseModel):
     #: Processing time of the run in seconds (approval waits excluded): a caller's own
     #: clock counts a sub-agent's processing time, not its approval waits.
     processing_seconds: float = Field(default=0.0, exclude_if=lambda v: not v)
+    #: Calls per tool name (each counted as its per-tool limit counts it).
+    per_tool_calls: dict[str, int] = Field(default_factory=dict, exclude_if=_empty)
 
 
 class ChildRun(BaseModel):

@@ -375,3 +375,40 @@ def test_an_agent_whose_toolset_lacks_a_sub_agents_tools_is_refused_when_made() 
     # On a task queue of its own, another worker serves it.
     apart = helper.as_tool("helper", "Looks up").model_copy(update={"task_queue": "other"})
     assert list(Agent(test_tools, agents=[apart]).agents) == [apart]
+
+
+async def test_a_roots_per_tool_limit_holds_across_its_sub_agents(temporal: Client,
+                                                                   tmp_path: Path) -> None:
+    """The root may look up stock twice: it looks once, its sub-agent may look once more
+    (its second look is blocked), and the root's own third look is blocked too."""
+    result, server, _ = await run_tree(temporal, tmp_path, writer(
+        researcher(), allowed=("lookup_stock",), per_tool_max_calls={"lookup_stock": 2}), [
+        resp(call("lookup_stock", {"sku": "A-001"}, "p1")),  # root: 1 of 2
+        resp(call("research", {"question": "B and C?"}, "p2")),
+        resp(call("lookup_stock", {"sku": "B-002"}, "k1")),  # child: the 1 left
+        resp(call("lookup_stock", {"sku": "C-003"}, "k2")),  # child: blocked
+        answer("B-002だけ調べました。"),  # the child's forced last step
+        resp(call("lookup_stock", {"sku": "D-004"}, "p3")),  # root: blocked
+        answer("A-001とB-002だけ調べました。"),
+    ])
+    sent = bodies(server)
+    assert outputs(sent[3])["k1"]["status"] == "success"
+    assert outputs(sent[4])["k2"]["error_code"] == "TOOL_CALL_LIMIT"
+    assert outputs(sent[6])["p3"]["error_code"] == "TOOL_CALL_LIMIT"
+    assert result.reason == "max_tools"
+
+
+async def test_a_tool_its_caller_spent_is_denied_to_the_sub_agent(temporal: Client,
+                                                                   tmp_path: Path) -> None:
+    result, server, _ = await run_tree(temporal, tmp_path, writer(
+        researcher(), allowed=("lookup_stock",), per_tool_max_calls={"lookup_stock": 1}), [
+        resp(call("lookup_stock", {"sku": "A-001"}, "p1")),  # root: its one look
+        resp(call("research", {"question": "B?"}, "p2")),
+        resp(call("lookup_stock", {"sku": "B-002"}, "k1")),  # child: denied
+        answer("調べられませんでした。"),
+        answer("A-001だけです。"),
+    ])
+    denied = outputs(bodies(server)[3])["k1"]
+    assert denied["error_code"] == "DENIED_BY_RULE"
+    assert "caller's calls of it are spent" in denied["message"]
+    assert result.tool_executions == 2  # the root's look and the research call

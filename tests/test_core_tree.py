@@ -157,3 +157,28 @@ def test_a_childs_place() -> None:
     second = child_place(first, "root/run/step-1/call-0/writer", "research")
     assert second.depth == 2
     assert second.line("create_ticket") == "root → writer → research → create_ticket"
+
+
+def test_a_sub_agent_may_make_only_the_calls_its_caller_left() -> None:
+    s = state()
+    s.per_tool_calls = {"lookup_stock": 2}
+    got = tree.allowance(s, agent(), processing_seconds=0.0, next_input_tokens=1,
+                         later_calls=0, caps={"lookup_stock": 3, "other": 5})
+    assert isinstance(got, RunSettings)
+    assert got.limits.per_tool_max_calls == {"lookup_stock": 1}  # "other" is not its tool
+    s.per_tool_calls = {"lookup_stock": 3}
+    spent = tree.allowance(s, agent(), processing_seconds=0.0, next_input_tokens=1,
+                           later_calls=0, caps={"lookup_stock": 3})
+    assert isinstance(spent, RunSettings)
+    [rule] = spent.policy.rules
+    assert (rule.tool, rule.action, rule.when) == ("lookup_stock", "deny", None)
+    tree.charge(s, child_ended_with(per_tool_calls={"lookup_stock": 1}))
+    assert s.per_tool_calls == {"lookup_stock": 4}
+
+
+def child_ended_with(**fields: object) -> tree.ChildEnded:
+    base: dict[str, object] = dict(
+        reason=StopReason.COMPLETED, text="", steps=1, tool_executions=1, input_tokens=1,
+        output_tokens=1, total_tokens=2, cost_usd=None, cost_units=0,
+        usage_estimated=False, workflow_id="w")
+    return tree.ChildEnded(**{**base, **fields})  # type: ignore[arg-type]

@@ -161,7 +161,8 @@ def _ended(result: RunResult, wf_id: str) -> tree.ChildEnded:
         output_tokens=result.output_tokens, total_tokens=result.total_tokens,
         cost_usd=result.cost_usd, cost_units=result.cost_units,
         usage_estimated=result.usage_estimated, workflow_id=wf_id,
-        processing_seconds=result.processing_seconds, usage_unknown=result.usage_unknown)
+        processing_seconds=result.processing_seconds, usage_unknown=result.usage_unknown,
+        per_tool_calls=dict(result.per_tool_calls))
 
 
 def _ended_of(err: ChildWorkflowError, wf_id: str) -> tree.ChildEnded | tree.ChildFailed:

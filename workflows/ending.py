@@ -130,7 +130,8 @@ class Ending:
             continuation=self._continuation() if self._inp.turn is not None else None,
             session_grants=[g for g in s.grants if g.scope == "session"]
             if self._start.session_grants else [], model_attempts=list(s.model_attempts),
-            processing_seconds=self._processing_seconds())
+            processing_seconds=self._processing_seconds(),
+            per_tool_calls=dict(s.per_tool_calls))
         excess = payload_bytes(result) - MAX_PAYLOAD_VALUE_BYTES
         if excess <= 0:
             return result

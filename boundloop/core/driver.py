@@ -754,7 +754,10 @@ class Run:
                 conversation_bytes=state.conversation.bytes - removed,
                 fixed_bytes=view.fixed_bytes() if state.last_tokens is None else 0,
                 last_tokens=state.last_tokens, last_bytes=state.last_bytes - removed),
-            later_calls=self.unrun, later_units=later_units)
+            later_calls=self.unrun, later_units=later_units, caps={
+                name: cap for name in agent.tools if name in self.rules and (
+                    cap := state.limits.per_tool_max_calls.get(
+                        name, self.rules[name].max_calls)) is not None})
         if isinstance(settings, str):
             state.log(tree.NOT_STARTED, tool=call.name, call_id=call.call_id,
                       fp=p.fingerprint, detail=settings)

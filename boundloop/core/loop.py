@@ -579,6 +579,9 @@ def _plan_one(state: LoopState, call: FunctionCall, rules: dict[str, ToolRule],
             "call it again with these arguments: answer the user with what you have."),
             detail=verdict.text)
     max_calls = state.limits.per_tool_max_calls.get(call.name, rule.max_calls)
+    if state.tree is not None and rule.max_calls is not None and max_calls is not None:
+        # A sub-agent's cap is what its caller left: never more than the tool's own.
+        max_calls = min(max_calls, rule.max_calls)
     if max_calls is not None and state.per_tool_calls.get(call.name, 0) >= max_calls:
         state.log("blocked_tool_limit", tool=call.name, call_id=call.call_id, fp=fp)
         state.force_final = True

@@ -20,7 +20,8 @@ hold the same tokens.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -32,6 +33,7 @@ from boundloop.core.limits import Limits, Policy, PromptText, RunSettings
 from boundloop.core.loop import LoopState
 from boundloop.core.mcp_tools import MCPToolDeclaration
 from boundloop.core.reasons import StopReason
+from boundloop.core.rules import ArgumentRule
 
 #: The share of what the caller has left that it keeps back when a child starts (on top
 #: of its next request's input): enough to read the child's answer and go on.
@@ -102,6 +104,9 @@ class ChildEnded:
     processing_seconds: float = 0.0
     #: A response of it came without usage (RunResult.usage_unknown).
     usage_unknown: bool = False
+    #: Its calls per tool (RunResult.per_tool_calls): its caller's per-tool limits count
+    #: them too.
+    per_tool_calls: dict[str, int] = field(default_factory=dict)
 
     @property
     def uncounted(self) -> bool:
@@ -205,7 +210,8 @@ def _stricter_keys(parent: dict[str, str], child: dict[str, str]) -> dict[str, s
 
 def allowance(state: LoopState, tool: AgentTool, *, processing_seconds: float,
               next_input_tokens: int, later_calls: int,
-              later_units: int = 0) -> RunSettings | str:
+              later_units: int = 0,
+              caps: Mapping[str, int] | None = None) -> RunSettings | str:
     """The child's settings: its own, cut to what the caller has left less its reserve.
     A string says why it cannot start (nothing left of a limit).
 
@@ -213,7 +219,10 @@ def allowance(state: LoopState, tool: AgentTool, *, processing_seconds: float,
     with RESERVE_SHARE of what is left); `later_calls`: the caller's calls of this
     response still to run after this one (their executions are kept back too);
     `later_units`: their tool cost units (planned within the caller's tool_cost_budget,
-    they run whatever the child spends)."""
+    they run whatever the child spends); `caps`: the caller's calls allowed per tool
+    (`per_tool_max_calls`, else the tool's own `max_calls`) of the tools the child may
+    call: the child may make only what is left of them, and none of a tool whose calls
+    the caller spent (a deny rule)."""
     lim, own = state.limits, tool.settings.limits
     tokens_left = lim.token_threshold - state.usage.total_tokens
     cap = own.max_output_tokens or lim.max_output_tokens
@@ -255,6 +264,24 @@ def allowance(state: LoopState, tool: AgentTool, *, processing_seconds: float,
         if units <= 0:
             return f"no tool cost units left (tool_cost_budget {lim.tool_cost_budget})"
         update["tool_cost_budget"] = units
+    per_tool = dict(own.per_tool_max_calls)
+    spent: list[str] = []
+    for name, cap_calls in (caps or {}).items():
+        if name not in tool.tools:
+            continue
+        left = cap_calls - state.per_tool_calls.get(name, 0)
+        if left <= 0:
+            spent.append(name)
+        else:
+            per_tool[name] = min(per_tool.get(name, left), left)
+    update["per_tool_max_calls"] = per_tool
+    if spent:
+        rules = [*policy.rules, *(ArgumentRule(
+            tool=name, action="deny", reason="its caller's calls of it are spent")
+            for name in spent)]
+        if len(rules) > MAX_RULES:
+            return f"its tools' spent calls ({', '.join(spent)}) leave no room for their rules"
+        policy = policy.model_copy(update={"rules": rules})
     limits = Limits.model_validate({**own.model_dump(), **update})
     return RunSettings(model=tool.settings.model, api=tool.settings.api, limits=limits,
                        policy=policy, budget=tool.settings.budget or state.settings.budget,
@@ -324,6 +351,8 @@ def charge(state: LoopState, ended: ChildEnded) -> None:
     state.cost_usd += ended.cost_usd or 0.0
     state.tool_executions += ended.tool_executions
     state.cost_units += ended.cost_units
+    for name, calls in ended.per_tool_calls.items():
+        state.per_tool_calls[name] = state.per_tool_calls.get(name, 0) + calls
 
 
 def charge_allowance(state: LoopState, settings: RunSettings) -> None:
