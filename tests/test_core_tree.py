@@ -39,6 +39,11 @@ def test_the_allowance_is_what_is_left_less_the_reserve() -> None:
     assert got.limits.max_tool_executions == 4
     assert got.limits.deadline_seconds == 60.0 * (1 - tree.RESERVE_SHARE)
     assert got.limits.max_output_tokens == 500  # the caller's cap, as the child set none
+    assert got.limits.approval_timeout_seconds == 86400.0
+    waits = tree.allowance(state(approval_timeout_seconds=60.0), agent(),
+                           processing_seconds=0.0, next_input_tokens=1, later_calls=0)
+    assert isinstance(waits, RunSettings)
+    assert waits.limits.approval_timeout_seconds == 60.0  # never longer than the caller
 
 
 def test_a_child_asking_for_less_keeps_its_own_limits() -> None:

@@ -243,6 +243,9 @@ def allowance(state: LoopState, tool: AgentTool, *, processing_seconds: float,
     update: dict[str, object] = {
         "token_threshold": tokens, "max_tool_executions": executions,
         "deadline_seconds": seconds,
+        # A tree waits for a person no longer than its root would.
+        "approval_timeout_seconds": min(own.approval_timeout_seconds,
+                                        lim.approval_timeout_seconds),
         "max_children": min(own.max_children, lim.max_children),
         "max_depth": min(own.max_depth, lim.max_depth)}
     window = own.max_input_tokens
