@@ -412,3 +412,23 @@ async def test_a_tool_its_caller_spent_is_denied_to_the_sub_agent(temporal: Clie
     assert denied["error_code"] == "DENIED_BY_RULE"
     assert "caller's calls of it are spent" in denied["message"]
     assert result.tool_executions == 2  # the root's look and the research call
+
+
+async def test_a_grandchild_with_the_default_limits_gets_to_answer(temporal: Client,
+                                                                   tmp_path: Path) -> None:
+    """Default limits at every level: the grandchild's allowance is small, and its output
+    cap fits it, so it sends its request and answers."""
+    middle: Agent[Any] = Agent(test_tools, model="scripted-model", allowed=["search_docs"],
+                               agents=[researcher()])
+    result, server, _ = await run_tree(temporal, tmp_path, writer(
+        middle.as_tool("middle", "Delegates")), [
+        resp(call("middle", {"question": "調べて"}, "p1")),  # root
+        resp(call("research", {"question": "A-001?"}, "m1")),  # middle
+        answer("A-001は12個です。"),  # grandchild
+        answer("12個だそうです。"),  # middle
+        answer("A-001は12個です。"),  # root
+    ])
+    assert outputs(bodies(server)[3])["m1"]["data"]["completed"] is True
+    assert outputs(bodies(server)[4])["p1"]["data"]["completed"] is True
+    assert bodies(server)[2]["max_output_tokens"] <= 4096
+    assert result.reason == "completed" and result.total_tokens == 5 * 120

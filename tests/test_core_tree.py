@@ -187,3 +187,13 @@ def child_ended_with(**fields: object) -> tree.ChildEnded:
         output_tokens=1, total_tokens=2, cost_usd=None, cost_units=0,
         usage_estimated=False, workflow_id="w")
     return tree.ChildEnded(**{**base, **fields})  # type: ignore[arg-type]
+
+
+def test_a_sub_agents_output_cap_fits_its_allowance() -> None:
+    """With the default limits a grandchild's allowance is small: its output cap is cut
+    to half of it, so it can still send a request (a 4,096 cap never could)."""
+    s = state(token_threshold=3_000)
+    got = tree.allowance(s, agent(), processing_seconds=0.0, next_input_tokens=100,
+                         later_calls=0)
+    assert isinstance(got, RunSettings)
+    assert got.limits.max_output_tokens == got.limits.token_threshold // 2

@@ -39,7 +39,8 @@ from boundloop.core.rules import ArgumentRule
 #: of its next request's input): enough to read the child's answer and go on.
 RESERVE_SHARE = 0.1
 #: A child's most output per response when neither it nor its caller sets
-#: `max_output_tokens` (a child needs one: its worst case bounds every request it sends).
+#: `max_output_tokens` (a child needs one: its worst case bounds every request it sends);
+#: never more than half its allowance of tokens.
 CHILD_OUTPUT_TOKENS = 4096
 #: Events of the calling run.
 STARTED = "subagent_started"
@@ -249,7 +250,9 @@ def allowance(state: LoopState, tool: AgentTool, *, processing_seconds: float,
         "max_children": min(own.max_children, lim.max_children),
         "max_depth": min(own.max_depth, lim.max_depth)}
     window = own.max_input_tokens
-    cap = cap or CHILD_OUTPUT_TOKENS
+    # At most half its tokens: a cap its allowance cannot pay for would stop the child
+    # before its first request (a grandchild of a root with the default limits).
+    cap = min(cap or CHILD_OUTPUT_TOKENS, max(1, tokens // 2))
     update["max_output_tokens"] = min(cap, window - 1) if window is not None else cap
     policy = stricter_policy(state.policy, tool.settings.policy)
     if lim.usd_budget is not None:
