@@ -30,3 +30,10 @@ def test_the_agent_tree_example_prints_what_the_page_shows() -> None:
     printed = [line for line in done.stdout.splitlines()
                if not line.startswith(("Temporal", "time="))]
     assert shown_matches(printed, shown()), (printed, shown())
+
+
+def test_the_page_shows_the_examples_agents_verbatim() -> None:
+    text = (ROOT / "docs" / "agent-trees.md").read_text(encoding="utf-8")
+    agents = text.split("## One line per agent", 1)[1].split("```python\n", 1)[1]
+    agents = agents.split("```", 1)[0]
+    assert agents in (ROOT / "examples" / "agent_tree.py").read_text(encoding="utf-8")
