@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from boundloop.core.canonical import json_bytes, sha256_hex
 from boundloop.core.conversation import Item, SummaryRef, user_message
-from boundloop.core.loop import LoopState, estimate_usage
+from boundloop.core.loop import LoopState, add_usage, estimate_usage
 from boundloop.core.mcp_tools import MCPToolDeclaration
 from boundloop.core.reasons import StopReason
 from boundloop.core.turn import Summarized, Trimmed, Turn
@@ -430,13 +430,7 @@ def note_summarized(state: LoopState, turn: Turn, spec: Summarize) -> StopReason
         usage = estimate_usage(done.input_bytes if done is not None else 0,
                                turn.output_bytes)
         state.usage.estimated = True
-    state.usage.input_tokens += usage.input_tokens
-    state.usage.output_tokens += usage.output_tokens
-    state.usage.total_tokens += usage.total_tokens
-    price = state.policy.prices.get(state.settings.model)
-    if price is not None:
-        state.cost_usd += (usage.input_tokens * price.input_usd_per_mtok
-                           + usage.output_tokens * price.output_usd_per_mtok) / 1_000_000
+    add_usage(state, usage)
     if turn.fault is not None:  # malformed, as a step's answer would be
         unsent(state)
         state.log("protocol_fault", detail=f"the summary request: {turn.fault}")

@@ -296,6 +296,17 @@ def estimate_usage(input_bytes: int, output_bytes: int) -> Usage:
     return Usage(input_tokens=inp, output_tokens=out, total_tokens=inp + out)
 
 
+def add_usage(state: LoopState, usage: Usage) -> None:
+    """A response's tokens in the run's totals, and their cost by the price table."""
+    state.usage.input_tokens += usage.input_tokens
+    state.usage.output_tokens += usage.output_tokens
+    state.usage.total_tokens += usage.total_tokens
+    price = state.policy.prices.get(state.settings.model)
+    if price is not None:
+        state.cost_usd += (usage.input_tokens * price.input_usd_per_mtok
+                           + usage.output_tokens * price.output_usd_per_mtok) / 1_000_000
+
+
 def account_usage(state: LoopState, turn: Turn, input_bytes: int) -> StopReason | None:
     """After a response: add usage, then check the token threshold and the USD budget."""
     usage = turn.usage
@@ -309,13 +320,7 @@ def account_usage(state: LoopState, turn: Turn, input_bytes: int) -> StopReason 
             return state.stop(StopReason.USAGE_UNKNOWN, turn.text)
         usage = estimate_usage(input_bytes, turn.output_bytes)
         state.usage.estimated = True
-    state.usage.input_tokens += usage.input_tokens
-    state.usage.output_tokens += usage.output_tokens
-    state.usage.total_tokens += usage.total_tokens
-    price = state.policy.prices.get(state.settings.model)
-    if price is not None:
-        state.cost_usd += (usage.input_tokens * price.input_usd_per_mtok
-                           + usage.output_tokens * price.output_usd_per_mtok) / 1_000_000
+    add_usage(state, usage)
     if state.usage.total_tokens >= state.limits.token_threshold:
         return state.stop(StopReason.USAGE_LIMIT, turn.text)
     budget = state.limits.usd_budget
