@@ -432,3 +432,41 @@ async def test_a_grandchild_with_the_default_limits_gets_to_answer(temporal: Cli
     assert outputs(bodies(server)[4])["p1"]["data"]["completed"] is True
     assert bodies(server)[2]["max_output_tokens"] <= 4096
     assert result.reason == "completed" and result.total_tokens == 5 * 120
+
+
+async def test_a_slow_models_charged_attempts_in_a_sub_agent_are_its_callers(
+        temporal: Client, tmp_path: Path) -> None:
+    """The sub-agent's model is silent past model_timeout_seconds once: that attempt is
+    charged its worst case and sent again. What the sub-agent's model server received,
+    what the sub-agent recorded and what its caller was charged all agree."""
+    child_server = ScriptedModelServer([
+        {**answer("遅い答え"), "delay_seconds": 3.0},  # silent past the timeout
+        answer("A-001は12個です。"),
+    ])
+    child_queue = f"q-{uuid.uuid4().hex[:8]}"
+    slow = researcher(model_timeout_seconds=1.0).model_copy(
+        update={"task_queue": child_queue})
+    ended: list[RunResult] = []
+
+    async def child_result(handle: WorkflowHandle[Any, RunResult]) -> None:
+        [child] = [w async for w in temporal.list_workflows(
+            f"ParentWorkflowId = '{handle.id}'")]
+        ended.append(await result_of(temporal.get_workflow_handle(
+            child.id, result_type=RunResult)))
+
+    async with conftest.test_worker(temporal, child_queue, child_server.start(),
+                                    tmp_path / "data"):
+        try:
+            result, _, _ = await run_tree(temporal, tmp_path, writer(slow), [
+                resp(call("research", {"question": "A-001?"}, "p1")),
+                answer("A-001は12個です。"),
+            ], after=child_result)
+        finally:
+            child_server.stop()
+    [child] = ended
+    assert len(child_server.requests) == 2
+    assert [a.outcome for a in child.model_attempts] == ["timeout", "answered"]
+    assert child.model_attempts[0].worst_case
+    assert child.total_tokens == sum(a.input_tokens + a.output_tokens
+                                     for a in child.model_attempts)
+    assert result.total_tokens == 2 * 120 + child.total_tokens
