@@ -10,8 +10,9 @@ is written to Temporal history about once:
   (invalid input, blocked, rejected) travel inline in `new_items`.
 
 The activity keeps per-worker caches (memory is a cache, never the source of truth):
-conversations by workflow id, and tool outputs by idempotency key (filled by the tool
-activity of the same worker). On a miss - another worker, a restarted worker - it reads
+conversations by workflow id, each item held as the compact JSON a request sends it as
+(`Packed`), and tool outputs by idempotency key (filled by the tool activity of the
+same worker). On a miss - another worker, a restarted worker - it reads
 the workflow's own event history, and after continue-as-new the earlier runs'
 histories (a reference carried across continue-as-new resolves from the run before).
 Every rebuild is checked against the digests the workflow computed.
@@ -21,7 +22,7 @@ from __future__ import annotations
 
 import json
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,10 +41,39 @@ from boundloop.contracts import (
     ModelRequest,
 )
 from boundloop.contracts import ToolRequest as _ToolRequest
-from boundloop.core.context import text_digest
+from boundloop.core.canonical import compact_json
+from boundloop.core.context import summary_item, text_digest
 from boundloop.core.conversation import ConversationMeta, Item, meta_of
 from boundloop.core.loop import ToolOutcome
 from boundloop.core.turn import Turn
+
+#: A conversation as each item's compact JSON: the bytes a request sends it as, and
+#: what a worker's cache holds. A long run's conversation held as dicts is tens of
+#: thousands of objects that every full garbage collection of the worker walks (in its
+#: workflow tasks as much as in its activities); bytes are nothing to walk, and a
+#: request joins them instead of encoding the conversation again at every step
+#: (docs/benchmarks-long-runs.md).
+Packed = tuple[bytes, ...]
+
+
+def pack(items: Iterable[Item]) -> Packed:
+    return tuple(compact_json(item).encode() for item in items)
+
+
+def unpack(packed: Packed) -> list[Item]:
+    items: list[Item] = json.loads(json_array(packed))
+    return items
+
+
+def json_array(packed: Packed) -> bytes:
+    """The items as one JSON array: the bytes `compact_json(unpack(packed))` encodes to."""
+    return b"[" + b",".join(packed) + b"]"
+
+
+def with_summary(packed: Packed, count: int, text: str) -> Packed:
+    """The conversation as sent under a summary: the summary in place of its oldest
+    `count` items (`boundloop.core.context.with_summary`, on packed items)."""
+    return pack([summary_item(text)]) + packed[count:]
 
 
 class _Lru(OrderedDict[str, Any]):
@@ -61,7 +91,7 @@ class _Lru(OrderedDict[str, Any]):
 @dataclass
 class _Entry:
     meta: ConversationMeta
-    items: list[Item]
+    items: Packed
 
 
 @dataclass
@@ -88,23 +118,23 @@ class ConversationCache:
         self._conversations = _Lru(self.capacity)
         self._outputs = _Lru(self.capacity * 8)
 
-    def get(self, workflow_id: str, meta: ConversationMeta) -> list[Item] | None:
+    def get(self, workflow_id: str, meta: ConversationMeta) -> Packed | None:
         entry = self._conversations.get(workflow_id)
         if entry is None or entry.meta != meta:
             self.misses += 1
             return None
         self._conversations.move_to_end(workflow_id)
         self.hits += 1
-        items: list[Item] = entry.items
+        items: Packed = entry.items
         return items
 
-    def put(self, workflow_id: str, meta: ConversationMeta, items: list[Item]) -> None:
+    def put(self, workflow_id: str, meta: ConversationMeta, items: Packed) -> None:
         self._conversations.put(workflow_id, _Entry(meta, items))
 
     def conversation(self, workflow_id: str) -> list[Item] | None:
         """The workflow's conversation after its last model turn, if this worker has it."""
         entry = self._conversations.get(workflow_id)
-        return None if entry is None else list(entry.items)
+        return None if entry is None else unpack(entry.items)
 
     def put_output(self, key: str, output: str) -> None:
         self._outputs.put(key, output)
@@ -267,25 +297,24 @@ async def summary_text(cache: ConversationCache, client: Client, req: ModelReque
 
 
 async def rebuild(cache: ConversationCache, client: Client, req: ModelRequest,
-                  workflow_id: str, run_id: str) -> tuple[list[Item], bool]:
+                  workflow_id: str, run_id: str) -> tuple[Packed, bool]:
     """(The full conversation for `req`: `prior` + resolved `new_items`, checked against
     `req.expected`; whether it was read from the event history). Cache first; the event
     history when the cache cannot answer."""
-    prior: list[Item] | None = [] if req.prior.count == 0 else cache.get(workflow_id,
-                                                                         req.prior)
+    prior: Packed | None = () if req.prior.count == 0 else cache.get(workflow_id, req.prior)
     if prior is None and req.base is not None and req.base.workflow_id != workflow_id \
             and req.prior == req.base.meta:
         # A session's turn starts where the previous turn's workflow left off.
         prior = cache.get(req.base.workflow_id, req.prior)
     new = None if prior is None else _resolve(req.new_items, cache.output)
     if prior is not None and new is not None and req.prior.extend(new) == req.expected:
-        return [*prior, *new], False
+        return prior + pack(new), False
     cache.rebuilds += 1
-    prior, outputs = await from_history(client, workflow_id, run_id, req.step, req.base,
+    items, outputs = await from_history(client, workflow_id, run_id, req.step, req.base,
                                         cache)
-    if meta_of(prior) != req.prior:
+    if meta_of(items) != req.prior:
         raise _mismatch(f"model step {req.step}: the rebuilt conversation")
     new = _resolve(req.new_items, outputs.get)
     if new is None or req.prior.extend(new) != req.expected:
         raise _mismatch(f"model step {req.step}: the new items")
-    return [*prior, *new], True
+    return pack([*items, *new]), True

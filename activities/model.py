@@ -25,13 +25,22 @@ from temporalio.contrib.workflow_streams import WorkflowStreamClient
 from temporalio.exceptions import ApplicationError, ApplicationErrorCategory
 
 from boundloop import errors
-from boundloop.activities.conversation import ConversationCache, rebuild, summary_text
+from boundloop.activities.conversation import (
+    ConversationCache,
+    Packed,
+    json_array,
+    pack,
+    rebuild,
+    summary_text,
+    unpack,
+    with_summary,
+)
 from boundloop.activities.heartbeat import heartbeating
 from boundloop.activities.model_errors import to_application_error
 from boundloop.contracts import MODEL_ACTIVITY, STREAM_TOPIC, ModelRequest, Reset, TextDelta
 from boundloop.core import context as ctx
 from boundloop.core import model_failures as mf
-from boundloop.core.canonical import json_bytes
+from boundloop.core.canonical import compact_json, json_bytes
 from boundloop.core.context import trim_items
 from boundloop.core.conversation import to_chat_messages
 from boundloop.core.limits import MAX_TURN_BYTES
@@ -129,12 +138,14 @@ class ModelActivities:
         if req.summarize is not None:
             if rebuilt and req.prior.count:  # the step's request finds it here
                 self.cache.put(wf_id, req.prior, items[:req.prior.count])
-            turn = await self._summarize(req, req.summarize, items, summary, wf_id,
+            turn = await self._summarize(req, req.summarize, unpack(items), summary, wf_id,
                                          timeout, progress)
             return turn.model_copy(update={
                 "worker_queue": self.cache.queue,
                 "cached": self.cache.queue is not None and req.prior.count > 0 and not rebuilt})
-        sent, trimmed = _fit(req, ctx.with_summary(items, req.summary, summary), progress)
+        shown = items if req.summary is None or summary is None \
+            else with_summary(items, req.summary.count, summary)
+        sent, trimmed = _fit(req, shown, progress)
         streamed: Streamed | None = None
         try:
             # `timeout` bounds each wait for the provider (silence); `answer_seconds` the
@@ -150,8 +161,7 @@ class ModelActivities:
                 f"model step {req.step}: response is {size} bytes, over the "
                 f"{MAX_TURN_BYTES}-byte payload limit", type=errors.MODEL_RESPONSE_TOO_LARGE,
                 non_retryable=True)
-        full = [*items, *turn.items]
-        self.cache.put(wf_id, req.expected.extend(turn.items), full)
+        self.cache.put(wf_id, req.expected.extend(turn.items), items + pack(turn.items))
         # This worker's own queue, where this cache is, and whether the request found the
         # conversation in it: the workflow routes the run's next activities by both.
         return turn.model_copy(update={
@@ -179,7 +189,7 @@ class ModelActivities:
         sent = ctx.summary_input([*head, *items[start:cut]])
         try:
             async with asyncio.timeout(req.answer_seconds):
-                body, _ = await self._send(req, workflow_id, sent, timeout, progress,
+                body, _ = await self._send(req, workflow_id, pack(sent), timeout, progress,
                                            instructions=ctx.SUMMARY_INSTRUCTIONS)
         except TimeoutError:
             raise _answer_too_long(req, progress) from None
@@ -200,13 +210,14 @@ class ModelActivities:
                                                req.api))
         return [mcp[n].openai_tool(req.api) if n in mcp else next(own) for n in req.tools]
 
-    async def _send(self, req: ModelRequest, workflow_id: str, items: list[Any],
+    async def _send(self, req: ModelRequest, workflow_id: str, items: Packed,
                     seconds: float, progress: _Progress, instructions: str | None = None,
                     ) -> tuple[Any, Streamed | None]:
         """POST the request with the SDK's client (auth, base URL, error types) and return
-        the parsed JSON body. The body is built here and sent as-is: the SDK's per-item
+        the parsed JSON body. The body is built here and sent as bytes: the SDK's per-item
         type transform of `input` costs O(conversation) on the event loop each step
-        (docs/benchmarks.md)."""
+        (docs/benchmarks.md), and the Responses API's `input` is the cached items' bytes
+        joined, not encoded again (docs/benchmarks-long-runs.md)."""
         headers = {"Idempotency-Key": model_idempotency_key(
             workflow_id, req.step, summary=req.summarize is not None)}
         instructions = instructions or req.instructions
@@ -217,11 +228,11 @@ class ModelActivities:
         tools = self._definitions(req)
         body: dict[str, Any] = {"model": req.model}
         if req.api == "chat":
-            path = "/chat/completions"
-            body["messages"] = to_chat_messages(items, instructions)
+            path, key = "/chat/completions", "messages"
+            conversation = pack(to_chat_messages(unpack(items), instructions))
         else:
-            path = "/responses"
-            body.update(input=items, store=False, include=["reasoning.encrypted_content"])
+            path, key, conversation = "/responses", "input", items
+            body.update(store=False, include=["reasoning.encrypted_content"])
             if instructions:
                 body["instructions"] = instructions
         if tools:
@@ -238,7 +249,8 @@ class ModelActivities:
         progress.sent = True  # from here on the provider may be answering: it is charged
         activity.heartbeat(*progress.details())
         try:
-            raw = await self._client.post(path, cast_to=httpx.Response, body=body,
+            raw = await self._client.post(path, cast_to=httpx.Response,
+                                          content=_body(body, key, conversation),
                                           options={"headers": headers, "timeout": seconds})
             if req.stream:
                 return await self._read(req, raw, seconds, progress)
@@ -290,14 +302,23 @@ def _parse(req: ModelRequest, body: Any) -> Turn:
     return parse_chat(body, req.step) if req.api == "chat" else parse_responses(body)
 
 
-def _fit(req: ModelRequest, items: list[Any], progress: _Progress
-         ) -> tuple[list[Any], Trimmed | None]:
+def _body(fields: dict[str, Any], key: str, conversation: Packed) -> bytes:
+    """The request's JSON: `fields` and the conversation as `key`, the bytes
+    `compact_json({**fields, key: unpack(conversation)})` encodes to (what the SDK would
+    send), with the conversation's items joined as they are."""
+    head = compact_json(fields).encode()
+    return b"%s,\"%s\":%s}" % (head[:-1], key.encode(), json_array(conversation))
+
+
+def _fit(req: ModelRequest, items: Packed, progress: _Progress
+         ) -> tuple[Packed, Trimmed | None]:
     """The items to send: under the `trim` context strategy, with old tool outputs as
     stubs so the request fits the window (the cache keeps them whole). A request that
     cannot fit is never sent: the run ends `context_exhausted`."""
     if req.trim is None:
         return items, None
-    fitted = trim_items(items, req.trim)
+    whole = unpack(items)
+    fitted = trim_items(whole, req.trim)
     if fitted is None:
         failure = ModelFailure(kind=mf.CONTEXT_LENGTH_EXCEEDED, detail=(
             f"the request does not fit the context window {req.trim.window} even with "
@@ -305,7 +326,10 @@ def _fit(req: ModelRequest, items: list[Any], progress: _Progress
         raise ApplicationError(failure.detail, failure.model_dump(), *progress.details(),
                                type=errors.MODEL_REQUEST_REJECTED, non_retryable=True)
     sent, trimmed = fitted
-    return sent, trimmed if trimmed.outputs else None
+    # Only the stubs are encoded: every other item is sent as the cache holds it.
+    packed = tuple(chunk if new is old else compact_json(new).encode()
+                   for chunk, old, new in zip(items, whole, sent, strict=True))
+    return packed, trimmed if trimmed.outputs else None
 
 
 class _Progress:

@@ -1,0 +1,100 @@
+"""A worker's conversation cache holds each item as the bytes a request sends it as: the
+conversation of a long run adds nothing the garbage collector walks, and a request is
+those bytes joined, exactly what the SDK would have encoded (docs/benchmarks-long-runs.md)."""
+
+from __future__ import annotations
+
+import gc
+import json
+import types
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+from temporalio.client import Client
+
+from boundloop.activities.conversation import ConversationCache
+from boundloop.client import result_of
+from boundloop.contracts import WORKFLOW_NAME, RunResult, run_input
+from boundloop.core.limits import Limits, RunSettings
+from boundloop.scripted.builders import message_item
+from boundloop.scripted.server import ScriptedModelServer
+from tests.conftest import test_worker as make_worker
+from tests.scripts import answer, call, chat, chat_call, reasoning, resp
+
+
+def script(steps: int, api: str) -> list[dict[str, Any]]:
+    """Each step a model turn with text (and, on Responses, a reasoning item) and a call."""
+    if api == "chat":
+        return [*(chat(f"手順 {i}", [chat_call("lookup_stock", {"sku": f"A-{i:03d}"},
+                                                 f"c{i}")]) for i in range(steps)),
+                chat("終わり")]
+    return [*(resp(reasoning(f"rs{i}"), message_item(f"手順 {i}", f"msg_{i}"),
+                   call("lookup_stock", {"sku": f"A-{i:03d}"}, f"c{i}"), rid=f"r{i}")
+              for i in range(steps)), answer("終わり")]
+
+
+async def run(client: Client, tmp_path: Path, steps: int, api: str = "responses",
+              ) -> tuple[RunResult, ScriptedModelServer, ConversationCache]:
+    server = ScriptedModelServer(script(steps, api))
+    queue = f"cc-{uuid.uuid4().hex[:8]}"
+    limits = Limits(max_steps=steps + 2, max_tool_executions=steps)
+    inp = run_input("在庫を順に調べて", instructions="短く答えて", tools=["lookup_stock"],
+                    settings=RunSettings(model="m", api=api,  # type: ignore[arg-type]
+                                         limits=limits))
+    try:
+        async with make_worker(client, queue, server.start(), tmp_path) as worker:
+            handle = await client.start_workflow(WORKFLOW_NAME, inp, id=f"cc-{queue}",
+                                                 task_queue=queue, result_type=RunResult)
+            result = await result_of(handle)
+    finally:
+        server.stop()
+    assert server.violations == []
+    return result, server, worker.plugin.cache
+
+
+def walked(root: object) -> int:
+    """How many objects reachable from `root` a full garbage collection walks (those
+    it tracks), after one: classes, modules and functions are not followed."""
+    gc.collect()
+    seen: set[int] = set()
+    stack, count = [root], 0
+    while stack:
+        obj = stack.pop()
+        if id(obj) in seen or isinstance(obj, type | types.ModuleType | types.FunctionType):
+            continue
+        seen.add(id(obj))
+        count += gc.is_tracked(obj)
+        stack.extend(gc.get_referents(obj))
+    return count
+
+
+@pytest.mark.parametrize("api", ["responses", "chat"])
+async def test_a_longer_conversation_adds_nothing_the_collector_walks(
+        temporal: Client, tmp_path: Path, api: str) -> None:
+    short, _, short_cache = await run(temporal, tmp_path / "short", 2, api)
+    long, _, long_cache = await run(temporal, tmp_path / "long", 12, api)
+    assert (short.reason, long.reason) == ("completed", "completed")
+    # The cache holds each run's whole conversation ...
+    assert len(long_cache.conversation(long.workflow_id) or []) > \
+        len(short_cache.conversation(short.workflow_id) or []) + 20
+    # ... and the objects a collection walks in it do not grow with its length.
+    assert walked(long_cache) == walked(short_cache)
+
+
+@pytest.mark.parametrize("api", ["responses", "chat"])
+async def test_a_request_is_the_json_the_sdk_would_send(
+        temporal: Client, tmp_path: Path, api: str) -> None:
+    result, server, _ = await run(temporal, tmp_path, 3, api)
+    assert result.reason == "completed" and len(server.requests) == 4
+    for request in server.requests:
+        assert request.headers["content-type"] == "application/json"
+        # Compact, key order kept, non-ASCII literal: the SDK's own encoding.
+        assert request.raw_body == json.dumps(
+            request.body, ensure_ascii=False, separators=(",", ":")).encode()
+    last = server.requests[-1].body
+    conversation = last["messages"] if api == "chat" else last["input"]
+    assert "手順 2" in json.dumps(conversation, ensure_ascii=False)
+    assert last["model"] == "m" and last["tools"][0]["name" if api == "responses"
+                                                    else "type"]
