@@ -228,10 +228,13 @@ class ModelActivities:
         tools = self._definitions(req)
         body: dict[str, Any] = {"model": req.model}
         if req.api == "chat":
+            # Chat's messages are rendered from the items each request: what a request
+            # sends is bounded by the model's context window, where the Responses input
+            # is the whole cached conversation joined.
             path, key = "/chat/completions", "messages"
-            conversation = pack(to_chat_messages(unpack(items), instructions))
+            conversation = compact_json(to_chat_messages(unpack(items), instructions)).encode()
         else:
-            path, key, conversation = "/responses", "input", items
+            path, key, conversation = "/responses", "input", json_array(items)
             body.update(store=False, include=["reasoning.encrypted_content"])
             if instructions:
                 body["instructions"] = instructions
@@ -302,12 +305,11 @@ def _parse(req: ModelRequest, body: Any) -> Turn:
     return parse_chat(body, req.step) if req.api == "chat" else parse_responses(body)
 
 
-def _body(fields: dict[str, Any], key: str, conversation: Packed) -> bytes:
-    """The request's JSON: `fields` and the conversation as `key`, the bytes
-    `compact_json({**fields, key: unpack(conversation)})` encodes to (what the SDK would
-    send), with the conversation's items joined as they are."""
+def _body(fields: dict[str, Any], key: str, conversation: bytes) -> bytes:
+    """The request's JSON: `fields` and the conversation's JSON array as `key`, the bytes
+    the SDK would send for them (compact, non-ASCII literal)."""
     head = compact_json(fields).encode()
-    return b"%s,\"%s\":%s}" % (head[:-1], key.encode(), json_array(conversation))
+    return b"%s,\"%s\":%s}" % (head[:-1], key.encode(), conversation)
 
 
 def _fit(req: ModelRequest, items: Packed, progress: _Progress
