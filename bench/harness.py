@@ -113,6 +113,8 @@ class WorkerProcess:
     stats_file: Path | None = None
     shared_queue_only: bool = False
     census_file: Path | None = None
+    #: The operator's policy file (BOUNDLOOP_POLICY), if any.
+    policy_file: Path | None = None
     proc: asyncio.subprocess.Process | None = field(default=None, init=False)
 
     async def start(self, timeout: float = 60.0) -> WorkerProcess:
@@ -120,6 +122,8 @@ class WorkerProcess:
                "BOUNDLOOP_TASK_QUEUE": self.queue, "BOUNDLOOP_DATA_DIR": str(self.data_dir),
                "OPENAI_BASE_URL": self.model_url, "OPENAI_API_KEY": "sk-bench-not-real",
                "BOUNDLOOP_TOOLS": TOOLS_ENV, "PYTHONUNBUFFERED": "1"}
+        if self.policy_file is not None:
+            env["BOUNDLOOP_POLICY"] = str(self.policy_file)
         args = [sys.executable, "-m", "bench.worker"]
         if self.bench_queue:
             args += ["--bench-queue", self.bench_queue]
