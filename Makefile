@@ -59,6 +59,7 @@ bench: $(STAMP)
 	$(BIN)/python -m bench.streaming
 	$(BIN)/python -m bench.load
 	$(BIN)/python -m bench.long_runs
+	$(BIN)/python -m bench.long_runs --context summarize
 
 # The peers of `make bench-peers` get a venv of their own: the product's stays as it is.
 PEERS_VENV := .venv-peers
