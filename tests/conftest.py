@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
@@ -160,6 +161,10 @@ def run_script(temporal: Client, tmp_path: Path) -> RunScript:
         assert await workflow_task_failures(handle, temporal) == 0, "a workflow task failed"
         if not allow_violations:
             assert server.violations == [], server.violations
+        for request in server.requests:  # built from cached bytes: the SDK's encoding
+            if request.body is not None:
+                assert request.raw_body == json.dumps(
+                    request.body, ensure_ascii=False, separators=(",", ":")).encode()
         return Outcome(result=result, server=server, handle=handle, data_dir=data_dir)
 
     return run
