@@ -42,7 +42,7 @@ from boundloop.contracts import (
 )
 from boundloop.contracts import ToolRequest as _ToolRequest
 from boundloop.core.canonical import compact_json
-from boundloop.core.context import summary_item, text_digest
+from boundloop.core.context import text_digest
 from boundloop.core.conversation import ConversationMeta, Item, meta_of
 from boundloop.core.loop import ToolOutcome
 from boundloop.core.turn import Turn
@@ -68,12 +68,6 @@ def unpack(packed: Packed) -> list[Item]:
 def json_array(packed: Packed) -> bytes:
     """The items as one JSON array: the bytes `compact_json(unpack(packed))` encodes to."""
     return b"[" + b",".join(packed) + b"]"
-
-
-def with_summary(packed: Packed, count: int, text: str) -> Packed:
-    """The conversation as sent under a summary: the summary in place of its oldest
-    `count` items (`boundloop.core.context.with_summary`, on packed items)."""
-    return pack([summary_item(text)]) + packed[count:]
 
 
 class _Lru(OrderedDict[str, Any]):

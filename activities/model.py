@@ -33,7 +33,6 @@ from boundloop.activities.conversation import (
     rebuild,
     summary_text,
     unpack,
-    with_summary,
 )
 from boundloop.activities.heartbeat import heartbeating
 from boundloop.activities.model_errors import to_application_error
@@ -144,7 +143,7 @@ class ModelActivities:
                 "worker_queue": self.cache.queue,
                 "cached": self.cache.queue is not None and req.prior.count > 0 and not rebuilt})
         shown = items if req.summary is None or summary is None \
-            else with_summary(items, req.summary.count, summary)
+            else ctx.with_summary(items, req.summary.count, *pack([ctx.summary_item(summary)]))
         sent, trimmed = _fit(req, shown, progress)
         streamed: Streamed | None = None
         try:

@@ -81,8 +81,7 @@ def test_the_cut_falls_between_turns_and_never_parts_a_call_from_its_output() ->
 def test_every_cut_leaves_a_conversation_both_apis_accept(cut: int) -> None:
     """The scripted server's validators (the APIs' own rules: each call answered once,
     each output after its call, a served reasoning item before its call)."""
-    ref = SummaryRef(key="k", count=cut, digest=ctx.text_digest("s"), removed=0)
-    sent = ctx.with_summary(ITEMS, ref, "s")
+    sent = list(ctx.with_summary(ITEMS, cut, ctx.summary_item("s")))
     assert sent[0] == ctx.summary_item("s") and sent[1:] == ITEMS[cut:]
     assert validate_responses_request({"model": "m", "input": sent},
                                       required_reasoning=REASONED) == []

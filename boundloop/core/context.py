@@ -19,7 +19,8 @@ too (activities/model_errors.py).
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -29,6 +30,8 @@ from boundloop.core.loop import LoopState, add_usage, estimate_usage
 from boundloop.core.mcp_tools import MCPToolDeclaration
 from boundloop.core.reasons import StopReason
 from boundloop.core.turn import Summarized, Trimmed, Turn
+
+T = TypeVar("T")
 
 #: UTF-8 bytes counted as one token.
 BYTES_PER_TOKEN = 4
@@ -318,12 +321,10 @@ def text_digest(text: str) -> str:
     return sha256_hex(text)[:32]
 
 
-def with_summary(items: list[Item], ref: SummaryRef | None, text: str | None) -> list[Item]:
-    """The conversation as sent: the summary in place of its oldest `ref.count` items."""
-    if ref is None:
-        return items
-    assert text is not None
-    return [summary_item(text), *items[ref.count:]]
+def with_summary(items: Sequence[T], count: int, summary: T) -> tuple[T, ...]:
+    """The conversation as sent: `summary` (the summary's item, as `items` hold theirs)
+    in place of its oldest `count` items."""
+    return (summary, *items[count:])
 
 
 def _is_user(item: Item) -> bool:
