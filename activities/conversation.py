@@ -65,6 +65,25 @@ def unpack(packed: Packed) -> list[Item]:
     return items
 
 
+#: What every `function_call_output` item's compact JSON holds (a string's quotes are
+#: escaped, so only a key of the item or of an object in it can match: decoded to tell).
+_OUTPUT_TYPE = b'"type":"function_call_output"'
+
+
+def tool_outputs(packed: Packed) -> tuple[list[int], list[Item]]:
+    """(Where the conversation's `function_call_output` items are, those items): only
+    the items that may be one are decoded."""
+    at: list[int] = []
+    outputs: list[Item] = []
+    for index, chunk in enumerate(packed):
+        if _OUTPUT_TYPE in chunk:
+            item = json.loads(chunk)
+            if item.get("type") == "function_call_output":
+                at.append(index)
+                outputs.append(item)
+    return at, outputs
+
+
 def json_array(packed: Packed) -> bytes:
     """The items as one JSON array: the bytes `compact_json(unpack(packed))` encodes to."""
     return b"[" + b",".join(packed) + b"]"

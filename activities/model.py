@@ -32,6 +32,7 @@ from boundloop.activities.conversation import (
     pack,
     rebuild,
     summary_text,
+    tool_outputs,
     unpack,
 )
 from boundloop.activities.heartbeat import heartbeating
@@ -40,7 +41,7 @@ from boundloop.contracts import MODEL_ACTIVITY, STREAM_TOPIC, ModelRequest, Rese
 from boundloop.core import context as ctx
 from boundloop.core import model_failures as mf
 from boundloop.core.canonical import compact_json, json_bytes
-from boundloop.core.context import trim_items
+from boundloop.core.context import trim_outputs
 from boundloop.core.conversation import to_chat_messages
 from boundloop.core.limits import MAX_TURN_BYTES
 from boundloop.core.model_failures import ModelFailure
@@ -318,19 +319,23 @@ def _fit(req: ModelRequest, items: Packed, progress: _Progress
     cannot fit is never sent: the run ends `context_exhausted`."""
     if req.trim is None:
         return items, None
-    whole = unpack(items)
-    fitted = trim_items(whole, req.trim)
+    at, outputs = tool_outputs(items)
+    size = sum(map(len, items)) + max(0, len(items) - 1) + 2  # json_array(items)'s bytes
+    fitted = trim_outputs([(item, len(items[i])) for i, item in zip(at, outputs,
+                                                                   strict=True)], size,
+                          req.trim)
     if fitted is None:
         failure = ModelFailure(kind=mf.CONTEXT_LENGTH_EXCEEDED, detail=(
             f"the request does not fit the context window {req.trim.window} even with "
             f"every tool output but the newest {req.trim.keep} trimmed: not sent"))
         raise ApplicationError(failure.detail, failure.model_dump(), *progress.details(),
                                type=errors.MODEL_REQUEST_REJECTED, non_retryable=True)
-    sent, trimmed = fitted
+    stubs, trimmed = fitted
     # Only the stubs are encoded: every other item is sent as the cache holds it.
-    packed = tuple(chunk if new is old else compact_json(new).encode()
-                   for chunk, old, new in zip(items, whole, sent, strict=True))
-    return packed, trimmed if trimmed.outputs else None
+    sent = list(items)
+    for index, short in zip(at, stubs, strict=False):
+        sent[index] = compact_json(short).encode()
+    return tuple(sent), trimmed if trimmed.outputs else None
 
 
 class _Progress:

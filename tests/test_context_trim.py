@@ -85,6 +85,9 @@ async def run(temporal: Client, tmp_path: Path, api: str, policy: Policy,
     finally:
         server.stop()
     assert await workflow_task_failures(handle, temporal) == 0
+    for request in server.requests:  # stubs among cached bytes: the SDK's encoding
+        assert request.raw_body == json.dumps(request.body, ensure_ascii=False,
+                                              separators=(",", ":")).encode()
     return result, server, status
 
 

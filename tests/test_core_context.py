@@ -4,6 +4,7 @@ errors that say a request is too long."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -11,6 +12,7 @@ from pydantic import ValidationError
 
 from boundloop.core import context
 from boundloop.core import model_failures as mf
+from boundloop.core.canonical import json_bytes
 from boundloop.core.conversation import ConversationMeta
 from boundloop.core.limits import Limits, Policy, RunSettings
 from boundloop.core.loop import LoopState, begin_step
@@ -182,3 +184,54 @@ def test_context_exhausted_has_its_next_check_and_its_own_exit_code() -> None:
     assert "max_input_tokens" in NEXT_CHECK[StopReason.CONTEXT_EXHAUSTED]
     assert int(ExitCode.CONTEXT_EXHAUSTED) not in {int(c) for c in ExitCode
                                                    if c != ExitCode.CONTEXT_EXHAUSTED}
+
+
+# --- the `trim` strategy: which outputs go as stubs -----------------------------------
+
+
+def _outputs(sizes: list[int]) -> list[tuple[dict[str, Any], int]]:
+    """Tool outputs c0, c1, ... of `sizes` characters, each with its JSON bytes."""
+    items = [{"type": "function_call_output", "call_id": f"c{i}", "output": "x" * n}
+             for i, n in enumerate(sizes)]
+    return [(item, json_bytes(item)) for item in items]
+
+
+def _trim(window: int, trimmed: int = 0, keep: int = 2) -> context.Trim:
+    return context.Trim(window=window, keep=keep, trimmed=trimmed, fixed_bytes=0)
+
+
+def test_a_conversation_that_fits_is_sent_whole() -> None:
+    outputs = _outputs([400] * 5)
+    size = sum(n for _, n in outputs) + 200
+    fitted = context.trim_outputs(outputs, size, _trim(window=10_000))
+    assert fitted is not None
+    stubs, trimmed = fitted
+    assert (stubs, trimmed.outputs) == ([], 0)
+
+
+def test_over_the_window_every_output_but_the_newest_keep_is_a_stub() -> None:
+    outputs = _outputs([4000] * 5)  # ~5,000 tokens in all
+    size = sum(n for _, n in outputs) + 200
+    fitted = context.trim_outputs(outputs, size, _trim(window=3000, keep=2))
+    assert fitted is not None
+    stubs, trimmed = fitted
+    assert [s["call_id"] for s in stubs] == ["c0", "c1", "c2"] and trimmed.outputs == 3
+    assert trimmed.tokens_after < 3000 < trimmed.tokens_before
+    told = json.loads(stubs[0]["output"])
+    assert told["status"] == "trimmed" and told["bytes"] == 4000
+    assert context.RECALL_TOOL in told["message"] and "'c0'" in told["message"]
+
+
+def test_the_stubs_the_last_request_sent_are_sent_again_even_when_it_would_fit() -> None:
+    outputs = _outputs([400] * 5)
+    size = sum(n for _, n in outputs) + 200
+    fitted = context.trim_outputs(outputs, size, _trim(window=10_000, trimmed=2))
+    assert fitted is not None
+    stubs, trimmed = fitted
+    assert [s["call_id"] for s in stubs] == ["c0", "c1"] and trimmed.outputs == 2
+
+
+def test_what_does_not_fit_even_trimmed_is_not_sent() -> None:
+    outputs = _outputs([4000] * 5)
+    size = sum(n for _, n in outputs) + 200
+    assert context.trim_outputs(outputs, size, _trim(window=1500, keep=2)) is None

@@ -160,32 +160,29 @@ def stub(call_id: str, output: str) -> str:
         ensure_ascii=False)
 
 
-def _is_output(item: Item) -> bool:
-    return item.get("type") == "function_call_output"
-
-
-def trim_items(items: list[Item], trim: Trim) -> tuple[list[Item], Trimmed] | None:
-    """The conversation to send: the `trim.trimmed` oldest tool outputs as stubs (those
-    the last request sent so); when that does not fit the window, every output but the
-    newest `trim.keep`; None when even that does not fit. Every call keeps an output (a
-    stub is one), so the conversation stays valid for both APIs."""
-    outputs = [i for i, item in enumerate(items) if _is_output(item)]
+def trim_outputs(outputs: Sequence[tuple[Item, int]], size: int, trim: Trim,
+                 ) -> tuple[list[Item], Trimmed] | None:
+    """The stubs to send in place of the conversation's oldest tool outputs, oldest
+    first: of the `trim.trimmed` oldest (those the last request sent so); when that does
+    not fit the window, of every output but the newest `trim.keep`; None when even that
+    does not fit. `outputs` are the conversation's `function_call_output` items in
+    order, each with its JSON bytes, and `size` the whole conversation's JSON bytes.
+    Every call keeps an output (a stub is one), so the conversation stays valid for both
+    APIs."""
     trimmable = outputs[:max(0, len(outputs) - trim.keep)]
-    sent = list(items)
+    stubs: list[Item] = []
     freed = 0
 
-    def replace(index: int) -> None:
+    def replace(item: Item, item_bytes: int) -> None:
         nonlocal freed
-        item = items[index]
         short = {"type": "function_call_output", "call_id": item["call_id"],
                  "output": stub(str(item["call_id"]), str(item.get("output", "")))}
-        freed += json_bytes(item) - json_bytes(short)
-        sent[index] = short
+        freed += item_bytes - json_bytes(short)
+        stubs.append(short)
 
     done = min(trim.trimmed, len(trimmable))
-    for index in trimmable[:done]:
-        replace(index)
-    size = json_bytes(items)
+    for item, item_bytes in trimmable[:done]:
+        replace(item, item_bytes)
 
     def tokens() -> int:
         if trim.last_tokens is None:
@@ -199,12 +196,12 @@ def trim_items(items: list[Item], trim: Trim) -> tuple[list[Item], Trimmed] | No
     if over_window(tokens(), trim.max_output_tokens, trim.window) is not None:
         # Every output but the newest `keep` at once: the next requests send the same
         # stubs (a stable prefix) until the window is reached again.
-        for index in trimmable[done:]:
-            replace(index)
+        for item, item_bytes in trimmable[done:]:
+            replace(item, item_bytes)
         done = len(trimmable)
         if over_window(tokens(), trim.max_output_tokens, trim.window) is not None:
             return None
-    return sent, Trimmed(outputs=done, tokens_before=before, tokens_after=tokens())
+    return stubs, Trimmed(outputs=done, tokens_before=before, tokens_after=tokens())
 
 
 def recall_declaration() -> MCPToolDeclaration:

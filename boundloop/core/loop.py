@@ -195,7 +195,7 @@ class LoopState(BaseModel):
     #: carry): the earlier Temporal runs hold the calls its tables no longer do.
     earlier: Earlier | None = Field(default=None, exclude_if=lambda v: v is None)
     #: Under the `trim` context strategy: the oldest tool outputs the last request sent
-    #: as stubs (boundloop.core.context.trim_items; the next sends at least as many).
+    #: as stubs (boundloop.core.context.trim_outputs; the next sends at least as many).
     trimmed_outputs: int = Field(default=0, exclude_if=lambda v: not v)
     #: Under the `summarize` context strategy: the summary every request sends in place
     #: of the conversation's oldest items, and how many summaries the run wrote.
