@@ -161,7 +161,9 @@ def _resolve(items: list[Item], lookup: Callable[[str], str | None]) -> list[Ite
     """Items with each `output_ref` replaced by its output; None if one is unknown."""
     resolved: list[Item] = []
     for item in items:
-        key = item.get(OUTPUT_REF)
+        # Only the workflow writes references, as tool outputs; a model's item (never a
+        # function_call_output) may carry any key, `output_ref` too, and is kept as is.
+        key = item.get(OUTPUT_REF) if item.get("type") == "function_call_output" else None
         if key is None:
             resolved.append(item)
             continue
