@@ -25,6 +25,7 @@ from typing import Any
 
 import openai
 import pytest
+import pytest_asyncio
 from openai._utils._json import openapi_dumps
 from temporalio.client import Client
 
@@ -36,7 +37,12 @@ from boundloop.core.limits import Limits, Policy, RunSettings
 from boundloop.scripted.builders import raw_turn
 from boundloop.scripted.server import ScriptedModelServer
 from boundloop.tools.demo import DemoDeps
-from tests.conftest import RUN_TIMEOUT, RunScript, workflow_task_failures
+from tests.conftest import (
+    RUN_TIMEOUT,
+    RunScript,
+    continue_as_new_server,
+    workflow_task_failures,
+)
 from tests.scripts import (
     CHAT_USAGE,
     USAGE,
@@ -52,6 +58,7 @@ from tests.support.tools import tools as test_tools
 from tests.test_context_summarize import ALLOWS, AT, SUMMARIZES, SUMMARY_USAGE
 from tests.test_context_summarize import run as summarize_run
 from tests.test_context_summarize import script as summarize_script
+from tests.test_crash import Cluster, until
 from tests.test_sessions import answer as unique_answer
 from tests.test_sessions import say, session_env
 
@@ -219,6 +226,23 @@ async def test_hostile_items_and_tool_output_are_sent_as_json_cached_or_rebuilt(
     assert json.loads(output)["data"] == {"echo": NASTY}
 
 
+async def test_a_huge_hostile_item_is_sent_whole_cached_or_rebuilt(
+        run_script: RunScript) -> None:
+    """A message of about 200 KB of NASTY (a model response counts its text twice,
+    as the item and as the turn's text). Catches: a large item cut,
+    re-encoded differently, or lost between the cache and a rebuild."""
+    text = NASTY * 1500
+    script = [resp({**message(text), "id": "msg_huge"},
+                   call("lookup_stock", {"sku": "A-001"}, "c1")), answer("done")]
+    limits = Limits(max_history_bytes=1_000_000)
+    cached = await run_script(script, limits=limits)
+    rebuilt = await run_script(script, limits=limits, cache=0)
+    assert (cached.result.reason, rebuilt.result.reason) == ("completed", "completed")
+    sent = check_requests(cached.server)
+    assert sent == check_requests(rebuilt.server)
+    assert sent[1]["input"][1]["content"][0]["text"] == text
+
+
 # --- 2. a model's item naming a tool output reference ---------------------------------------
 
 
@@ -263,7 +287,91 @@ async def test_a_session_turn_rebuilt_from_the_turn_before_keeps_its_output_ref_
     assert bodies[-1]["input"][1]["output_ref"] == "nowhere"
 
 
-# --- 3. a workflow id reused while the worker's cache holds the old run ---------------------
+# --- 3. continue-as-new -----------------------------------------------------------------
+
+
+@pytest_asyncio.fixture(scope="module")
+async def low_threshold(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Client]:
+    """A dev server suggesting continue-as-new after 12 history events."""
+    async with continue_as_new_server(
+            tmp_path_factory.mktemp("can") / "temporal.db", 12) as client:
+        yield client
+
+
+CAN_STEPS = 8
+
+
+async def test_hostile_items_across_continue_as_new_cached_or_rebuilt(
+        low_threshold: Client, tmp_path: Path) -> None:
+    """Each step's model turn says NASTY in a message carrying an `output_ref` key and
+    echoes it through a tool; the run continues as new several times. Catches: an item
+    lost, doubled or changed where a run hands its conversation to the next (a cached
+    conversation carried over, or the earlier runs' histories read)."""
+    def turns() -> list[dict[str, Any]]:
+        return [*(resp({**message(f"{i} {NASTY}"), "id": f"msg_{i}", "output_ref": f"r{i}"},
+                       call("echo" if i < 3 else "lookup_stock",
+                            {"x": NASTY} if i < 3 else {"sku": f"A-{i:03d}"}, f"c{i}"),
+                       rid=f"r{i}") for i in range(1, CAN_STEPS)),
+                answer("done")]
+
+    sent: dict[int, list[dict[str, Any]]] = {}
+    for cache in (512, 0):
+        server = ScriptedModelServer(turns())
+        inp = RunInput(question=NASTY, tools=["echo", "lookup_stock"], settings=settings(
+            max_steps=CAN_STEPS + 1, max_tool_executions=CAN_STEPS))
+        async with worker(low_threshold, tmp_path / str(cache), server,
+                          cache=cache) as (_, queue):
+            workflow_id = f"cca-can-{uuid.uuid4().hex[:8]}"
+            result = await run(low_threshold, queue, inp, workflow_id)
+            runs = [w async for w in low_threshold.list_workflows(
+                f"WorkflowId = '{workflow_id}'")]
+        assert len(runs) > 1, "the low threshold should have caused continue-as-new"
+        assert (result.reason, result.steps) == ("completed", CAN_STEPS), result.events[-4:]
+        assert server.violations == [], server.violations
+        sent[cache] = check_requests(server)
+    assert sent[0] == sent[512]
+    for step, body in enumerate(sent[512]):  # the conversation so far, each item once
+        assert len(body["input"]) == 1 + 3 * step
+        assert [i["output_ref"] for i in body["input"] if i.get("type") == "message"
+                and i.get("role") == "assistant"] == [f"r{n}" for n in range(1, step + 1)]
+
+
+async def test_a_worker_killed_mid_step_sends_the_same_request_rebuilt(
+        tmp_path: Path) -> None:
+    """kill -9 of the worker whose cache holds a hostile conversation, while its next
+    request is out; a new worker process sends it again, rebuilt from history. Catches: an
+    item lost, doubled or changed between the cached request and the rebuilt one."""
+    first = resp({"content": [{"annotations": [], "text": NASTY, "type": "output_text"}],
+                  "output_ref": "x", "role": "assistant", "id": "msg_k", "type": "message"},
+                 call("lookup_stock", {"sku": "A-001"}, "c1"), rid="r1")
+    held = answer("never delivered", delay_seconds=RUN_TIMEOUT)  # its worker dies first
+    c = Cluster(tmp_path)
+    try:
+        await c.start()
+        doomed = c.start_worker()
+        handle = await c.start_run([first, held, answer("done")], question=NASTY,
+                                   limits=Limits(model_timeout_seconds=3.0))
+
+        async def second_request_out() -> bool:
+            return len(c.model.requests) >= 2
+
+        await until(second_request_out, "the second request")
+        c.kill(doomed)
+        c.start_worker()
+        result = await asyncio.wait_for(result_of(handle), RUN_TIMEOUT)
+        assert await workflow_task_failures(handle) == 0
+    finally:
+        c.close()
+    assert (result.reason, result.text) == ("completed", "done"), result.events[-4:]
+    assert c.model.violations == []
+    bodies = check_requests(c.model)
+    assert len(bodies) == 3 and bodies[1] == bodies[2]
+    assert len({r.headers.get("idempotency-key") for r in c.model.requests[1:]}) == 1
+    assert [i.get("type") for i in bodies[2]["input"]] == [
+        "message", "message", "function_call", "function_call_output"]
+
+
+# --- 4. a workflow id reused while the worker's cache holds the old run ---------------------
 
 
 async def test_a_new_run_under_a_reused_id_sends_its_own_conversation(
@@ -297,7 +405,7 @@ async def test_a_new_run_under_a_reused_id_sends_its_own_conversation(
     assert cached is not None and cached[:3] == bodies[3]["input"]
 
 
-# --- 4. the trim and summarize strategies ---------------------------------------------------
+# --- 5. the trim and summarize strategies ---------------------------------------------------
 
 
 TRIM_WINDOW = 1500
@@ -394,7 +502,7 @@ async def test_a_hostile_summary_replaces_the_oldest_items_cached_or_rebuilt(
         assert first["content"] == SUMMARY_HEADING + SUMMARY_TEXT + "\ufffd"
 
 
-# --- 5. what is sent beside the conversation ------------------------------------------------
+# --- 6. what is sent beside the conversation ------------------------------------------------
 
 
 async def test_a_tool_definition_with_a_nan_default_is_never_sent_as_nan(
