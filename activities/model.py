@@ -178,12 +178,13 @@ class ModelActivities:
         the newest `spec.keep` tool outputs and never parts a call from its output."""
         cut = ctx.summary_cut(items, req.summary, previous, spec)
         if cut is None:
-            failure = ModelFailure(kind=mf.CONTEXT_LENGTH_EXCEEDED, detail=(
+            failure = ModelFailure(kind=mf.CONTEXT_NOT_FITTED, detail=(
                 f"no summary lets the request fit the context window {spec.window}: "
                 f"the oldest part that may be summarized (all but the newest {spec.keep} "
                 "tool outputs) is too large to summarize, or what stays is too large"))
             raise ApplicationError(failure.detail, failure.model_dump(), *progress.details(),
-                                   type=errors.MODEL_REQUEST_REJECTED, non_retryable=True)
+                                   type=errors.MODEL_REQUEST_REJECTED, non_retryable=True,
+                                   category=ApplicationErrorCategory.BENIGN)
         start = req.summary.count if req.summary is not None else 0
         head = [ctx.summary_item(previous)] if previous is not None else []
         sent = ctx.summary_input([*head, *items[start:cut]])
@@ -325,11 +326,13 @@ def _fit(req: ModelRequest, items: Packed, progress: _Progress
                                                                    strict=True)], size,
                           req.trim)
     if fitted is None:
-        failure = ModelFailure(kind=mf.CONTEXT_LENGTH_EXCEEDED, detail=(
+        failure = ModelFailure(kind=mf.CONTEXT_NOT_FITTED, detail=(
             f"the request does not fit the context window {req.trim.window} even with "
             f"every tool output but the newest {req.trim.keep} trimmed: not sent"))
+        # An expected end of the run (logged as one line by the workflow), not a fault.
         raise ApplicationError(failure.detail, failure.model_dump(), *progress.details(),
-                               type=errors.MODEL_REQUEST_REJECTED, non_retryable=True)
+                               type=errors.MODEL_REQUEST_REJECTED, non_retryable=True,
+                               category=ApplicationErrorCategory.BENIGN)
     stubs, trimmed = fitted
     # Only the stubs are encoded: every other item is sent as the cache holds it.
     sent = list(items)

@@ -64,13 +64,13 @@ def outputs(body: dict[str, Any], api: str) -> dict[str, str]:
 
 async def run(temporal: Client, tmp_path: Path, api: str, policy: Policy,
               operator: OperatorPolicy, cache: int = 512, recalls: int = 1,
-              ) -> tuple[RunResult, ScriptedModelServer, Any]:
+              window: int = WINDOW) -> tuple[RunResult, ScriptedModelServer, Any]:
     server = ScriptedModelServer(script(api, recalls))
     queue = f"trim-{uuid.uuid4().hex[:8]}"
     client = openai.AsyncOpenAI(base_url=server.start(), api_key="sk-test-not-real")
     settings = RunSettings(model="scripted-model", api=api,  # type: ignore[arg-type]
                            limits=Limits(max_steps=CALLS + 5, max_tool_executions=CALLS + 4,
-                                         max_input_tokens=WINDOW, token_threshold=10**6),
+                                         max_input_tokens=window, token_threshold=10**6),
                            policy=policy)
     inp = RunInput(question="大きな結果を集めて", tools=["huge"], settings=settings)
     try:
@@ -156,3 +156,21 @@ async def test_recall_is_a_tool_call_under_the_identical_call_limit(
     assert [(e.event, e.call_id) for e in recalled] == [
         ("tool_success", "back"), ("tool_success", "back1"), ("blocked_identical", "back2")]
     assert result.tool_executions == CALLS + 2
+
+
+async def test_a_request_no_trim_makes_fit_is_never_sent_and_not_a_step(
+        temporal: Client, tmp_path: Path) -> None:
+    """A 700-token window: the third request holds two outputs the run keeps verbatim
+    (KEEP) and nothing older to trim. It is never sent: the run ends context_exhausted
+    with the event saying why, as under `stop`, not as a provider's refusal, and the
+    step it began is not counted."""
+    result, server, _ = await run(temporal, tmp_path, "responses", TRIMS, ALLOWS,
+                                  window=700)
+    assert result.reason == "context_exhausted"
+    assert len(server.requests) == 2 and result.steps == 2
+    names = [e.event for e in result.events]
+    assert not [n for n in names if n.startswith("model_failed")], names
+    assert names[-2:] == ["context_exhausted", "stopped:context_exhausted"]
+    assert names.count("model_requested") == 2
+    assert "even with every tool output but the newest 2 trimmed" in (
+        result.events[-2].detail or "")

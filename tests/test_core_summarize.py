@@ -192,6 +192,8 @@ class Summarizing(Shell):
     leave: int = 40
     #: Model attempts answered with the provider's refusal as too long (by number).
     too_long: tuple[int, ...] = ()
+    #: Model attempts the activity itself refused: no summary lets them fit (by number).
+    not_fitted: tuple[int, ...] = ()
     summaries: list[driver.BuildSummaryRequest] = field(default_factory=list)
     attempt: int = 0
     pending: bool = False  # the request built last is a summary request
@@ -208,6 +210,9 @@ class Summarizing(Shell):
             if self.attempt in self.too_long:
                 return driver.AttemptFailed("failed", None, mf.ModelFailure(
                     kind=mf.CONTEXT_LENGTH_EXCEEDED, detail="over"))
+            if self.attempt in self.not_fitted:
+                return driver.AttemptFailed("failed", None, mf.ModelFailure(
+                    kind=mf.CONTEXT_NOT_FITTED, detail="no summary lets it fit"))
             if self.pending:
                 return summary_turn(removed=self.state.conversation.bytes - self.leave)
         return super().answer(c)
@@ -283,6 +288,20 @@ def test_a_provider_refusal_as_too_long_summarizes_once_a_step() -> None:
     assert shell.go() == StopReason.CONTEXT_EXHAUSTED
     assert len(shell.summaries) == 1
     assert "model_failed:context_length_exceeded" in shell.events()
+
+
+def test_a_summary_the_activity_cannot_make_fit_ends_context_exhausted_unsent() -> None:
+    # The summary request (the second attempt) is refused by the activity itself: no cut
+    # lets the step's request fit. Nothing went out: not a step, no provider failure,
+    # the event says why, as under `stop`.
+    shell = summarizing([calls(("lookup_stock", {"sku": "A-001"})), text("never")],
+                        not_fitted=(2,))
+    assert shell.go() == StopReason.CONTEXT_EXHAUSTED
+    assert shell.state.steps == 1 and shell.events().count("model_requested") == 1
+    assert not [e for e in shell.events() if e.startswith("model_failed")]
+    assert shell.events()[-2:] == [ctx.EVENT, "stopped:context_exhausted"]
+    assert shell.state.events[-2].detail == "no summary lets it fit"
+    assert shell.state.usage.total_tokens == USAGE.total_tokens  # the first step only
 
 
 def test_a_request_that_still_would_not_fit_after_the_summary_is_never_sent() -> None:

@@ -480,6 +480,11 @@ class Run:
             failures += 1
             failure = out.failure
             assert failure is not None
+            if failure.kind == mf.CONTEXT_NOT_FITTED:
+                # Refused by the activity itself (no stub or summary makes it fit):
+                # nothing went out, so it is not a step, as under `stop`.
+                yield from self._settle_abandoned(step)
+                return ctx.exhausted(state, failure.detail)
             tokens = self._charge(step, failure.kind, out.charge)
             charged = f"; charged {tokens} tokens (worst case)" if tokens else ""
             delay = retries.next_delay(

@@ -28,6 +28,10 @@ WORKER_ERROR = "worker_error"  # the activity raised something we did not map
 #: The provider refused the request as longer than the model's context window (any
 #: HTTP status): never retried; the run ends `context_exhausted`, not `model_error`.
 CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
+#: The model activity sent nothing: under the `trim` or `summarize` context strategy no
+#: stub or summary lets the request fit the window. Never retried; the run ends
+#: `context_exhausted` with the step unsent, as under `stop`.
+CONTEXT_NOT_FITTED = "context_not_fitted"
 
 
 class ModelFailure(BaseModel):
