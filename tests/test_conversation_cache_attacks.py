@@ -270,14 +270,16 @@ async def test_a_model_item_carrying_an_output_ref_key_is_rebuilt_as_it_was_sent
     assert sent[4]["type"] == "function_call_output" and "output_ref" not in sent[4]
 
 
+@pytest.mark.parametrize("cache", [512, 0])
 async def test_a_session_turn_rebuilt_from_the_turn_before_keeps_its_output_ref_items(
-        temporal: Client, tmp_path: Path) -> None:
+        temporal: Client, tmp_path: Path, cache: int) -> None:
     """Catches: the same mistake where a session's turn starts from the previous turn's
-    workflow, read from that workflow's history (no cache)."""
+    workflow, read from that workflow's history (no cache) or found in the cache under
+    the previous turn's workflow id."""
     script = [resp({**message("見ます"), "id": "msg_sneaky", "output_ref": "nowhere"},
                    call("lookup_stock", {"sku": "A-001"}, "c1"), rid="r1"),
               unique_answer("one"), unique_answer("two")]
-    async with session_env(temporal, tmp_path, script, cache=0) as env:
+    async with session_env(temporal, tmp_path, script, cache=cache) as env:
         session = await env.start()
         first = await say(session, "在庫は?")
         second = await say(session, "もう一度")
@@ -508,10 +510,14 @@ async def test_a_hostile_summary_replaces_the_oldest_items_cached_or_rebuilt(
 async def test_a_tool_definition_with_a_nan_default_is_never_sent_as_nan(
         temporal: Client, tmp_path: Path) -> None:
     """Catches: the request's fields (tool definitions) encoded with NaN allowed, where
-    the SDK's encoder refuses it: the body the provider gets would not be JSON."""
-    server = ScriptedModelServer([answer("done")])
+    the SDK's encoder refuses it, or a tool's output with a NaN (the tool ran with that
+    default) joined unescaped: the body the provider gets would not be JSON."""
+    server = ScriptedModelServer([resp(call("scaled", {}, "c1")), answer("done")])
     async with worker(temporal, tmp_path, server) as (_, queue):
-        await run(temporal, queue, run_input("hi", instructions=None, tools=["scaled"],
-                                             settings=settings()))
-    [body] = check_requests(server)
-    assert body["tools"][0]["name"] == "scaled"
+        result = await run(temporal, queue, run_input(
+            "hi", instructions=None, tools=["scaled"], settings=settings()))
+    assert result.reason == "completed", result.events[-4:]
+    first, second = check_requests(server)
+    assert first["tools"][0]["name"] == "scaled"
+    # The tool returned NaN: its output says null (the envelope is JSON), never NaN.
+    assert json.loads(second["input"][-1]["output"])["data"] == {"x": None}
