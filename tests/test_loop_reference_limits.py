@@ -165,6 +165,11 @@ async def test_too_large_first_message_stops_before_first_request(run_script: Ru
                            limits=Limits(max_history_bytes=100))
     assert (out.result.reason, out.result.steps) == ("history_limit", 0)
     assert out.requests == []
+    # The event says why and what to do: its bytes against the cap.
+    said = out.result.events[-2]
+    assert said.event == "history_limit" and (said.detail or "").startswith(
+        "the conversation is 3") and "over max_history_bytes 100" in (said.detail or "")
+    assert "raise max_history_bytes" in (said.detail or "")
 
 
 async def test_error_envelope_over_the_cap_is_result_limit(run_script: RunScript) -> None:

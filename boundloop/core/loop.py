@@ -254,6 +254,10 @@ def begin_step(state: LoopState, processing_seconds: float) -> StepPlan | StopRe
     if processing_seconds >= lim.deadline_seconds:
         return state.stop(StopReason.DEADLINE)
     if state.conversation.bytes > lim.max_history_bytes:
+        state.log(StopReason.HISTORY_LIMIT.value, detail=(
+            f"the conversation is {state.conversation.bytes} bytes, over max_history_bytes "
+            f"{lim.max_history_bytes} (the whole conversation, parts a context strategy "
+            "leaves out of requests too): raise max_history_bytes for a longer run"))
         return state.stop(StopReason.HISTORY_LIMIT)
     if state.steps >= lim.max_steps:
         return state.stop(state.pending_limit or StopReason.MAX_STEPS)

@@ -51,8 +51,9 @@ NEXT_CHECK: dict[StopReason, str] = {
     StopReason.INCOMPLETE: ("the answer was cut short: status not completed, or every output "
                             "token of max_output_tokens used (cap, filter)"),
     StopReason.EMPTY_OUTPUT: "the model returned neither text nor tool calls",
-    StopReason.HISTORY_LIMIT: "the conversation outgrew max_history_bytes, or the run's record "
-                              "outgrew Temporal's payload limit (event payload_too_large:*)",
+    StopReason.HISTORY_LIMIT: "the conversation outgrew max_history_bytes (the event "
+                              "history_limit gives its bytes), or the run's record outgrew "
+                              "Temporal's payload limit (event payload_too_large:*)",
     StopReason.CONTEXT_EXHAUSTED: ("the next request would not fit the model's context "
                                    "window (max_input_tokens), or the provider refused it as "
                                    "too long: the event context_exhausted (estimate vs window) "
