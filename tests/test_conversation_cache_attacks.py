@@ -59,6 +59,7 @@ from tests.test_context_summarize import ALLOWS, AT, SUMMARIZES, SUMMARY_USAGE
 from tests.test_context_summarize import run as summarize_run
 from tests.test_context_summarize import script as summarize_script
 from tests.test_crash import Cluster, until
+from tests.test_quirks import fail_fast
 from tests.test_sessions import answer as unique_answer
 from tests.test_sessions import say, session_env
 
@@ -171,7 +172,7 @@ def hostile_responses_turn() -> dict[str, Any]:
          "type": "reasoning"},
         {"content": [{"annotations": [], "text": f"{NASTY}@SURROGATE@",
                       "type": "output_text"}],
-         "x_nan": "@NAN@", "x_deep": json.loads("[" * 100 + "]" * 100), "status": "completed",
+         "x_nan": "@NAN@", "x_deep": json.loads("[" * 60 + "]" * 60), "status": "completed",
          "role": "assistant", "id": "msg_h", "type": "message"},
         {"arguments": json.dumps({"x": NASTY}, ensure_ascii=False), "status": "completed",
          "name": "echo", "call_id": "c1", "id": "fc_h", "type": "function_call"},
@@ -219,7 +220,7 @@ async def test_hostile_items_and_tool_output_are_sent_as_json_cached_or_rebuilt(
         user, thought, said, asked, answered = last
         assert thought["encrypted_content"] == f"gAAAA-{NASTY}"
         assert said["content"][0]["text"] == NASTY + "\ufffd"
-        assert said["x_nan"] is None and said["x_deep"] == json.loads("[" * 100 + "]" * 100)
+        assert said["x_nan"] is None and said["x_deep"] == json.loads("[" * 60 + "]" * 60)
         assert asked["arguments"] == json.dumps({"x": NASTY}, ensure_ascii=False)
         output = answered["output"]
     assert user["content"] == NASTY
@@ -241,6 +242,24 @@ async def test_a_huge_hostile_item_is_sent_whole_cached_or_rebuilt(
     sent = check_requests(cached.server)
     assert sent == check_requests(rebuilt.server)
     assert sent[1]["input"][1]["content"][0]["text"] == text
+
+
+@pytest.mark.parametrize("depth", [230, 300])
+async def test_an_item_nested_too_deeply_for_history_is_a_protocol_fault(
+        run_script: RunScript, depth: int) -> None:
+    """An output item with a value nested `depth` levels deep: Python's JSON reads it,
+    but Temporal's payload converter cannot write a turn past about 250 levels (the
+    model activity failed, retried and charged) nor read one back past about 200 (the
+    turn was in history, and every workflow task of the run failed: stuck). Catches an
+    item kept that history cannot carry; a `fail_fast` run fails at the first failed
+    workflow task rather than hang."""
+    item = {**message("深い"), "id": "msg_deep", "x": json.loads("[" * depth + "]" * depth)}
+    raw = {"id": "resp_deep", "object": "response", "status": "completed", "usage": USAGE,
+           "output": [item]}
+    out = await run_script([raw_turn(json.dumps(raw))], during=fail_fast)
+    r = out.result
+    assert (r.reason, r.steps, len(out.requests)) == ("protocol_error", 1, 1), r.events[-3:]
+    assert "protocol_fault" in [e.event for e in r.events]
 
 
 # --- 2. a model's item naming a tool output reference ---------------------------------------
