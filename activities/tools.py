@@ -33,7 +33,7 @@ from boundloop.activities.conversation import ConversationCache, from_history
 from boundloop.activities.heartbeat import heartbeating
 from boundloop.activities.threads import ToolThreads
 from boundloop.contracts import TOOL_ACTIVITY, ToolRequest
-from boundloop.core.canonical import compact_json, preview
+from boundloop.core.canonical import MAX_DEPTH, compact_json, nesting_depth, preview
 from boundloop.core.context import RECALL_TOOL
 from boundloop.core.envelope import (
     Envelope,
@@ -212,6 +212,9 @@ class ToolActivities:
         log = log or {"tool": req.tool, "step": req.step,
                       "fingerprint": fingerprint(req.tool, req.arguments),
                       "attempt": activity.info().attempt}
+        if nesting_depth(envelope.data) > MAX_DEPTH:  # history could not carry it
+            activity.logger.error("tool returned a value nested too deeply", extra=log)
+            return ToolOutcome(envelope=unserializable_result(), fatal=True)
         # If even RESULT_TOO_LARGE is over the cap, the workflow stops with result_limit.
         capped = cap_envelope(envelope, req.max_result_bytes) or result_too_large(
             envelope.output_bytes(), req.max_result_bytes)

@@ -123,6 +123,15 @@ def scaled(x: float = float("nan")) -> dict[str, Any]:
     return {"x": x}
 
 
+@attack_tools.tool()
+def nest(depth: int) -> Any:
+    """Returns lists nested `depth` levels deep (read-only)."""
+    value: Any = []
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
 @asynccontextmanager
 async def worker(temporal: Client, tmp_path: Path, server: ScriptedModelServer, *,
                  cache: int = 512, operator: OperatorPolicy | None = None,
@@ -260,6 +269,26 @@ async def test_an_item_nested_too_deeply_for_history_is_a_protocol_fault(
     r = out.result
     assert (r.reason, r.steps, len(out.requests)) == ("protocol_error", 1, 1), r.events[-3:]
     assert "protocol_fault" in [e.event for e in r.events]
+
+
+@pytest.mark.parametrize("depth", [230, 300])
+async def test_a_tool_output_nested_too_deeply_for_history_stops_the_run(
+        temporal: Client, tmp_path: Path, depth: int) -> None:
+    """The same from a tool (a local one here; an MCP server's structured result alike):
+    a result history cannot carry is a tool bug that stops the run (`tool_error`), never a
+    run whose workflow tasks all fail. Catches a tool result nested past what Temporal's
+    payload converter reads back."""
+    server = ScriptedModelServer([resp(call("nest", {"depth": depth}, "c1")),
+                                  answer("done")])
+    async with worker(temporal, tmp_path, server) as (_, queue):
+        handle = await temporal.start_workflow(
+            WORKFLOW_NAME, run_input("深く", instructions=None, tools=["nest"],
+                                     settings=settings()),
+            id=f"cca-{uuid.uuid4().hex[:12]}", task_queue=queue, result_type=RunResult)
+        await asyncio.wait_for(fail_fast(handle), RUN_TIMEOUT)
+        result = await result_of(handle)
+    assert (result.reason, result.tool_executions) == ("tool_error", 1), result.events[-3:]
+    assert len(server.requests) == 1
 
 
 # --- 2. a model's item naming a tool output reference ---------------------------------------

@@ -21,6 +21,25 @@ def compact_json(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
 
 
+#: The deepest a value written to history may nest lists and objects (a model's output
+#: item, a tool's result). Temporal's payload converter writes no value nested past about
+#: 250 levels, and reads none past about 200 back: a result in history the workflow could
+#: never read is a stuck run. Real items and results nest a few levels.
+MAX_DEPTH = 64
+
+
+def nesting_depth(value: Any) -> int:
+    """How many levels of lists and objects `value` nests (0 for a scalar)."""
+    deepest, stack = 0, [(value, 0)]
+    while stack:  # not recursive: a value may nest as deep as `json.loads` allows
+        node, level = stack.pop()
+        if isinstance(node, dict | list):
+            deepest = max(deepest, level + 1)
+            stack.extend((v, level + 1) for v in (node.values() if isinstance(node, dict)
+                                                  else node))
+    return deepest
+
+
 def utf8_len(text: str) -> int:
     """Bytes of `text` in UTF-8."""
     return len(text.encode("utf-8"))

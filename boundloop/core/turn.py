@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from boundloop.core.canonical import compact_json, json_bytes, preview
+from boundloop.core.canonical import MAX_DEPTH, compact_json, json_bytes, nesting_depth, preview
 
 KNOWN_ITEM_TYPES = frozenset({"message", "reasoning", "function_call"})
 
@@ -26,12 +26,6 @@ KNOWN_ITEM_TYPES = frozenset({"message", "reasoning", "function_call"})
 #: placeholder while the loop sees the call as nameless (`Turn.unnamed`) and never
 #: executes it, whatever tool happens to be registered under this name (docs/quirks.md).
 MISSING_NAME = "missing_function_name"
-
-#: The deepest an output item may nest lists and objects. Temporal's payload converter
-#: writes no turn nested past about 250 levels, and reads none past about 200 back (the
-#: turn would be in history and the workflow could never read it: a stuck run). A real
-#: item nests a few levels.
-MAX_ITEM_DEPTH = 64
 
 #: A UTF-16 surrogate code point: `json.loads` yields one for an unpaired `\ud800` escape,
 #: and no UTF-8 encoder accepts it.
@@ -211,18 +205,6 @@ def _scrub(value: Any) -> Any:
     return value
 
 
-def _depth(value: Any) -> int:
-    """How many levels of lists and objects `value` nests (0 for a scalar)."""
-    deepest, stack = 0, [(value, 0)]
-    while stack:  # not recursive: the body may nest as deep as `json.loads` allows
-        node, level = stack.pop()
-        if isinstance(node, dict | list):
-            deepest = max(deepest, level + 1)
-            stack.extend((v, level + 1) for v in (node.values() if isinstance(node, dict)
-                                                  else node))
-    return deepest
-
-
 def _arguments_text(value: Any) -> str:
     """Arguments as a string: strings verbatim; objects (an Ollama quirk) serialised.
 
@@ -357,8 +339,8 @@ def _parse_responses(body: Any) -> Turn:
         kind = raw.get("type")
         if not isinstance(kind, str) or kind not in KNOWN_ITEM_TYPES:
             return Turn(fault=f"unknown output item type {preview(str(kind), 40)!r}")
-        if _depth(raw) > MAX_ITEM_DEPTH:
-            return Turn(fault=f"output item nests deeper than {MAX_ITEM_DEPTH} levels")
+        if nesting_depth(raw) > MAX_DEPTH:  # history could not carry it
+            return Turn(fault=f"output item nests deeper than {MAX_DEPTH} levels")
         item = dict(raw)
         if kind == "message":
             text = _text_of_content(raw.get("content"))
