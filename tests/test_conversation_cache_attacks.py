@@ -2,14 +2,16 @@
 from it (activities/conversation.py, `_body` in activities/model.py), by the parties
 that can reach them: a model answering with hostile items, a tool returning hostile
 text, a starter reusing a workflow id while a worker's cache holds the old run's
-conversation, a session's turn starting from another workflow's conversation.
+conversation, a session's turn starting from another workflow's conversation, a worker
+killed mid-step, continue-as-new, the trim and summarize strategies.
 
 Each test runs the real workflow on the dev server with a real worker and the strict
 scripted model server. What every request must be, whatever the attack: valid JSON
 (no NaN, no lone surrogate), byte for byte what the `openai` SDK's own encoder makes of
 it, and the conversation the workflow's digests describe, the same whether a worker's
 cache held it or it was rebuilt from history (a cache of 0 rebuilds every request, as a
-restarted or another worker does).
+restarted or another worker does). And no item or tool result may be kept that history
+cannot carry back to the workflow (a failed workflow task: a stuck run).
 """
 
 from __future__ import annotations
@@ -294,9 +296,8 @@ async def test_a_tool_output_nested_too_deeply_for_history_stops_the_run(
 # --- 2. a model's item naming a tool output reference ---------------------------------------
 
 
-@pytest.mark.parametrize("api", ["responses"])
 async def test_a_model_item_carrying_an_output_ref_key_is_rebuilt_as_it_was_sent(
-        run_script: RunScript, api: str) -> None:
+        run_script: RunScript) -> None:
     """Catches: the history rebuild treating a model's item as the workflow's reference to
     a tool output (`output_ref`), which made every rebuild of such a run fail with
     conversation_mismatch (a restarted worker, another worker, a cold cache) while the
@@ -427,15 +428,21 @@ async def test_a_worker_killed_mid_step_sends_the_same_request_rebuilt(
 async def test_a_new_run_under_a_reused_id_sends_its_own_conversation(
         temporal: Client, tmp_path: Path) -> None:
     """Two runs under one workflow id on one worker, the model saying the same in both
-    (same call ids, same arguments) and the tool answering each differently: the second
-    run's requests carry its own outputs. Catches: a cache entry or a cached output
-    found by workflow id (or idempotency key) alone, the old run's sent for the new."""
-    turns = [resp(call("nonce", {"tag": "t"}, "c1"), rid="r1"), answer("done")]
-    server = ScriptedModelServer([*turns, *turns], strict=False)
+    (same call id, same arguments) and the tool answering each differently; when the
+    second starts, the worker's cache holds the first's conversation and outputs under
+    that id. Catches: the second run's requests built from the first's cached
+    conversation or outputs (found by workflow id, or by an idempotency key without the
+    run in it)."""
+    def turns(run_number: int) -> list[dict[str, Any]]:
+        return [resp(call("nonce", {"tag": "t"}, "c1"), rid=f"r{run_number}"),
+                answer("done", rid=f"a{run_number}")]
+
+    server = ScriptedModelServer([*turns(1), *turns(2)])
     workflow_id = f"cca-reused-{uuid.uuid4().hex[:8]}"
     inp = run_input("数を", instructions=None, tools=["nonce"], settings=settings())
     async with worker(temporal, tmp_path, server) as (w, queue):
         first = await run(temporal, queue, inp, workflow_id)
+        held = w.plugin.cache.conversation(workflow_id)
         while True:  # the dev server lets an id be reused a moment after its run closed
             try:
                 second = await run(temporal, queue, inp, workflow_id)
@@ -446,12 +453,14 @@ async def test_a_new_run_under_a_reused_id_sends_its_own_conversation(
                 await asyncio.sleep(0.2)
         cached = w.plugin.cache.conversation(workflow_id)
     assert (first.reason, second.reason) == ("completed", "completed")
+    assert first.run_id != second.run_id
+    assert server.violations == [], server.violations
     bodies = check_requests(server)
-    outputs = [json.loads(b["input"][2]["output"])["data"]["nonce"] for b in
-               (bodies[1], bodies[3])]
-    assert outputs[0] != outputs[1], outputs
-    assert bodies[3]["input"] == [*bodies[2]["input"], *bodies[3]["input"][1:2],
-                                  bodies[3]["input"][2]]
+    assert held is not None and held[:3] == bodies[1]["input"]  # the first run's, held
+    old, new = (json.loads(b["input"][2]["output"])["data"]["nonce"]
+                for b in (bodies[1], bodies[3]))
+    assert old != new
+    assert len(bodies[3]["input"]) == 3 and bodies[3]["input"][:2] == bodies[1]["input"][:2]
     assert cached is not None and cached[:3] == bodies[3]["input"]
 
 
