@@ -134,6 +134,12 @@ def nest(depth: int) -> Any:
     return value
 
 
+@attack_tools.tool()
+def take(x: list[Any]) -> dict[str, Any]:
+    """Counts the items of `x` (read-only)."""
+    return {"n": len(x)}
+
+
 @asynccontextmanager
 async def worker(temporal: Client, tmp_path: Path, server: ScriptedModelServer, *,
                  cache: int = 512, operator: OperatorPolicy | None = None,
@@ -291,6 +297,26 @@ async def test_a_tool_output_nested_too_deeply_for_history_stops_the_run(
         result = await result_of(handle)
     assert (result.reason, result.tool_executions) == ("tool_error", 1), result.events[-3:]
     assert len(server.requests) == 1
+
+
+async def test_call_arguments_nested_too_deeply_are_invalid_input(
+        temporal: Client, tmp_path: Path) -> None:
+    """A call whose arguments nest 230 levels deep (JSON text the model wrote): refused
+    as invalid input, never a tool request history cannot carry back. Catches arguments
+    passed on to a tool activity whose input Temporal's converter cannot decode."""
+    deep = json.loads("[" * 230 + "]" * 230)
+    server = ScriptedModelServer([resp(call("take", {"x": deep}, "c1")), answer("done")])
+    async with worker(temporal, tmp_path, server) as (_, queue):
+        handle = await temporal.start_workflow(
+            WORKFLOW_NAME, run_input("深く", instructions=None, tools=["take"],
+                                     settings=settings()),
+            id=f"cca-{uuid.uuid4().hex[:12]}", task_queue=queue, result_type=RunResult)
+        await asyncio.wait_for(fail_fast(handle), RUN_TIMEOUT)
+        result = await result_of(handle)
+    assert (result.reason, result.tool_executions) == ("completed", 0), result.events[-3:]
+    assert server.violations == [], server.violations
+    assert json.loads(check_requests(server)[1]["input"][-1]["output"])["status"] == \
+        "invalid_input"
 
 
 # --- 2. a model's item naming a tool output reference ---------------------------------------
