@@ -221,7 +221,7 @@ async def test_hostile_items_and_tool_output_are_sent_as_json_cached_or_rebuilt(
         server = ScriptedModelServer([first, done])
         async with worker(temporal, tmp_path / str(cache), server, cache=cache) as (_, queue):
             result = await run(temporal, queue, run_input(
-                NASTY, instructions="短く", tools=["echo"], settings=settings(api)))
+                NASTY, instructions=NASTY, tools=["echo"], settings=settings(api)))
         assert result.reason == "completed", result.events[-4:]
         assert server.violations == [], server.violations
         sent[cache] = check_requests(server)
@@ -242,6 +242,9 @@ async def test_hostile_items_and_tool_output_are_sent_as_json_cached_or_rebuilt(
         output = answered["output"]
     assert user["content"] == NASTY
     assert json.loads(output)["data"] == {"echo": NASTY}
+    for body in sent[512]:  # the starter's instructions, as given
+        assert (body["messages"][0]["content"] if api == "chat"
+                else body["instructions"]) == NASTY
 
 
 async def test_a_huge_hostile_item_is_sent_whole_cached_or_rebuilt(
