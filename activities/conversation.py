@@ -105,6 +105,7 @@ class _Lru(OrderedDict[str, Any]):
 class _Entry:
     meta: ConversationMeta
     items: Packed
+    run_id: str  # the Temporal run whose model request put it
 
 
 @dataclass
@@ -141,13 +142,16 @@ class ConversationCache:
         items: Packed = entry.items
         return items
 
-    def put(self, workflow_id: str, meta: ConversationMeta, items: Packed) -> None:
-        self._conversations.put(workflow_id, _Entry(meta, items))
+    def put(self, workflow_id: str, meta: ConversationMeta, items: Packed,
+            run_id: str) -> None:
+        self._conversations.put(workflow_id, _Entry(meta, items, run_id))
 
-    def conversation(self, workflow_id: str) -> list[Item] | None:
-        """The workflow's conversation after its last model turn, if this worker has it."""
+    def conversation(self, workflow_id: str, run_id: str) -> list[Item] | None:
+        """The conversation after the last model turn of the workflow's run `run_id`, if
+        this worker has it: a workflow id may be reused by a new run, whose calls may
+        have the call ids of the old one's."""
         entry = self._conversations.get(workflow_id)
-        return None if entry is None else unpack(entry.items)
+        return None if entry is None or entry.run_id != run_id else unpack(entry.items)
 
     def put_output(self, key: str, output: str) -> None:
         self._outputs.put(key, output)

@@ -137,7 +137,7 @@ class ModelActivities:
         summary = await summary_text(self.cache, activity.client(), req, wf_id, run_id)
         if req.summarize is not None:
             if rebuilt and req.prior.count:  # the step's request finds it here
-                self.cache.put(wf_id, req.prior, items[:req.prior.count])
+                self.cache.put(wf_id, req.prior, items[:req.prior.count], run_id)
             turn = await self._summarize(req, req.summarize, unpack(items), summary, wf_id,
                                          timeout, progress)
             return turn.model_copy(update={
@@ -161,7 +161,8 @@ class ModelActivities:
                 f"model step {req.step}: response is {size} bytes, over the "
                 f"{MAX_TURN_BYTES}-byte payload limit", type=errors.MODEL_RESPONSE_TOO_LARGE,
                 non_retryable=True)
-        self.cache.put(wf_id, req.expected.extend(turn.items), items + pack(turn.items))
+        self.cache.put(wf_id, req.expected.extend(turn.items), items + pack(turn.items),
+                       run_id)
         # This worker's own queue, where this cache is, and whether the request found the
         # conversation in it: the workflow routes the run's next activities by both.
         return turn.model_copy(update={

@@ -191,11 +191,12 @@ class ToolActivities:
         call_id = str(req.arguments.get("call_id", ""))
         info = activity.info()
         workflow_id = info.workflow_id or ""
-        items = self._cache.conversation(workflow_id) if self._cache is not None else None
+        run_id = info.workflow_run_id or ""
+        items = self._cache.conversation(workflow_id, run_id) if self._cache is not None \
+            else None
         output = _output_of(items or [], call_id)
         if output is None:
-            items, _ = await from_history(activity.client(), workflow_id,
-                                          info.workflow_run_id or "", None, None)
+            items, _ = await from_history(activity.client(), workflow_id, run_id, None, None)
             output = _output_of(items, call_id)
         if output is None:
             return invalid_input("UNKNOWN_CALL_ID", f"no earlier tool call of this run has "

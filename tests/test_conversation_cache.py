@@ -4,6 +4,7 @@ those bytes joined, exactly what the SDK would have encoded (docs/benchmarks-lon
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import json
 import types
@@ -13,6 +14,7 @@ from typing import Any
 
 import pytest
 from temporalio.client import Client
+from temporalio.testing import ActivityEnvironment
 
 from boundloop.activities.conversation import (
     ConversationCache,
@@ -21,13 +23,19 @@ from boundloop.activities.conversation import (
     tool_outputs,
     unpack,
 )
+from boundloop.activities.threads import ToolThreads
+from boundloop.activities.tools import ToolActivities
 from boundloop.client import result_of
-from boundloop.contracts import WORKFLOW_NAME, RunResult, run_input
+from boundloop.contracts import WORKFLOW_NAME, RunResult, ToolRequest, run_input
+from boundloop.core.context import RECALL_TOOL
+from boundloop.core.conversation import ConversationMeta
 from boundloop.core.limits import Limits, RunSettings
 from boundloop.scripted.builders import message_item
 from boundloop.scripted.server import ScriptedModelServer
+from boundloop.tools.demo import DemoDeps
 from tests.conftest import test_worker as make_worker
 from tests.scripts import answer, call, chat, chat_call, reasoning, resp
+from tests.support.tools import tools as test_tools
 
 
 def script(steps: int, api: str) -> list[dict[str, Any]]:
@@ -83,8 +91,8 @@ async def test_a_longer_conversation_adds_nothing_the_collector_walks(
     long, _, long_cache = await run(temporal, tmp_path / "long", 12, api)
     assert (short.reason, long.reason) == ("completed", "completed")
     # The cache holds each run's whole conversation ...
-    assert len(long_cache.conversation(long.workflow_id) or []) > \
-        len(short_cache.conversation(short.workflow_id) or []) + 20
+    assert len(long_cache.conversation(long.workflow_id, long.run_id) or []) > \
+        len(short_cache.conversation(short.workflow_id, short.run_id) or []) + 20
     # ... and the objects a collection walks in it do not grow with its length.
     assert walked(long_cache) == walked(short_cache)
 
@@ -122,3 +130,29 @@ def test_only_the_conversations_own_tool_outputs_are_found_in_its_bytes() -> Non
     assert unpack(pack(items)) == items
     assert json_array(pack(items)) == json.dumps(items, ensure_ascii=False,
                                                  separators=(",", ":")).encode()
+
+
+async def test_a_recall_never_reads_another_run_held_under_a_reused_id(
+        temporal: Client, tmp_path: Path) -> None:
+    """A worker's cache holds the conversation of an earlier run under the same workflow
+    id (a reused id, the model activity of the new run on another worker), with a call
+    of the same call id: `recall_output` in the new run reads the new run's output (its
+    history), never the old run's."""
+    result, _, _ = await run(temporal, tmp_path, 2)
+    cache = ConversationCache()
+    forged = [{"type": "function_call_output", "call_id": "c0", "output": '"OLD RUN"'}]
+    cache.put(result.workflow_id, ConversationMeta().extend(forged), pack(forged),
+              run_id="the-old-run")
+    tools = ToolActivities(test_tools, DemoDeps(data_dir=tmp_path), cache,
+                           threads=ToolThreads(1))
+    env = ActivityEnvironment(client=temporal)
+    env.info = dataclasses.replace(env.info, workflow_id=result.workflow_id,
+                                   workflow_run_id=result.run_id)
+    req = ToolRequest(tool=RECALL_TOOL, call_id="back", step=3,
+                      arguments={"call_id": "c0"}, idempotency_key="k",
+                      max_result_bytes=4096)
+    outcome = await env.run(tools.tool_execute, req)
+    assert "OLD RUN" not in outcome.envelope.to_output()
+    recalled = json.loads(outcome.envelope.to_output())
+    assert recalled["status"] == "success", recalled
+    assert recalled["data"]["output"]["data"]["sku"] == "A-000"

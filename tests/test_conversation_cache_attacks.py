@@ -471,7 +471,7 @@ async def test_a_new_run_under_a_reused_id_sends_its_own_conversation(
     inp = run_input("数を", instructions=None, tools=["nonce"], settings=settings())
     async with worker(temporal, tmp_path, server) as (w, queue):
         first = await run(temporal, queue, inp, workflow_id)
-        held = w.plugin.cache.conversation(workflow_id)
+        held = w.plugin.cache.conversation(workflow_id, first.run_id)
         while True:  # the dev server lets an id be reused a moment after its run closed
             try:
                 second = await run(temporal, queue, inp, workflow_id)
@@ -480,7 +480,7 @@ async def test_a_new_run_under_a_reused_id_sends_its_own_conversation(
                 if "already" not in str(exc).lower():
                     raise
                 await asyncio.sleep(0.2)
-        cached = w.plugin.cache.conversation(workflow_id)
+        cached = w.plugin.cache.conversation(workflow_id, second.run_id)
     assert (first.reason, second.reason) == ("completed", "completed")
     assert first.run_id != second.run_id
     assert server.violations == [], server.violations
