@@ -92,11 +92,11 @@ def _tools_not_served(missing: list[str], progress: _Progress) -> ApplicationErr
                             category=ApplicationErrorCategory.BENIGN)
 
 
-def model_idempotency_key(workflow_id: str, step: int, summary: bool = False) -> str:
+def model_idempotency_key(scope: str, step: int, summary: bool = False) -> str:
     """The step's key (its summary request's: another), ASCII as an HTTP header must
     be: what is not (a workflow id in Japanese) is percent-encoded, so an ASCII id's key
     reads as it is."""
-    key = f"{workflow_id}/model/step-{step}" + ("/summary" if summary else "")
+    key = f"{scope}/model/step-{step}" + ("/summary" if summary else "")
     return urllib.parse.quote(key, safe="/-_.~:@!$&'()*+,;=")
 
 
@@ -221,7 +221,7 @@ class ModelActivities:
         (docs/benchmarks.md), and the Responses API's `input` is the cached items' bytes
         joined, not encoded again (docs/benchmarks-long-runs.md)."""
         headers = {"Idempotency-Key": model_idempotency_key(
-            workflow_id, req.step, summary=req.summarize is not None)}
+            req.key_scope or workflow_id, req.step, summary=req.summarize is not None)}
         instructions = instructions or req.instructions
         missing = self._registry.unknown([n for n in req.tools
                                           if n not in {d.name for d in req.mcp_tools}])

@@ -167,6 +167,9 @@ class ModelRequest(BaseModel):
     #: This is a summary request: the activity asks the model for a summary of the
     #: conversation's oldest part (boundloop.core.context), not for the step's answer.
     summarize: Summarize | None = Field(default=None, exclude_if=_none)
+    #: What the request's `Idempotency-Key` is scoped by: the workflow id and the run's
+    #: first execution run id (None: the workflow id alone, as runs before it had).
+    key_scope: str | None = Field(default=None, exclude_if=_none)
 
 
 class ToolRequest(BaseModel):

@@ -24,6 +24,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import openai
 import pytest
@@ -491,6 +492,10 @@ async def test_a_new_run_under_a_reused_id_sends_its_own_conversation(
     assert old != new
     assert len(bodies[3]["input"]) == 3 and bodies[3]["input"][:2] == bodies[1]["input"][:2]
     assert cached is not None and cached[:3] == bodies[3]["input"]
+    # Nor do their requests share an idempotency key a provider may answer from.
+    keys = [r.headers.get("idempotency-key") for r in server.requests]
+    assert keys[0] != keys[2] and keys[1] != keys[3]
+    assert keys[0] == quote(f"{workflow_id}/{first.run_id}/model/step-1", safe="/-_.~:@!$&'()*+,;=")
 
 
 # --- 5. the trim and summarize strategies ---------------------------------------------------

@@ -91,7 +91,8 @@ async def test_a_workflow_id_in_japanese_gets_an_ascii_idempotency_key(
     assert (out.result.reason, out.result.steps) == ("completed", 1)
     [key] = [r.headers.get("idempotency-key") for r in out.requests]
     assert key is not None and key.isascii()
-    assert urllib.parse.unquote(key) == f"{wid}/model/step-1"
+    # Scoped by the run (its first execution run id), as tool keys are.
+    assert urllib.parse.unquote(key) == f"{wid}/{out.result.run_id}/model/step-1"
 
 
 async def test_retryable_model_error_is_retried_by_temporal(run_script: RunScript) -> None:

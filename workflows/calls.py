@@ -67,6 +67,8 @@ class Calls:
     patched: Callable[[str], bool]
     processing_seconds: Callable[[], float]
     request: ModelRequest | None = None  # the step's model request, once built
+    #: What the model requests' idempotency keys are scoped by (None: the workflow id).
+    key_scope: str | None = None
     tool_request: ToolRequest | None = None  # the call's tool request, once built
 
     def failed(self, failure: mf.ModelFailure) -> StopReason:
@@ -102,7 +104,7 @@ class Calls:
             # stops the run with `tool_unavailable`; a run that never calls it goes on).
             mcp_tools=self.tools.described_tools(state.allowed_tools),
             trim=ctx.trim_request(state, self.tools.fixed_bytes(state, self.instructions))
-            if ctx.trims(state) else None, summary=state.summary)
+            if ctx.trims(state) else None, summary=state.summary, key_scope=self.key_scope)
         return payload_bytes(self.request)
 
     def build_summary_request(self, plan: core.StepPlan, summarize: ctx.Summarize) -> int:
@@ -115,7 +117,7 @@ class Calls:
             tool_choice="none", prior=self.ex.sent, new_items=self.wire_items(),
             expected=state.conversation, base=self.base,
             max_output_tokens=summarize.summary_tokens, summary=state.summary,
-            summarize=summarize)
+            summarize=summarize, key_scope=self.key_scope)
         return payload_bytes(self.request)
 
     async def send_model_request(self, plan: core.StepPlan) -> driver.Answered | StopReason:

@@ -117,6 +117,7 @@ class BoundLoopWorkflow:
     async def run(self, inp: RunInput) -> RunResult:
         self._patches.start()
         await self._start.begin()
+        self._calls.key_scope = self._start.model_key_scope
         self._run = driver.Run(self._state, self._tools.rules, self._start.key_scope,
                                _View(self), self._ex, charged=self._start.charged,
                                agents=dict(self._tools.agents))

@@ -79,6 +79,11 @@ DECISIONS_BOUND = "decisions-bound"
 #: run id, not the workflow id alone: a new run under a reused workflow id never shares a
 #: key with an earlier run, while continue-as-new, a reset and a crash keep them.
 RUN_SCOPED_KEYS = "run-scoped-keys"
+#: The patch under which a model request's `Idempotency-Key` is scoped as the tools' are
+#: (RUN_SCOPED_KEYS): a new run under a reused workflow id never sends the key of an
+#: earlier run's request, which a provider honouring keys would answer with that run's
+#: response. Asked at the start by runs whose tool keys are run-scoped.
+MODEL_KEYS_SCOPED = "model-keys-scoped"
 #: The patch under which a tool asks for approval when either the rules the run was
 #: admitted with or the serving worker's rules say so (a deploy never loosens an open
 #: run's approvals; a tightening applies at once).

@@ -25,6 +25,7 @@ from boundloop.workflows.patches import (
     CARRIED_GENUINE,
     CHARGED_ATTEMPTS,
     DECISIONS_BOUND,
+    MODEL_KEYS_SCOPED,
     OPERATOR_POLICY,
     RUN_SCOPED_KEYS,
     SESSION_GRANTS,
@@ -60,6 +61,9 @@ class Start:
         self.decisions_bound = False  # DECISIONS_BOUND
         # What tool idempotency keys are scoped by (RUN_SCOPED_KEYS).
         self.key_scope = workflow.info().workflow_id
+        # What model idempotency keys are scoped by (MODEL_KEYS_SCOPED; None: the
+        # workflow id, as runs before it).
+        self.model_key_scope: str | None = None
         self.session_grants = False  # SESSION_GRANTS
         self.cancelled_first = False  # a cancel before the run began: it ends cancelled
 
@@ -80,6 +84,8 @@ class Start:
         self.decisions_bound = self._patched(DECISIONS_BOUND)
         self.key_scope = (f"{info.workflow_id}/{info.first_execution_run_id}"
                           if self._patched(RUN_SCOPED_KEYS) else info.workflow_id)
+        if self.key_scope != info.workflow_id and self._patched(MODEL_KEYS_SCOPED):
+            self.model_key_scope = self.key_scope
         # Asked of turns only: runs that are no session's turn never see this patch.
         self.session_grants = inp.turn is not None and self._patched(SESSION_GRANTS)
         if inp.carried is None and self._patched(OPERATOR_POLICY):
