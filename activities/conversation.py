@@ -299,12 +299,14 @@ async def summary_text(cache: ConversationCache, client: Client, req: ModelReque
                        workflow_id: str, run_id: str) -> str | None:
     """The text of the summary `req` sends in place of the conversation's oldest items
     (None: it sends none): the cache's, else the summary request's result in this run's
-    history or an earlier run's, checked against the workflow's digest."""
+    history or an earlier run's, checked against the workflow's digest. A cached text
+    of another digest is another summary under the same key (the run was reset, and
+    summarized again): history has the run's own."""
     ref = req.summary
     if ref is None:
         return None
     text = cache.output(ref.key)
-    if text is None:
+    if text is None or text_digest(text) != ref.digest:
         _, outputs = await from_history(client, workflow_id, run_id, req.step, req.base,
                                         cache)
         text = outputs.get(ref.key)

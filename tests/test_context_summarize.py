@@ -30,6 +30,7 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer
 
 from boundloop import OperatorPolicy, Plugin, PolicyRefused, Worker
+from boundloop.activities.conversation import ConversationCache, summary_text
 from boundloop.budgets import set_budget, show_budget
 from boundloop.client import query_status, result_of
 from boundloop.contracts import (
@@ -462,3 +463,19 @@ async def test_status_of_an_open_run_counts_its_summaries(temporal: Client,
     [line] = [x for x in printed[0].splitlines() if x.startswith("context:")]
     assert line.endswith(f"input tokens (estimated) of a {window}-token window, the "
                          "conversation summarized 1×"), line
+
+
+async def test_a_summary_cached_under_its_key_by_an_earlier_reset_run_is_read_again(
+        temporal: Client, tmp_path: Path) -> None:
+    """A reset run summarizes again under the same key; a worker that cached the summary
+    the run wrote before the reset finds another text under that key. The activity reads
+    the run's own summary from history instead of failing the request as a mismatch."""
+    result, _, _, handle = await run(temporal, tmp_path, "responses", script("responses"),
+                                     policy=SUMMARIZES, operator=ALLOWS)
+    assert result.reason == "completed"
+    after = next(r for r in await model_requests(handle) if r.summary is not None)
+    assert after.summary is not None
+    cache = ConversationCache()
+    cache.put_output(after.summary.key, "the summary written before the reset")
+    text = await summary_text(cache, temporal, after, handle.id, result.run_id)
+    assert text == SUMMARY and cache.output(after.summary.key) == SUMMARY
