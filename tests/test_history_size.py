@@ -90,7 +90,7 @@ async def test_a_new_run_asks_one_patch_however_many_it_takes(run_script: RunScr
                           .payloads[0].data)["id"] for e in events
                if e.event_type == EventType.EVENT_TYPE_MARKER_RECORDED
                and e.marker_recorded_event_attributes.marker_name == "core_patch"]
-    assert patches == ["bundled-patches-0.4"]
+    assert patches == ["bundled-patches-0.5"]
     versions = [e for e in events
                 if e.event_type == EventType.EVENT_TYPE_UPSERT_WORKFLOW_SEARCH_ATTRIBUTES
                 and "TemporalChangeVersion" in e.upsert_workflow_search_attributes_event_attributes

@@ -82,7 +82,8 @@ RUN_SCOPED_KEYS = "run-scoped-keys"
 #: The patch under which a model request's `Idempotency-Key` is scoped as the tools' are
 #: (RUN_SCOPED_KEYS): a new run under a reused workflow id never sends the key of an
 #: earlier run's request, which a provider honouring keys would answer with that run's
-#: response. Asked at the start by runs whose tool keys are run-scoped.
+#: response. In BUNDLED_05 (a run that started before it asks it on its own, at its
+#: start).
 MODEL_KEYS_SCOPED = "model-keys-scoped"
 #: The patch under which a tool asks for approval when either the rules the run was
 #: admitted with or the serving worker's rules say so (a deploy never loosens an open
@@ -102,6 +103,10 @@ BUNDLED_04 = "bundled-patches-0.4"
 CHARGED_ATTEMPTS = "charged-model-attempts"
 BUNDLED_04_PATCHES = BUNDLED_PATCHES | {CARRIED_GENUINE, DECISIONS_BOUND, RUN_SCOPED_KEYS,
                                         STRICTER_APPROVALS, CHARGED_ATTEMPTS}
+#: The next bundle: every patch of BUNDLED_04_PATCHES and MODEL_KEYS_SCOPED, asked as one
+#: marker by a run that starts under it (instead of BUNDLED_04).
+BUNDLED_05 = "bundled-patches-0.5"
+BUNDLED_05_PATCHES = BUNDLED_04_PATCHES | {MODEL_KEYS_SCOPED}
 #: The patch under which a run stops `context_exhausted` before a request that would not
 #: fit its context window (`core.context.check`, `limits.max_input_tokens`), and when
 #: the provider refuses a request as over the window (before it: `model_error`). Asked
@@ -129,15 +134,18 @@ class Patches:
     """The bundles a run started under, asked first thing (`start`); then
     `patched(name)` answers any patch, from its bundle or by asking it."""
 
-    bundled: bool = False  # BUNDLED (or BUNDLED_04)
-    bundled_04: bool = False  # BUNDLED_04
+    bundled: bool = False  # BUNDLED (or a later bundle)
+    bundled_04: bool = False  # BUNDLED_04 (or BUNDLED_05)
+    bundled_05: bool = False  # BUNDLED_05
 
     def start(self) -> None:
         """The first command of a new run: every later patch check reads it."""
-        self.bundled_04 = workflow.patched(BUNDLED_04)
+        self.bundled_05 = workflow.patched(BUNDLED_05)
+        self.bundled_04 = self.bundled_05 or workflow.patched(BUNDLED_04)
         self.bundled = self.bundled_04 or workflow.patched(BUNDLED)
 
     def patched(self, patch: str) -> bool:
         """`workflow.patched(patch)`, answered by the bundle for a run started under it."""
-        return ((self.bundled_04 and patch in BUNDLED_04_PATCHES)
+        return ((self.bundled_05 and patch in BUNDLED_05_PATCHES)
+                or (self.bundled_04 and patch in BUNDLED_04_PATCHES)
                 or (self.bundled and patch in BUNDLED_PATCHES) or workflow.patched(patch))
