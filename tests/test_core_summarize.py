@@ -157,6 +157,9 @@ def test_a_summary_over_the_token_threshold_stops_the_run_before_the_step_is_sen
     s.log("model_requested")
     assert ctx.note_summarized(s, summary_turn(removed=10), spec()) == StopReason.USAGE_LIMIT
     assert s.steps == 2 and "model_requested" not in [e.event for e in s.events]
+    # The summary's event and the stop's are of the same step: the log never goes back.
+    assert [(e.step, e.event) for e in s.events] == [
+        (2, ctx.SUMMARIZED_EVENT), (2, "stopped:usage_limit")]
     # Without usage and a policy that stops on it: usage_unknown; estimated otherwise.
     s = state(Limits(max_input_tokens=1000))
     s.steps = 1

@@ -442,15 +442,14 @@ def note_summarized(state: LoopState, turn: Turn, spec: Summarize) -> StopReason
                                removed=done.removed)
     state.summaries += 1
     state.last_tokens = None  # the next estimate is what is sent, by its bytes
+    budget = state.limits.usd_budget
+    stop = (StopReason.USAGE_LIMIT if state.usage.total_tokens >= state.limits.token_threshold
+            else StopReason.BUDGET_LIMIT if budget is not None and state.cost_usd >= budget
+            else None)
+    if stop is not None:
+        unsent(state)  # first: the summary's event is of the last step sent, as the stop's
     state.log(SUMMARIZED_EVENT, detail=(
         f"{done.tokens_before} tokens before, {done.tokens_after} after (estimated): the "
         f"oldest {done.count} items of the conversation replaced by a summary, context "
         f"window {spec.window}"))
-    if state.usage.total_tokens >= state.limits.token_threshold:
-        unsent(state)
-        return state.stop(StopReason.USAGE_LIMIT)
-    budget = state.limits.usd_budget
-    if budget is not None and state.cost_usd >= budget:
-        unsent(state)
-        return state.stop(StopReason.BUDGET_LIMIT)
-    return None
+    return state.stop(stop) if stop is not None else None
