@@ -161,7 +161,10 @@ async def run(temporal: Client, queue: str, inp: RunInput, workflow_id: str | No
     handle = await temporal.start_workflow(
         WORKFLOW_NAME, inp, id=workflow_id or f"cca-{uuid.uuid4().hex[:12]}",
         task_queue=queue, result_type=RunResult)
-    result = await asyncio.wait_for(result_of(handle), RUN_TIMEOUT)
+    # A failed workflow task fails the test at once: a run stuck on a history it cannot
+    # read back would otherwise retry until the timeout.
+    await asyncio.wait_for(fail_fast(handle), RUN_TIMEOUT)
+    result = await result_of(handle)
     assert await workflow_task_failures(handle, temporal) == 0
     return result
 
@@ -293,12 +296,8 @@ async def test_a_tool_output_nested_too_deeply_for_history_stops_the_run(
     server = ScriptedModelServer([resp(call("nest", {"depth": depth}, "c1")),
                                   answer("done")])
     async with worker(temporal, tmp_path, server) as (_, queue):
-        handle = await temporal.start_workflow(
-            WORKFLOW_NAME, run_input("深く", instructions=None, tools=["nest"],
-                                     settings=settings()),
-            id=f"cca-{uuid.uuid4().hex[:12]}", task_queue=queue, result_type=RunResult)
-        await asyncio.wait_for(fail_fast(handle), RUN_TIMEOUT)
-        result = await result_of(handle)
+        result = await run(temporal, queue, run_input("深く", instructions=None,
+                                                      tools=["nest"], settings=settings()))
     assert (result.reason, result.tool_executions) == ("tool_error", 1), result.events[-3:]
     assert len(server.requests) == 1
 
@@ -311,12 +310,8 @@ async def test_call_arguments_nested_too_deeply_are_invalid_input(
     deep = json.loads("[" * 230 + "]" * 230)
     server = ScriptedModelServer([resp(call("take", {"x": deep}, "c1")), answer("done")])
     async with worker(temporal, tmp_path, server) as (_, queue):
-        handle = await temporal.start_workflow(
-            WORKFLOW_NAME, run_input("深く", instructions=None, tools=["take"],
-                                     settings=settings()),
-            id=f"cca-{uuid.uuid4().hex[:12]}", task_queue=queue, result_type=RunResult)
-        await asyncio.wait_for(fail_fast(handle), RUN_TIMEOUT)
-        result = await result_of(handle)
+        result = await run(temporal, queue, run_input("深く", instructions=None,
+                                                      tools=["take"], settings=settings()))
     assert (result.reason, result.tool_executions) == ("completed", 0), result.events[-3:]
     assert server.violations == [], server.violations
     assert json.loads(check_requests(server)[1]["input"][-1]["output"])["status"] == \
