@@ -98,6 +98,20 @@ async def only_child(client: Client, parent: WorkflowHandle[Any, Any]
     return client.get_workflow_handle(found[0], result_type=RunResult)
 
 
+async def start_filer_tree(client: Client, queue: str, prefix: str
+                           ) -> tuple[WorkflowHandle[Any, RunResult],
+                                      WorkflowHandle[Any, RunResult]]:
+    """(The parent, its one child): a tree whose parent files a ticket through the filer
+    (create_ticket, which the operator's policy asks approval for), started on `queue`."""
+    parent_agent: Agent[Any] = Agent(["lookup_stock"], model="scripted-model",
+                                     task_queue=queue,
+                                     agents=[filer(["create_ticket"], queue)])
+    parent = await client.start_workflow(
+        WORKFLOW_NAME, parent_agent.run_input("プリンタの件、チケットにして"),
+        id=f"{prefix}-{uuid.uuid4().hex[:10]}", task_queue=queue, result_type=RunResult)
+    return parent, await only_child(client, parent)
+
+
 async def history_count(handle: WorkflowHandle[Any, Any], kind: EventType.ValueType) -> int:
     return len([e async for e in handle.fetch_history_events() if e.event_type == kind])
 
@@ -118,14 +132,7 @@ async def test_worker_killed_while_a_childs_tool_runs_repeats_no_side_effect(
         monkeypatch.setenv(HOLD_AFTER_WRITE_ENV, "1")
         doomed = c.start_worker()
         monkeypatch.delenv(HOLD_AFTER_WRITE_ENV)
-        parent_agent: Agent[Any] = Agent(["lookup_stock"], model="scripted-model",
-                                         task_queue=c.queue,
-                                         agents=[filer(["create_ticket"], c.queue)])
-        parent = await c.client.start_workflow(
-            WORKFLOW_NAME, parent_agent.run_input("プリンタの件、チケットにして"),
-            id=f"tree-crash-{uuid.uuid4().hex[:10]}", task_queue=c.queue,
-            result_type=RunResult)
-        child = await only_child(c.client, parent)
+        parent, child = await start_filer_tree(c.client, c.queue, "tree-crash")
         await approve(child, await pending_call(child))  # the operator's policy asks
 
         async def ticket_written() -> bool:
@@ -187,14 +194,7 @@ async def test_worker_killed_while_a_child_waits_keeps_its_approval_for_the_work
         for turn in script():
             c.model.append(turn)
         first = c.start_worker()
-        parent_agent: Agent[Any] = Agent(["lookup_stock"], model="scripted-model",
-                                         task_queue=c.queue,
-                                         agents=[filer(["create_ticket"], c.queue)])
-        parent = await c.client.start_workflow(
-            WORKFLOW_NAME, parent_agent.run_input("プリンタの件、チケットにして"),
-            id=f"tree-wait-{uuid.uuid4().hex[:10]}", task_queue=c.queue,
-            result_type=RunResult)
-        child = await only_child(c.client, parent)
+        parent, child = await start_filer_tree(c.client, c.queue, "tree-wait")
         call_id = await pending_call(child)
         c.kill(first)
         c.start_worker()
