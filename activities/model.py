@@ -179,13 +179,11 @@ class ModelActivities:
         the newest `spec.keep` tool outputs and never parts a call from its output."""
         cut = ctx.summary_cut(items, req.summary, previous, spec)
         if cut is None:
-            failure = ModelFailure(kind=mf.CONTEXT_NOT_FITTED, detail=(
+            raise _not_fitted(
                 f"no summary lets the request fit the context window {spec.window}: "
                 f"the oldest part that may be summarized (all but the newest {spec.keep} "
-                "tool outputs) is too large to summarize, or what stays is too large"))
-            raise ApplicationError(failure.detail, failure.model_dump(), *progress.details(),
-                                   type=errors.MODEL_REQUEST_REJECTED, non_retryable=True,
-                                   category=ApplicationErrorCategory.BENIGN)
+                "tool outputs) is too large to summarize, or what stays is too large",
+                progress)
         start = req.summary.count if req.summary is not None else 0
         head = [ctx.summary_item(previous)] if previous is not None else []
         sent = ctx.summary_input([*head, *items[start:cut]])
@@ -307,6 +305,16 @@ def _parse(req: ModelRequest, body: Any) -> Turn:
     return parse_chat(body, req.step) if req.api == "chat" else parse_responses(body)
 
 
+def _not_fitted(detail: str, progress: _Progress) -> ApplicationError:
+    """The request is not sent: no stub or summary makes it fit the window. An expected
+    end of the run (`context_exhausted`, logged as one line by the workflow), not a
+    fault: benign, never retried."""
+    failure = ModelFailure(kind=mf.CONTEXT_NOT_FITTED, detail=detail)
+    return ApplicationError(failure.detail, failure.model_dump(), *progress.details(),
+                            type=errors.MODEL_REQUEST_REJECTED, non_retryable=True,
+                            category=ApplicationErrorCategory.BENIGN)
+
+
 def _body(fields: dict[str, Any], key: str, conversation: bytes) -> bytes:
     """The request's JSON: `fields` and the conversation's JSON array as `key`, the bytes
     the SDK would send for them (compact, non-ASCII literal)."""
@@ -327,13 +335,9 @@ def _fit(req: ModelRequest, items: Packed, progress: _Progress
                                                                    strict=True)], size,
                           req.trim)
     if fitted is None:
-        failure = ModelFailure(kind=mf.CONTEXT_NOT_FITTED, detail=(
+        raise _not_fitted(
             f"the request does not fit the context window {req.trim.window} even with "
-            f"every tool output but the newest {req.trim.keep} trimmed: not sent"))
-        # An expected end of the run (logged as one line by the workflow), not a fault.
-        raise ApplicationError(failure.detail, failure.model_dump(), *progress.details(),
-                               type=errors.MODEL_REQUEST_REJECTED, non_retryable=True,
-                               category=ApplicationErrorCategory.BENIGN)
+            f"every tool output but the newest {req.trim.keep} trimmed: not sent", progress)
     stubs, trimmed = fitted
     # Only the stubs are encoded: every other item is sent as the cache holds it.
     sent = list(items)
